@@ -1,0 +1,329 @@
+"""Deployment files agree with the CLI and with the run configs they mount (no Docker or cluster needed).
+
+Every command is parsed by the real ``vflnet`` argument parser; subcommands it does not have yet
+(``certs``, ``health``, ``proxy``) fall back to the contract below, so a typo in an option name or a
+party started under the wrong role fails here rather than in a container.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import subprocess
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+import yaml
+
+from vflnet import cli
+from vflnet.config import Config, load
+from vflnet.wire import certs_cli, healthcheck
+
+REPO = Path(__file__).resolve().parents[1]
+COMPOSE = REPO / "docker-compose.yml"
+TLS_OVERLAY = REPO / "deploy" / "compose.tls.yml"
+DOCKERFILE = REPO / "deploy" / "Dockerfile"
+K8S = REPO / "deploy" / "k8s"
+LAB = REPO / "deploy" / "lab"
+DEFAULT_CONFIG = REPO / "configs" / "digits-2p.yaml"
+PARTIES = ("coordinator", "active", "passive-1", "passive-2")
+
+
+# ------------------------------------------------------------------------------------------ parsing
+def contract_parser() -> argparse.ArgumentParser:
+    """The agreed CLI for subcommands the real parser does not have yet."""
+    parser = argparse.ArgumentParser(prog="vflnet", exit_on_error=False)
+    sub = parser.add_subparsers(dest="command", required=True)
+    proxy = sub.add_parser("proxy")
+    proxy.add_argument("--listen", required=True)
+    proxy.add_argument("--upstream", required=True)
+    return parser
+
+
+def parse_vflnet(argv: list[str]) -> argparse.Namespace:
+    """Parse ``vflnet ...`` with the real parser where it knows the subcommand, else the contract."""
+    assert argv[:1] == ["vflnet"], f"not a vflnet command: {shlex.join(argv)}"
+    real = cli.build_parser()
+    known = next(a for a in real._actions if isinstance(a, argparse._SubParsersAction)).choices  # noqa: SLF001
+    command = argv[1] if len(argv) > 1 else ""
+    if command in known:
+        parser = real
+        rest = argv[1:]
+    elif command == "certs":
+        parser, rest = certs_cli.build_parser(), argv[2:]
+    elif command == "health":
+        parser, rest = healthcheck.build_parser(), argv[2:]
+    else:
+        parser, rest = contract_parser(), argv[1:]
+    try:
+        args = parser.parse_args(rest)
+    except (SystemExit, argparse.ArgumentError) as exc:
+        raise AssertionError(f"invalid vflnet invocation: {shlex.join(argv)} ({exc})") from exc
+    args.command = command
+    return args
+
+
+def port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def load_config(path: Path) -> Config:
+    return load(path, check_data=False)
+
+
+def job(cfg: Config) -> dict[str, Any]:
+    """The training job of a config: everything but where it runs (addresses, run id/dir, transport)."""
+    plain = cfg.to_dict()
+    for party in plain["parties"]:
+        party.pop("address")
+    plain.pop("transport")
+    plain["run"].pop("id")
+    plain["run"].pop("dir")
+    return plain
+
+
+# ------------------------------------------------------------------------------------------ compose
+def merge_service(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """docker compose's merge for the keys used here: mappings merge, volumes merge by target, rest replace."""
+    merged = dict(base)
+    for key, value in overlay.items():
+        if key in ("healthcheck", "depends_on") and isinstance(base.get(key), dict):
+            merged[key] = {**base[key], **value}
+        elif key == "volumes" and key in base:
+            by_target = {v.split(":")[1]: v for v in base[key]}
+            by_target.update({v.split(":")[1]: v for v in value})
+            merged[key] = list(by_target.values())
+        else:
+            merged[key] = value
+    return merged
+
+
+def compose_files(with_tls: bool) -> dict[str, Any]:
+    base = yaml.safe_load(COMPOSE.read_text())
+    if not with_tls:
+        return base
+    overlay = yaml.safe_load(TLS_OVERLAY.read_text())
+    services = dict(base["services"])
+    for name, service in overlay["services"].items():
+        services[name] = merge_service(services.get(name, {}), service)
+    return {"services": services, "volumes": {**base.get("volumes", {}), **overlay.get("volumes", {})}}
+
+
+def mounts(service: dict[str, Any]) -> dict[str, str]:
+    """Container path -> source (``./configs`` or a named volume)."""
+    out = {}
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        out[target] = source
+    return out
+
+
+def host_path(service: dict[str, Any], container_path: str) -> Path:
+    """Where a container path of a bind-mounted file lives in the repository."""
+    path = PurePosixPath(container_path)
+    for target, source in mounts(service).items():
+        if source.startswith("./") and path.is_relative_to(target):
+            return REPO / source / path.relative_to(target)
+    raise AssertionError(f"{container_path} is not on a bind mount ({mounts(service)})")
+
+
+def on_mount(service: dict[str, Any], container_path: str) -> bool:
+    return any(PurePosixPath(container_path).is_relative_to(target) for target in mounts(service))
+
+
+@pytest.fixture(params=[False, True], ids=["plaintext", "tls-overlay"])
+def compose(request: pytest.FixtureRequest) -> tuple[dict[str, Any], bool]:
+    return compose_files(request.param), request.param
+
+
+def test_compose_has_the_cluster(compose) -> None:
+    spec, with_tls = compose
+    services = spec["services"]
+    assert set(PARTIES) <= set(services)
+    assert services["proxy"]["profiles"] == ["attacker"]
+    assert "runs" in spec["volumes"]
+    for name in PARTIES:
+        assert mounts(services[name])["/configs"] == "./configs"
+        assert "/configs:ro" in " ".join(services[name]["volumes"])
+        assert mounts(services[name])["/runs"] == "runs"
+    if with_tls:
+        assert "certs" in spec["volumes"]
+        assert all(mounts(services[name])["/certs"] == "certs" for name in PARTIES)
+
+
+def test_compose_party_commands_match_the_mounted_roster(compose) -> None:
+    spec, with_tls = compose
+    services = spec["services"]
+    for name in PARTIES:
+        service = services[name]
+        args = parse_vflnet(service["command"])
+        assert args.command == "party"
+        cfg = load_config(host_path(service, str(args.config)))
+        assert cfg.transport.tls.enabled == with_tls
+        me = cfg.party(args.name)
+        assert args.name == name, "compose service names are the party names (DNS = roster host)"
+        assert args.role == me.role
+        assert me.address == f"{name}:{port(me.address)}"
+        assert args.listen is None or port(args.listen) == port(me.address)
+        assert service["expose"] == [str(port(me.address))]
+        if me.role != "coordinator":
+            assert args.coordinator == cfg.coordinator.address
+            assert service["depends_on"]["coordinator"] == {"condition": "service_healthy"}
+        assert on_mount(service, args.run_dir or cfg.run.dir), "the run directory must be on the runs volume"
+        if with_tls:
+            tls = cfg.transport.tls
+            for path in (tls.ca, tls.cert.format(name=name), tls.key.format(name=name)):
+                assert mounts(service)[str(PurePosixPath(path).parent)] == "certs"
+            assert service["depends_on"]["certs"] == {"condition": "service_completed_successfully"}
+
+
+def test_compose_healthchecks_ask_each_party_on_its_port(compose) -> None:
+    spec, with_tls = compose
+    for name in PARTIES:
+        service = spec["services"][name]
+        test = service["healthcheck"]["test"]
+        assert test[0] == "CMD"
+        args = parse_vflnet(test[1:])
+        assert args.command == "health"
+        cfg = load_config(host_path(service, str(parse_vflnet(service["command"]).config)))
+        assert args.address == cfg.party(name).address
+        if with_tls:
+            tls = cfg.transport.tls
+            assert (args.ca, args.cert, args.key) == (tls.ca, tls.cert.format(name=name), tls.key.format(name=name))
+        else:
+            assert args.ca is None
+
+
+def test_compose_proxy_and_certs_commands() -> None:
+    services = compose_files(True)["services"]
+    proxy = parse_vflnet(services["proxy"]["command"])
+    assert proxy.upstream == "active:50052"
+    certs = parse_vflnet(services["certs"]["command"])
+    assert str(certs.out) == "/certs" and mounts(services["certs"])["/certs"] == "certs"
+    cfg = load_config(REPO / "configs" / "compose-tls.yaml")
+    assert {(p.name, p.role) for p in certs.party} == {(p.name, p.role) for p in cfg.parties}
+
+
+def test_deployment_configs_run_the_default_job() -> None:
+    default = job(load_config(DEFAULT_CONFIG))
+    for path in [
+        REPO / "configs" / "compose.yaml",
+        REPO / "configs" / "compose-tls.yaml",
+        K8S / "config" / "run.yaml",
+        LAB / "run.yaml",
+    ]:
+        cfg = load_config(path)
+        assert job(cfg) == default, f"{path.relative_to(REPO)} trains something else than {DEFAULT_CONFIG.name}"
+        assert cfg.run.id, f"{path.relative_to(REPO)}: processes started one by one must agree on run.id"
+        assert [p.name for p in cfg.parties] == list(PARTIES)
+
+
+# ------------------------------------------------------------------------------------------ Dockerfile
+def test_dockerfile() -> None:
+    text = DOCKERFILE.read_text()
+    lines = [line.strip() for line in text.replace("\\\n", " ").splitlines() if not line.lstrip().startswith("#")]
+    assert lines[0] == "FROM python:3.11-slim" or any(line.startswith("FROM python:3.11-slim") for line in lines)
+    assert any(
+        re.fullmatch(r"RUN pip install torch==2\.13\.0 --index-url https://download\.pytorch\.org/whl/cpu", line)
+        for line in lines
+    )
+    assert any(line.startswith("RUN pip install .") for line in lines)
+    copied = [part for line in lines if line.startswith("COPY ") for part in line.split()[1:-1]]
+    for needed in ("pyproject.toml", "vflnet", "proto"):
+        assert needed in copied
+    for source in copied:
+        assert (REPO / source).exists(), f"the Dockerfile copies {source}, which is not in the repository"
+    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0")
+    health = next(line for line in lines if line.startswith("HEALTHCHECK "))
+    assert re.search(r"CMD vflnet health ", health)
+
+
+# ------------------------------------------------------------------------------------------ Kubernetes
+def k8s_docs() -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted(K8S.glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def test_k8s_every_container_runs_a_valid_vflnet_command() -> None:
+    kustomization = next(d for d in k8s_docs() if d["kind"] == "Kustomization")
+    for resource in kustomization["resources"]:
+        assert (K8S / resource).is_file()
+    (config_file,) = kustomization["configMapGenerator"][0]["files"]
+    cfg = load_config(K8S / config_file.split("=", 1)[1])
+    tls = cfg.transport.tls
+    assert tls.enabled
+    secrets = {s["name"]: s["files"] for s in kustomization["secretGenerator"]}
+    services = {d["metadata"]["name"]: d for d in k8s_docs() if d["kind"] == "Service"}
+    claims = {d["metadata"]["name"] for d in k8s_docs() if d["kind"] == "PersistentVolumeClaim"}
+    jobs = [d for d in k8s_docs() if d["kind"] in ("Job", "Deployment", "StatefulSet")]
+    started = set()
+    for workload in jobs:
+        pod = workload["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            args = parse_vflnet(container["command"])
+            mount_paths = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            if args.command == "health":
+                assert mount_paths[str(PurePosixPath(args.ca).parent)] == "certs"
+                continue
+            assert args.command == "party"
+            me = cfg.party(args.name)
+            assert args.role == me.role
+            assert str(args.config) == "/configs/run.yaml" and volumes[mount_paths["/configs"]]["configMap"]
+            assert port(args.listen or me.address) == port(me.address)
+            assert args.coordinator in (None, cfg.coordinator.address)
+            host = me.address.rsplit(":", 1)[0]
+            assert services[host]["spec"]["ports"][0]["port"] == port(me.address)
+            assert services[host]["spec"]["selector"] == pod and False or services[host]["spec"]["selector"] == {
+                "vflnet/party": args.name
+            }
+            assert workload["spec"]["template"]["metadata"]["labels"]["vflnet/party"] == args.name
+            secret = volumes[mount_paths["/certs"]]["secret"]["secretName"]
+            files = {f.split("=")[0] for f in secrets[secret]}
+            wanted = {PurePosixPath(p).name for p in (tls.ca, tls.cert.format(name=me.name), tls.key.format(name=me.name))}
+            assert files == wanted, f"{secret} must hold exactly this party's certificate, key and the CA"
+            assert volumes[mount_paths["/runs"]]["persistentVolumeClaim"]["claimName"] in claims
+            assert PurePosixPath(args.run_dir or cfg.run.dir).is_relative_to("/runs")
+            probe = parse_vflnet(container["readinessProbe"]["exec"]["command"])
+            assert probe.address == me.address
+            assert probe.cert == tls.cert.format(name=me.name)
+            started.add(args.name)
+    assert started == set(PARTIES)
+
+
+# ------------------------------------------------------------------------------------------ lab hosts
+def read_env(path: Path) -> dict[str, str]:
+    pairs = [line.split("=", 1) for line in path.read_text().splitlines() if line and not line.startswith("#")]
+    return {key: value for key, value in pairs}
+
+
+def test_lab_hosts_match_the_lab_roster() -> None:
+    cfg = load_config(LAB / "run.yaml")
+    tls = cfg.transport.tls
+    envs = {path.stem: read_env(path) for path in sorted((LAB / "hosts").glob("*.env"))}
+    assert len(envs) == 4
+    assert sorted(env["VFLNET_NAME"] for env in envs.values()) == sorted(PARTIES)
+    for env in envs.values():
+        me = cfg.party(env["VFLNET_NAME"])
+        assert env["VFLNET_ROLE"] == me.role
+        assert env["VFLNET_LISTEN"] == me.address
+        assert env["VFLNET_CONFIG"] == "/etc/vflnet/run.yaml"
+        assert env["VFLNET_COORDINATOR"] == ("" if me.role == "coordinator" else cfg.coordinator.address)
+        assert me.address.rsplit(":", 1)[0] in env["VFLNET_CERT_HOSTS"].split(",")
+        assert (env["VFLNET_CA"], env["VFLNET_CERT"], env["VFLNET_KEY"]) == (
+            tls.ca,
+            tls.cert.format(name=me.name),
+            tls.key.format(name=me.name),
+        )
+        assert PurePosixPath(env["VFLNET_RUN_DIR"]) == PurePosixPath(cfg.run.dir)
+
+
+@pytest.mark.parametrize("script", ["make-certs.sh", "start-party.sh"])
+def test_lab_scripts_are_valid_shell(script: str) -> None:
+    result = subprocess.run(["sh", "-n", str(LAB / script)], capture_output=True, text=True, timeout=10)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,5 @@
+import sys
+
+from vflnet.cli import main
+
+sys.exit(main())

@@ -1,0 +1,341 @@
+"""CAFE (Jin et al., NeurIPS 2021): large-batch data recovery by an honest-but-curious VFL server.
+
+The attacker sees, per iteration, only the server's legitimate view (``ServerObservation``): the
+batch sample IDs it scheduled, the parameters it broadcast and every party's uploaded batch-averaged
+parameter gradients. It also knows the architecture (a ``CafeVFL`` template whose own weights are never
+used), N, the input range [0, 1] and the number of classes. Ground truth never enters this module.
+
+Step I   (eq. 7): V ~ dL/dU of fc1's outputs, from fc1's bias gradient, one SGD step per batch.
+Step II  (eq. 8): H^ ~ fc1's inputs, from fc1's weight gradient and V, lazy Adam.
+Step III (eq. 9): data x^ and dummy labels y^ by gradient matching + truncated TV + internal
+                  representation term, lazy Adam (second-order autodiff).
+Loops: Algorithm 4 (single loop: Steps I-III on every observation) or Algorithm 3 (nested: the first
+``nested_iterations[0]`` observations run Step I, the next ``nested_iterations[1]`` Step II, the rest
+Step III). All per-sample state is updated only on the rows of the current batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.func import functional_call
+
+from vflnet.models.cafe_net import CafeVFL, Params, flat_name, soft_cross_entropy
+
+
+@dataclass(frozen=True)
+class ServerObservation:
+    """What the CAFE server legitimately holds after one iteration."""
+
+    iteration: int
+    batch_ids: np.ndarray
+    params: Params
+    grads: Params
+
+
+OBJECTIVES = ("cafe", "dlg", "cosine", "sapag")
+
+
+@dataclass(frozen=True)
+class CafeParams:
+    """Attack hyperparameters; defaults are Table 9's MNIST row (M = 4, K = 40) and the authors' inits."""
+
+    n_samples: int = 800
+    lr_step1: float = 1e-2
+    lr_step2: float = 1e-2
+    lr_step3: float = 1e-2
+    alpha: float = 1e-2
+    beta: float = 1e-4
+    gamma: float = 1e-3
+    xi: float = 25.0
+    loop: Literal["single", "nested"] = "single"
+    nested_iterations: tuple[int, int] = (8000, 8000)
+    objective: str = "cafe"
+    v_init: float = 8e-4
+    h_init: float = 8e-2
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-7
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n_samples < 2:
+            raise ValueError(f"n_samples must be >= 2, got {self.n_samples}")
+        for name in ("lr_step1", "lr_step2", "lr_step3", "v_init", "h_init", "adam_eps"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive finite number, got {value}")
+        for name in ("alpha", "beta", "gamma", "xi"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a non-negative finite number, got {value}")
+        if self.loop not in ("single", "nested"):
+            raise ValueError(f"loop must be 'single' or 'nested', got {self.loop!r}")
+        if len(self.nested_iterations) != 2 or min(self.nested_iterations) < 0:
+            raise ValueError(f"nested_iterations must be two non-negative ints, got {self.nested_iterations}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            raise ValueError(f"adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
+
+
+TABLE9: dict[str, dict[str, float]] = {
+    "cifar10": {"lr_step1": 5e-3, "lr_step2": 8e-3, "lr_step3": 2e-2, "xi": 90.0},
+    "mnist": {"lr_step1": 1e-2, "lr_step2": 1e-2, "lr_step3": 1e-2, "xi": 25.0},
+    "linnaeus5": {"lr_step1": 5e-3, "lr_step2": 5e-3, "lr_step3": 1e-2, "xi": 110.0},
+    "yale32": {"lr_step1": 1e-2, "lr_step2": 1e-2, "lr_step3": 1e-2, "xi": 32.0},
+}
+
+
+def table9_params(dataset: str, **overrides: object) -> CafeParams:
+    """Table 9's row for ``dataset`` (alpha, beta, gamma = 1e-2, 1e-4, 1e-3 in every row), then overrides."""
+    if dataset not in TABLE9:
+        raise ValueError(f"dataset must be one of {sorted(TABLE9)}, got {dataset!r}")
+    return replace(CafeParams(**TABLE9[dataset]), **overrides)  # type: ignore[arg-type]
+
+
+def total_variation(images: Tensor) -> Tensor:
+    """Batch mean of the anisotropic TV (sum of |vertical| + |horizontal| neighbour differences) per image."""
+    dv = (images[:, :, 1:, :] - images[:, :, :-1, :]).abs().flatten(1).sum(1)
+    dh = (images[:, :, :, 1:] - images[:, :, :, :-1]).abs().flatten(1).sum(1)
+    return (dv + dh).mean()
+
+
+class Step3Objective(Protocol):
+    """A Step-III loss over one batch; ``needs_internal`` says whether Steps I-II must run for it."""
+
+    needs_internal: bool
+
+    def __call__(
+        self,
+        true_grads: Sequence[Tensor],
+        fake_grads: Sequence[Tensor],
+        images: Sequence[Tensor],
+        internal_fake: Sequence[Tensor],
+        internal_target: Sequence[Tensor],
+    ) -> Tensor: ...
+
+
+def _sq_distance(true_grads: Sequence[Tensor], fake_grads: Sequence[Tensor]) -> Tensor:
+    return sum(((g - f) ** 2).sum() for g, f in zip(true_grads, fake_grads, strict=True))  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class CafeObjective:
+    """Eq. (9): alpha*||g - g^||^2 + beta*TV_xi(X^) + gamma*sum_n ||H^_n - h~_n||^2.
+
+    TV is averaged over the batch and over the workers (the authors' choice); the TV term is dropped
+    while that average is below xi.
+    """
+
+    alpha: float
+    beta: float
+    gamma: float
+    xi: float
+    needs_internal: bool = True
+
+    def __call__(self, true_grads, fake_grads, images, internal_fake, internal_target) -> Tensor:  # noqa: ANN001
+        loss = self.alpha * _sq_distance(true_grads, fake_grads)
+        tv = torch.stack([total_variation(x) for x in images]).mean()
+        if tv.item() > self.xi:
+            loss = loss + self.beta * tv
+        ir = sum(((t - f) ** 2).sum() for t, f in zip(internal_target, internal_fake, strict=True))
+        return loss + self.gamma * ir
+
+
+@dataclass(frozen=True)
+class DlgObjective:
+    """DLG (Zhu et al.): the squared l2 gradient distance only."""
+
+    needs_internal: bool = False
+
+    def __call__(self, true_grads, fake_grads, images, internal_fake, internal_target) -> Tensor:  # noqa: ANN001
+        return _sq_distance(true_grads, fake_grads)
+
+
+@dataclass(frozen=True)
+class CosineObjective:
+    """Inverting Gradients (Geiping et al.): 1 - cos(g, g^) over all parameters + tv_weight * TV."""
+
+    tv_weight: float
+    needs_internal: bool = False
+
+    def __call__(self, true_grads, fake_grads, images, internal_fake, internal_target) -> Tensor:  # noqa: ANN001
+        dot = sum((g * f).sum() for g, f in zip(true_grads, fake_grads, strict=True))
+        gn = torch.sqrt(sum((g**2).sum() for g in true_grads))
+        fn = torch.sqrt(sum((f**2).sum() for f in fake_grads))
+        tv = torch.stack([total_variation(x) for x in images]).mean()
+        return 1 - dot / (gn * fn + 1e-12) + self.tv_weight * tv
+
+
+@dataclass(frozen=True)
+class SapagObjective:
+    """SAPAG (Wang et al.): sum over tensors of 1 - exp(-||g - g^||^2 / sigma^2), sigma = std of g.
+
+    The kernel width follows the hint in the CAFE authors' code (the paper does not give it).
+    """
+
+    needs_internal: bool = False
+
+    def __call__(self, true_grads, fake_grads, images, internal_fake, internal_target) -> Tensor:  # noqa: ANN001
+        terms = []
+        for g, f in zip(true_grads, fake_grads, strict=True):
+            sigma2 = g.var() if g.numel() > 1 else g.pow(2).sum()
+            terms.append(1 - torch.exp(-((g - f) ** 2).sum() / (sigma2 + 1e-12)))
+        return torch.stack(terms).sum()
+
+
+def objective_from_params(params: CafeParams) -> Step3Objective:
+    """The Step-III objective named by ``params.objective``."""
+    if params.objective == "cafe":
+        return CafeObjective(params.alpha, params.beta, params.gamma, params.xi)
+    if params.objective == "dlg":
+        return DlgObjective()
+    if params.objective == "cosine":
+        return CosineObjective(params.beta)
+    return SapagObjective()
+
+
+class RowAdam:
+    """Adam with per-row moments and per-row step counts: a row's state moves only when it is in a batch."""
+
+    def __init__(self, shape: Sequence[int], lr: float, betas: tuple[float, float], eps: float) -> None:
+        self.lr, self.betas, self.eps = lr, betas, eps
+        self.m = torch.zeros(*shape)
+        self.v = torch.zeros(*shape)
+        self.t = torch.zeros(shape[0], dtype=torch.int64)
+
+    def step(self, param: Tensor, rows: Tensor, grad: Tensor) -> None:
+        b1, b2 = self.betas
+        self.t[rows] += 1
+        t = self.t[rows].to(param.dtype).view(-1, *([1] * (param.dim() - 1)))
+        m = self.m[rows] * b1 + (1 - b1) * grad
+        v = self.v[rows] * b2 + (1 - b2) * grad * grad
+        self.m[rows], self.v[rows] = m, v
+        m_hat = m / (1 - b1**t)
+        v_hat = v / (1 - b2**t)
+        param[rows] = param[rows] - self.lr * m_hat / (v_hat.sqrt() + self.eps)
+
+
+@dataclass
+class CafeResult:
+    """The attacker's output: per-worker image regions (clipped to [0, 1]) and dummy-label beliefs."""
+
+    regions: list[Tensor]
+    label_probs: Tensor
+    seen: np.ndarray
+    iterations: int
+    last_losses: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def labels(self) -> Tensor:
+        return self.label_probs.argmax(dim=1)
+
+
+class CafeAttack:
+    """The CAFE attacker at the server: ``observe`` per iteration then ``result``, or ``run`` offline."""
+
+    def __init__(self, params: CafeParams, template: CafeVFL, objective: Step3Objective | None = None) -> None:
+        self.params = params
+        self.template = template
+        self.objective = objective if objective is not None else objective_from_params(params)
+        cfg = template.config
+        self.workers = template.worker_names
+        n = params.n_samples
+        gen = torch.Generator().manual_seed(params.seed)
+        d1, d2 = cfg.feature_dim(), cfg.fc1_out
+        self.V = [(torch.rand(n, d2, generator=gen) * 2 - 1) * params.v_init for _ in self.workers]
+        self.H = [torch.rand(n, d1, generator=gen) * params.h_init for _ in self.workers]
+        self.X = [torch.rand(n, *cfg.region_shape, generator=gen) for _ in self.workers]
+        self.Y = torch.rand(n, cfg.n_classes, generator=gen)
+        betas, eps = params.adam_betas, params.adam_eps
+        self._opt_h = [RowAdam(h.shape, params.lr_step2, betas, eps) for h in self.H]
+        self._opt_x = [RowAdam(x.shape, params.lr_step3, betas, eps) for x in self.X]
+        self._opt_y = RowAdam(self.Y.shape, params.lr_step3, betas, eps)
+        self._seen = np.zeros(n, dtype=bool)
+        self._count = 0
+        self._last: dict[str, float] = {}
+
+    def _phase_steps(self) -> tuple[bool, bool, bool]:
+        """Which of Steps I, II, III run on the current observation."""
+        needs = self.objective.needs_internal
+        if self.params.loop == "single":
+            return needs, needs, True
+        t1, t2 = self.params.nested_iterations if needs else (0, 0)
+        c = self._count
+        return c < t1, t1 <= c < t1 + t2, c >= t1 + t2
+
+    def observe(self, obs: ServerObservation) -> None:
+        """Consume one iteration of the server's view."""
+        rows = torch.as_tensor(np.asarray(obs.batch_ids, dtype=np.int64))
+        n = self.params.n_samples
+        if rows.dim() != 1 or rows.numel() == 0:
+            raise ValueError("batch_ids must be a non-empty 1-D array")
+        if int(rows.min()) < 0 or int(rows.max()) >= n or rows.unique().numel() != rows.numel():
+            raise ValueError(f"batch_ids must be distinct sample indices in [0, {n})")
+        step1, step2, step3 = self._phase_steps()
+        if step1:
+            self._step1(obs, rows)
+        if step2:
+            self._step2(obs, rows)
+        if step3:
+            self._step3(obs, rows)
+        self._seen[rows.numpy()] = True
+        self._count += 1
+
+    def run(self, observations: Iterable[ServerObservation]) -> CafeResult:
+        """Offline form: replay a recorded sequence of observations."""
+        for obs in observations:
+            self.observe(obs)
+        return self.result()
+
+    def result(self) -> CafeResult:
+        return CafeResult(
+            regions=[x.clamp(0, 1).clone() for x in self.X],
+            label_probs=torch.softmax(self.Y, dim=1),
+            seen=self._seen.copy(),
+            iterations=self._count,
+            last_losses=dict(self._last),
+        )
+
+    def _step1(self, obs: ServerObservation, rows: Tensor) -> None:
+        total = 0.0
+        for m, w in enumerate(self.workers):
+            err = self.V[m][rows].sum(0) - obs.grads[w]["fc1.bias"]
+            self.V[m][rows] -= self.params.lr_step1 * 2 * err
+            total += float((err**2).sum())
+        self._last["F1"] = total
+
+    def _step2(self, obs: ServerObservation, rows: Tensor) -> None:
+        total = 0.0
+        for m, w in enumerate(self.workers):
+            v = self.V[m][rows]
+            resid = v.T @ self.H[m][rows] - obs.grads[w]["fc1.weight"]  # torch stores Theta_1^T: d2 x d1
+            self._opt_h[m].step(self.H[m], rows, 2 * v @ resid)
+            total += float((resid**2).sum())
+        self._last["F2"] = total
+
+    def _step3(self, obs: ServerObservation, rows: Tensor) -> None:
+        names = [(party, n) for party, mod in self.template.party_modules().items() for n, _ in mod.named_parameters()]
+        params = {flat_name(p, n): obs.params[p][n].detach().clone().requires_grad_(True) for p, n in names}
+        true_grads = [obs.grads[p][n] for p, n in names]
+        xs = [x[rows].clone().requires_grad_(True) for x in self.X]
+        ys = self.Y[rows].clone().requires_grad_(True)
+        logits, internal = functional_call(self.template, params, (xs,), {"return_internal": True})
+        fake_loss = soft_cross_entropy(logits, torch.softmax(ys, dim=1))
+        fake_grads = torch.autograd.grad(fake_loss, list(params.values()), create_graph=True)
+        targets = [h[rows] for h in self.H]
+        loss = self.objective(true_grads, fake_grads, xs, internal, targets)
+        grads = torch.autograd.grad(loss, [*xs, ys], allow_unused=True)
+        with torch.no_grad():
+            for m, g in enumerate(grads[:-1]):
+                if g is not None:
+                    self._opt_x[m].step(self.X[m], rows, g)
+            if grads[-1] is not None:
+                self._opt_y.step(self.Y, rows, grads[-1])
+        self._last["F3"] = float(loss.detach())

@@ -1,0 +1,110 @@
+"""The `vflnet` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROLES = ("coordinator", "active", "passive")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vflnet", description="Vertical federated learning over a real wire: attacks and defenses.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run a local cluster (one process per party) from a config")
+    p.add_argument("config", type=Path)
+    p.add_argument("--run-dir", type=Path, default=None, help="run directory (default: <run.dir>/<run.id>)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("party", help="start one role's process (how docker-compose and lab machines start parties)")
+    p.add_argument("--role", choices=ROLES, required=True)
+    p.add_argument("--config", type=Path, required=True)
+    p.add_argument("--name", required=True, help="this party's name in the config roster")
+    p.add_argument("--run-dir", type=Path, default=None, help="default: <run.dir>/<run.id>")
+    p.add_argument("--listen", default=None, help="host:port to serve on (default: the roster address)")
+    p.add_argument("--coordinator", default=None, help="coordinator host:port (default: its roster address)")
+    p.add_argument("--advertise", default=None, help="host:port other parties use to reach this one (default: --listen)")
+
+    p = sub.add_parser("config", help="config tools")
+    csub = p.add_subparsers(dest="config_command", required=True)
+    c = csub.add_parser("check", help="validate a config file and exit")
+    c.add_argument("file", type=Path)
+
+    p = sub.add_parser("datasets", help="list the bundled datasets")
+
+    p = sub.add_parser("bench", help="benchmarks that print figures side by side")
+    p.add_argument("what", choices=["transport", "paillier"])
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _cmd_party(args: argparse.Namespace) -> int:
+    from vflnet.config import ConfigError, load
+    from vflnet.roles.common import setup_logging, setup_torch
+
+    cfg = load(args.config)
+    try:
+        me = cfg.party(args.name)
+    except KeyError as exc:
+        raise ConfigError(str(args.config), "parties", str(exc).strip('"')) from exc
+    if me.role != args.role:
+        raise ConfigError(str(args.config), "parties", f"party {args.name!r} has role {me.role!r} in the roster, not {args.role!r}")
+    if not cfg.run.id:
+        raise ConfigError(str(args.config), "run.id", "required when parties are started one by one (all must agree on it)")
+    run_dir = args.run_dir or Path(cfg.run.dir) / cfg.run.id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    setup_logging(args.name, cfg.runtime.log_level)
+    setup_torch(cfg)
+    listen = args.listen or me.address or "127.0.0.1:0"
+    if args.role == "coordinator":
+        from vflnet.roles import coordinator
+
+        return coordinator.main(cfg, run_dir, listen)
+    coord = args.coordinator or cfg.coordinator.address
+    if not coord:
+        raise ConfigError(str(args.config), "parties", "the coordinator has no address: give --coordinator HOST:PORT")
+    advertise = args.advertise or me.address or listen
+    if args.role == "active":
+        from vflnet.roles import active
+
+        return active.main(cfg, args.name, run_dir, listen, coord, advertise)
+    from vflnet.roles import passive
+
+    return passive.main(cfg, args.name, run_dir, listen, coord, advertise)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from vflnet.config import ConfigError
+
+    try:
+        if args.command == "run":
+            from vflnet.runner.local import run_local
+
+            return run_local(args.config, run_dir=args.run_dir, progress=not args.no_progress)
+        if args.command == "party":
+            return _cmd_party(args)
+        if args.command == "config":
+            from vflnet.config import load
+
+            cfg = load(args.file)
+            print(f"{args.file}: OK ({len(cfg.parties)} parties, protocol {cfg.protocol.kind}, dataset {cfg.data.dataset})")
+            return 0
+        if args.command == "datasets":
+            from vflnet.data.datasets import available
+
+            for name, desc in available().items():
+                print(f"{name:15s} {desc}")
+            return 0
+        if args.command == "bench":
+            if args.what == "transport":
+                from vflnet.bench.transport import main as bench_main
+            else:
+                from vflnet.bench.paillier import main as bench_main
+            return bench_main(args.args)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    return 1

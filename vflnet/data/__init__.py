@@ -1,0 +1,1 @@
+"""Datasets (no downloads), vertical partitioning, and sample alignment."""

@@ -1,0 +1,125 @@
+"""Vertical partitioning: what one party loads. Each party keeps only its own columns and IDs;
+only the active party keeps labels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vflnet.config import Config, ConfigError, FeaturesConfig, PartyConfig
+from vflnet.data.datasets import Dataset, load_dataset
+
+
+@dataclass
+class PartyData:
+    ids: np.ndarray  # int64 [n], sorted
+    x: np.ndarray | None  # float32 [n, d] or [n, 1, h, w]; None for a featureless active party
+    y: np.ndarray | None  # int64 [n]; active party only
+    n_classes: int
+
+    def rows(self, sample_ids: np.ndarray) -> np.ndarray:
+        """Row indices of the given IDs; raises KeyError naming an unknown ID."""
+        pos = np.searchsorted(self.ids, sample_ids)
+        pos = np.clip(pos, 0, len(self.ids) - 1)
+        bad = self.ids[pos] != sample_ids
+        if bad.any():
+            raise KeyError(f"sample id {int(np.asarray(sample_ids)[bad][0])} is not held by this party")
+        return pos
+
+
+def parse_columns(spec: str | list[int], n_features: int) -> np.ndarray:
+    if isinstance(spec, list):
+        cols = np.asarray(spec, dtype=np.int64)
+    else:
+        parts = []
+        for piece in spec.split(","):
+            piece = piece.strip()
+            if ":" in piece:
+                a, b = piece.split(":")
+                parts.extend(range(int(a or 0), int(b or n_features)))
+            else:
+                parts.append(int(piece))
+        cols = np.asarray(parts, dtype=np.int64)
+    if len(cols) == 0:
+        raise ValueError("no columns selected")
+    if cols.min() < 0 or cols.max() >= n_features:
+        raise ValueError(f"columns must lie in [0, {n_features}), got {int(cols.min())}..{int(cols.max())}")
+    if len(np.unique(cols)) != len(cols):
+        raise ValueError("a column is listed twice")
+    return cols
+
+
+def select_features(data: Dataset, features: FeaturesConfig, as_image: bool) -> np.ndarray:
+    """The party's slice of the feature matrix: flat [n, d], or [n, 1, h, w] when ``as_image``."""
+    if features.region is not None:
+        if not data.is_image:
+            raise ValueError(f"dataset {data.name!r} is not an image dataset; use 'columns'")
+        r0, r1, c0, c1 = features.region
+        height, width = data.features.shape[1:]
+        if not (0 <= r0 < r1 <= height and 0 <= c0 < c1 <= width):
+            raise ValueError(f"region {features.region} is outside the {height}x{width} image")
+        region = data.features[:, r0:r1, c0:c1]
+        return region[:, None] if as_image else region.reshape(len(region), -1)
+    flat = data.features.reshape(len(data.features), -1)
+    return flat[:, parse_columns(features.columns, flat.shape[1])]  # type: ignore[arg-type]
+
+
+def party_seed(cfg: Config, party: PartyConfig) -> int:
+    return cfg.run.seed * 1000 + [p.name for p in cfg.parties].index(party.name)
+
+
+def party_view(cfg: Config, party_name: str, dataset: Dataset | None = None) -> PartyData:
+    party = cfg.party(party_name)
+    data = dataset if dataset is not None else load_dataset(cfg.data.dataset, cfg.data.params)
+    keep = np.arange(len(data.ids))
+    if party.sample_fraction < 1.0:
+        rng = np.random.default_rng([party_seed(cfg, party), 3])
+        keep = np.sort(rng.choice(len(keep), size=int(round(len(keep) * party.sample_fraction)), replace=False))
+    order = keep[np.argsort(data.ids[keep], kind="stable")]
+    x = None
+    if party.features is not None:
+        assert party.bottom is not None
+        x = select_features(data, party.features, as_image=party.bottom.kind == "cnn")[order]
+    y = data.labels[order] if party.role == "active" else None
+    return PartyData(ids=data.ids[order], x=x, y=y, n_classes=data.n_classes)
+
+
+def normalize(x: np.ndarray, train_rows: np.ndarray, mode: str, is_image: bool) -> np.ndarray:
+    """Normalise a party's own features using statistics of its own training rows only."""
+    if mode == "auto":
+        mode = "none" if is_image else "standard"
+    if mode == "none":
+        return x.astype(np.float32)
+    train = x[train_rows]
+    if mode == "standard":
+        mean, std = train.mean(axis=0), train.std(axis=0)
+        return ((x - mean) / np.where(std > 0, std, 1.0)).astype(np.float32)
+    lo, hi = train.min(axis=0), train.max(axis=0)
+    return ((x - lo) / np.where(hi > lo, hi - lo, 1.0)).astype(np.float32)
+
+
+def check_against_dataset(cfg: Config) -> None:
+    """Config checks that need the dataset: columns/regions in range and output sizes vs classes."""
+    src = cfg.source
+    try:
+        data = load_dataset(cfg.data.dataset, cfg.data.params)
+    except (KeyError, ValueError, OSError) as exc:
+        raise ConfigError(src, "data", str(exc).strip("'\"")) from exc
+    for i, party in enumerate(cfg.parties):
+        if party.features is None:
+            continue
+        try:
+            assert party.bottom is not None
+            select_features(data, party.features, as_image=party.bottom.kind == "cnn")
+        except ValueError as exc:
+            raise ConfigError(src, f"parties[{i}].features", str(exc)) from exc
+    outs = [p.bottom.out for p in cfg.feature_parties if p.bottom is not None]
+    if cfg.model.top.kind == "none":
+        width = outs[0] if cfg.protocol.aggregation == "sum" else sum(outs)
+        if width != data.n_classes:
+            raise ConfigError(
+                src, "model.top.kind",
+                f"with no top model the aggregated embedding ({width}) must equal the number of classes "
+                f"of {cfg.data.dataset!r} ({data.n_classes})",
+            )

@@ -1,0 +1,80 @@
+"""Image-recovery metrics: PSNR, MSE, recovered-label accuracy, iterations to a PSNR target, grid pictures."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def _check_pair(real: Tensor, fake: Tensor) -> None:
+    if real.shape != fake.shape:
+        raise ValueError(f"shape mismatch: real {tuple(real.shape)} vs recovered {tuple(fake.shape)}")
+    if real.dim() < 2:
+        raise ValueError("expected a batch of images [N, ...]")
+
+
+def psnr_per_image(real: Tensor, fake: Tensor, max_val: float = 1.0) -> Tensor:
+    """PSNR of each image, 10 log10(max^2 / MSE); recovered values are clipped to [0, max_val] first."""
+    _check_pair(real, fake)
+    err = (real.double() - fake.double().clamp(0, max_val)).pow(2).flatten(1).mean(1)
+    return 10 * torch.log10(max_val**2 / err.clamp_min(1e-20))
+
+
+def psnr(real: Tensor, fake: Tensor, max_val: float = 1.0) -> float:
+    """Mean per-image PSNR over all N images (the paper reports the mean over the recovered set)."""
+    return float(psnr_per_image(real, fake, max_val).mean())
+
+
+def mse(real: Tensor, fake: Tensor, max_val: float = 1.0) -> float:
+    """Mean squared error over all pixels, recovered values clipped to [0, max_val]."""
+    _check_pair(real, fake)
+    return float((real.double() - fake.double().clamp(0, max_val)).pow(2).mean())
+
+
+def label_accuracy(recovered: Tensor, true: Tensor) -> float:
+    """Fraction of recovered labels equal to the truth; ``recovered`` is indices or per-class scores."""
+    if recovered.dim() == 2:
+        recovered = recovered.argmax(dim=1)
+    if recovered.shape != true.shape:
+        raise ValueError(f"shape mismatch: {tuple(recovered.shape)} vs {tuple(true.shape)}")
+    return float((recovered == true).double().mean())
+
+
+def iterations_to_psnr(history: Iterable[tuple[int, float]], target: float) -> int | None:
+    """First iteration in a ``(iteration, psnr)`` history at which PSNR reaches ``target`` (Table 5)."""
+    for iteration, value in history:
+        if value >= target:
+            return iteration
+    return None
+
+
+def save_image_grid(real: Tensor, fake: Tensor, path: str | Path, n: int = 20, title: str = "") -> Path:
+    """Write a PNG with ``n`` real images (top row) above their recoveries (bottom row)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    _check_pair(real, fake)
+    n = min(n, real.shape[0])
+    fig, axes = plt.subplots(2, n, figsize=(n * 0.9, 2.2), squeeze=False)
+    for row, batch in enumerate((real, fake.clamp(0, 1))):
+        for i in range(n):
+            img = batch[i].detach().cpu().numpy()
+            img = img[0] if img.shape[0] == 1 else np.transpose(img, (1, 2, 0))
+            ax = axes[row][i]
+            ax.imshow(img, cmap="gray", vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+        axes[row][0].set_ylabel("real" if row == 0 else "recovered", fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=8)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80, bbox_inches="tight")
+    plt.close(fig)
+    return path

@@ -1,0 +1,1 @@
+"""Model zoo (bottom and top models built from config) and optimizers."""

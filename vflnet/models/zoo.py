@@ -1,0 +1,102 @@
+"""Bottom models (one per feature-holding party) and the active party's top model, from config.
+
+An input-layer cut (paper 000) is a ``linear`` bottom with ``bias: false`` on every party,
+``aggregation: sum`` and a top model whose ``input_activation`` is the first layer's nonlinearity:
+the sum of the parties' column blocks is exactly the first layer of the joint network.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vflnet.config import Config, ModelConfig, PartyConfig
+
+_ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
+
+
+def _mlp(in_dim: int, hidden: list[int], out: int, activation: str, bias: bool = True) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers += [nn.Linear(in_dim, width), _ACTIVATIONS[activation]()]
+        in_dim = width
+    layers.append(nn.Linear(in_dim, out, bias=bias))
+    return nn.Sequential(*layers)
+
+
+class SmallCNN(nn.Module):
+    """Conv -> ReLU -> (pool) blocks over one image region, then a linear embedding."""
+
+    def __init__(self, in_shape: tuple[int, int, int], channels: list[int], out: int) -> None:
+        super().__init__()
+        blocks: list[nn.Module] = []
+        c, h, w = in_shape
+        for width in channels:
+            blocks += [nn.Conv2d(c, width, kernel_size=3, padding=1), nn.ReLU()]
+            if min(h, w) >= 4:  # pool only while the region is big enough to stay non-empty
+                blocks.append(nn.MaxPool2d(2))
+                h, w = h // 2, w // 2
+            c = width
+        self.features = nn.Sequential(*blocks)
+        self.head = nn.Linear(c * h * w, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+def build_bottom(cfg: ModelConfig, input_shape: tuple[int, ...]) -> nn.Module:
+    """``input_shape`` excludes the batch axis: (d,) for flat features, (1, h, w) for a cnn."""
+    if cfg.kind == "linear":
+        return nn.Linear(input_shape[0], cfg.out, bias=cfg.bias)
+    if cfg.kind == "mlp":
+        return _mlp(input_shape[0], cfg.hidden, cfg.out, cfg.activation, cfg.bias)
+    if cfg.kind == "cnn":
+        return SmallCNN(input_shape, cfg.channels, cfg.out)  # type: ignore[arg-type]
+    raise ValueError(f"unknown bottom model kind {cfg.kind!r}")
+
+
+class TopModel(nn.Module):
+    """The active party's model over the aggregated embedding; ``none`` is the identity (paper 004)."""
+
+    def __init__(self, cfg: ModelConfig, in_dim: int, n_classes: int) -> None:
+        super().__init__()
+        self.input_activation = _ACTIVATIONS[cfg.input_activation]() if cfg.input_activation != "none" else nn.Identity()
+        if cfg.kind == "none":
+            self.net: nn.Module = nn.Identity()
+        elif cfg.kind == "linear":
+            self.net = nn.Linear(in_dim, n_classes, bias=cfg.bias)
+        elif cfg.kind == "mlp":
+            self.net = _mlp(in_dim, cfg.hidden, n_classes, cfg.activation, cfg.bias)
+        else:
+            raise ValueError(f"top model kind {cfg.kind!r} is not supported")
+
+    def forward(self, aggregate: torch.Tensor) -> torch.Tensor:
+        return self.net(self.input_activation(aggregate))
+
+
+def aggregate(embeddings: list[torch.Tensor], how: str) -> torch.Tensor:
+    """Concatenate along features (``concat``) or add (``sum``), in aggregation order."""
+    if how == "concat":
+        return torch.cat(embeddings, dim=1)
+    if how == "sum":
+        return torch.stack(embeddings).sum(dim=0)
+    raise ValueError(f"unknown aggregation {how!r}")
+
+
+def build_party_modules(
+    cfg: Config, party: PartyConfig, input_shape: tuple[int, ...] | None, n_classes: int
+) -> tuple[nn.Module | None, TopModel | None]:
+    """A party's bottom model (if it holds features) and, for the active party, the top model.
+
+    Built under the party's own seed in a fixed order so the distributed run and the in-process
+    reference start from identical parameters."""
+    from vflnet.data.partition import party_seed
+
+    torch.manual_seed(party_seed(cfg, party))
+    bottom = build_bottom(party.bottom, input_shape) if party.bottom is not None and input_shape else None
+    top = None
+    if party.role == "active":
+        outs = [p.bottom.out for p in cfg.feature_parties if p.bottom is not None]
+        in_dim = outs[0] if cfg.protocol.aggregation == "sum" else sum(outs)
+        top = TopModel(cfg.model.top, in_dim, n_classes)
+    return bottom, top

@@ -1,0 +1,1 @@
+"""What each role computes in one step of a protocol, independent of transport."""

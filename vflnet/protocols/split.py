@@ -1,0 +1,130 @@
+"""Plaintext split learning, per role, with no transport in sight.
+
+Passive: ``forward`` its bottom model on the batch, keep the graph, later ``backward`` the gradient
+the active party returned and step its optimizer. Active: aggregate its own embedding (if any) with
+the received ones, run the top model and the loss, step its optimizer, and return the gradient of
+the loss w.r.t. each received embedding.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from vflnet.config import LRScheduleConfig, OptimizerConfig
+from vflnet.models.optim import build_optimizer, build_schedule
+from vflnet.models.zoo import TopModel, aggregate
+
+
+@dataclass
+class LocalModel:
+    """The modules one party trains, its optimizer and LR schedule, and its update counter."""
+
+    modules: dict[str, nn.Module]
+    optimizer_cfg: OptimizerConfig
+    schedule_cfg: LRScheduleConfig
+    version: int = 0  # optimizer updates applied: the `model_version` in message headers
+    epoch: int = 0
+    optimizer: torch.optim.Optimizer = field(init=False)
+    schedule: Any = field(init=False)
+
+    def __post_init__(self) -> None:
+        params = [p for m in self.modules.values() for p in m.parameters()]
+        self.optimizer = build_optimizer(params, self.optimizer_cfg)
+        self.schedule = build_schedule(self.optimizer, self.schedule_cfg)
+
+    def enter_epoch(self, epoch: int) -> None:
+        """Advance the LR schedule once per epoch boundary the coordinator announces."""
+        while self.epoch < epoch:
+            self.epoch += 1
+            if self.schedule is not None:
+                self.schedule.step()
+
+    def apply_update(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+
+    def train(self, mode: bool) -> None:
+        for m in self.modules.values():
+            m.train(mode)
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "modules": {k: m.state_dict() for k, m in self.modules.items()},
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+            "epoch": self.epoch,
+        }
+
+    def save(self, path: Path) -> None:
+        """Atomic: a crash mid-write never leaves a truncated checkpoint."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        torch.save(self.state(), tmp)
+        os.replace(tmp, path)
+
+
+class PassiveSplit:
+    def __init__(self, local: LocalModel) -> None:
+        self.local = local
+        self.bottom = local.modules["bottom"]
+        self._pending: torch.Tensor | None = None
+
+    def forward(self, x: np.ndarray, train: bool) -> np.ndarray:
+        self.local.train(train)
+        with torch.set_grad_enabled(train):
+            emb = self.bottom(torch.from_numpy(x))
+        self._pending = emb if train else None
+        return emb.detach().numpy()
+
+    def backward(self, grad: np.ndarray) -> None:
+        if self._pending is None:
+            raise RuntimeError("backward without a training forward pass")
+        emb, self._pending = self._pending, None
+        emb.backward(torch.from_numpy(grad))
+        self.local.apply_update()
+
+
+@dataclass
+class StepResult:
+    grads: list[np.ndarray]  # one per received embedding, same order
+    loss_sum: float
+    correct: int
+    count: int
+    logits: np.ndarray
+
+
+class ActiveSplit:
+    def __init__(self, local: LocalModel, aggregation: str) -> None:
+        self.local = local
+        self.bottom: nn.Module | None = local.modules.get("bottom")
+        self.top: TopModel = local.modules["top"]  # type: ignore[assignment]
+        self.aggregation = aggregation
+
+    def step(self, x_own: np.ndarray | None, received: list[np.ndarray], y: np.ndarray, train: bool) -> StepResult:
+        self.local.train(train)
+        with torch.set_grad_enabled(train):
+            inputs = [torch.from_numpy(e).requires_grad_(train) for e in received]
+            parts = list(inputs)
+            if self.bottom is not None:
+                assert x_own is not None
+                parts.insert(0, self.bottom(torch.from_numpy(x_own)))
+            logits = self.top(aggregate(parts, self.aggregation))
+            target = torch.from_numpy(y)
+            loss = F.cross_entropy(logits, target)
+            if train:
+                loss.backward()
+                grads = [t.grad.numpy() if t.grad is not None else np.zeros_like(e) for t, e in zip(inputs, received, strict=True)]
+                self.local.apply_update()
+            else:
+                grads = []
+        correct = int((logits.argmax(dim=1) == target).sum())
+        return StepResult(grads, float(loss) * len(y), correct, len(y), logits.detach().numpy())

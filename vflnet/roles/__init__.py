@@ -1,0 +1,1 @@
+"""One module per role. Each role is one OS process with its own gRPC server."""

@@ -1,0 +1,86 @@
+"""What every role process shares: logging, headers, the serve-until-shutdown loop."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+
+import torch
+
+from vflnet.config import Config
+from vflnet.v1 import messages_pb2
+from vflnet.wire.errors import RpcFailure, permission_denied, stale_step
+
+import grpc
+
+
+def setup_logging(name: str, level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level),
+        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def setup_torch(cfg: Config) -> None:
+    # One thread per process: parties share the machine, and a fixed thread count keeps float
+    # reductions identical to the in-process reference.
+    torch.set_num_threads(cfg.runtime.torch_threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def header(cfg: Config, sender: str, step: int, epoch: int, batch_id: int, phase: int, version: int) -> messages_pb2.Header:
+    return messages_pb2.Header(
+        run_id=cfg.run.id, step=step, epoch=epoch, batch_id=batch_id, phase=phase, sender=sender, model_version=version
+    )
+
+
+def check_run(cfg: Config, got: str) -> None:
+    if got != cfg.run.id:
+        raise permission_denied(f"message for run {got!r}, this is run {cfg.run.id!r}")
+
+
+def check_sender(cfg: Config, sender: str, roles: set[str], context: grpc.ServicerContext | None) -> None:
+    """The sender must be in the roster with an allowed role; under TLS it must also be the
+    certificate's identity (a party cannot speak for another)."""
+    names = {p.name: p.role for p in cfg.parties}
+    if sender not in names:
+        raise permission_denied(f"unknown party {sender!r}: not in the roster")
+    if names[sender] not in roles:
+        raise permission_denied(f"party {sender!r} has role {names[sender]!r}; this call needs {sorted(roles)}")
+    if cfg.transport.tls.enabled and context is not None:
+        from vflnet.wire.tls import peer_identity
+
+        ident = peer_identity(context)
+        if ident is None or ident.name != sender:
+            raise permission_denied(f"header says {sender!r} but the certificate says {ident.name if ident else None!r}")
+
+
+class Liveness:
+    """Tracks the last contact from the coordinator so a party stops if the run is abandoned."""
+
+    def __init__(self, idle_timeout_s: float) -> None:
+        self.idle_timeout_s = idle_timeout_s
+        self._last = time.monotonic()
+        self.shutdown = threading.Event()
+
+    def touch(self) -> None:
+        self._last = time.monotonic()
+
+    def wait(self) -> str:
+        """Block until shutdown or idleness; returns why."""
+        while not self.shutdown.wait(timeout=1.0):
+            if time.monotonic() - self._last > self.idle_timeout_s:
+                return f"no message from the coordinator for {self.idle_timeout_s:.0f} s"
+        return "shutdown"
+
+
+def wait_for(event: threading.Event, timeout: float, what: str) -> None:
+    if not event.wait(timeout):
+        raise RpcFailure(grpc.StatusCode.UNAVAILABLE, f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+__all__ = ["header", "check_run", "check_sender", "setup_logging", "setup_torch", "stale_step", "Liveness", "wait_for"]

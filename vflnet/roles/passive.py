@@ -1,0 +1,58 @@
+"""A passive party: its own feature columns and bottom model; sends embeddings, applies gradients."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import grpc
+
+from vflnet.config import Config
+from vflnet.protocols.split import PassiveSplit
+from vflnet.roles.common import header
+from vflnet.roles.party import PartyBase
+from vflnet.roles.serve import serve_party
+from vflnet.v1 import messages_pb2, services_pb2_grpc
+from vflnet.wire import tensors
+from vflnet.wire.channels import open_channel
+from vflnet.wire.errors import RpcFailure, describe_rpc_error
+
+log = logging.getLogger("vflnet.passive")
+
+
+class PassiveParty(PartyBase):
+    def build_protocol(self) -> None:
+        assert self.local is not None and self.join_reply is not None
+        self.protocol = PassiveSplit(self.local)
+        active = next(p for p in self.join_reply.roster if p.role == "active")
+        self.active = services_pb2_grpc.ActiveStub(open_channel(active.address, self.cfg.transport, self.name))
+
+    def run_step(self, cmd: messages_pb2.StepCommand) -> messages_pb2.StepReport:
+        with self.step_lock:
+            rows = self.begin_step(cmd)
+            assert self.data.x is not None and self.local is not None
+            train = cmd.header.phase == messages_pb2.TRAIN
+            start = time.perf_counter()
+            emb = self.protocol.forward(self.data.x[rows], train)
+            h = cmd.header
+            msg = messages_pb2.Embeddings(
+                header=header(self.cfg, self.name, h.step, h.epoch, h.batch_id, h.phase, self.local.version),
+                sample_ids=cmd.sample_ids,
+                values=tensors.to_proto(emb),
+            )
+            self.meter.record("ExchangeEmbeddings", msg)
+            try:
+                reply = self.active.ExchangeEmbeddings(msg, timeout=self.cfg.transport.rpc_timeout_s)
+            except grpc.RpcError as exc:
+                raise RpcFailure(grpc.StatusCode.ABORTED, f"active party refused embeddings: {describe_rpc_error(exc)}") from exc
+            if reply.header.step != h.step:
+                raise RpcFailure(grpc.StatusCode.DATA_LOSS, f"gradients for step {reply.header.step}, expected {h.step}")
+            if train:
+                grad = tensors.from_proto(reply.values, expect_dtype="float32", expect_shape=emb.shape, what="gradients from the active party")
+                self.protocol.backward(grad)
+            return self.end_step(cmd, {"compute_s": time.perf_counter() - start})
+
+
+def main(cfg: Config, name: str, run_dir: Path, listen: str, coordinator: str, advertise: str) -> int:
+    return serve_party(PassiveParty(cfg, name, run_dir), listen, coordinator, advertise)

@@ -1,0 +1,1 @@
+"""Local cluster launcher, in-process reference trainer, reports."""

@@ -1,0 +1,215 @@
+"""`vflnet run`: a local cluster of real processes on loopback.
+
+The coordinator starts first on a free port and writes its address to the run directory; the
+parties start next, bind their own free ports and join it. The launcher shows progress from
+metrics.jsonl, and if any process fails (or on Ctrl-C) tears every process down: children also get
+SIGTERM from the kernel if the launcher itself dies (PR_SET_PDEATHSIG), so none is orphaned.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from vflnet.config import Config, dump, load
+from vflnet.runner.report import print_summary
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Child:
+    name: str
+    role: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: IO[bytes]
+
+
+class LocalCluster:
+    def __init__(self, cfg: Config, run_dir: Path, config_path: Path) -> None:
+        self.cfg, self.run_dir, self.config_path = cfg, run_dir, config_path
+        self.children: dict[str, Child] = {}
+
+    def _spawn(self, name: str, role: str, extra: list[str]) -> Child:
+        log_path = self.run_dir / "logs" / f"{name}.log"
+        log_file = log_path.open("ab")
+        cmd = [sys.executable, "-m", "vflnet", "party", "--role", role, "--config", str(self.config_path),
+               "--name", name, "--run-dir", str(self.run_dir), "--listen", "127.0.0.1:0", *extra]
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.cfg.runtime.torch_threads))
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, preexec_fn=_die_with_parent)
+        child = Child(name, role, proc, log_path, log_file)
+        self.children[name] = child
+        return child
+
+    def start(self) -> None:
+        coord = self.cfg.coordinator
+        child = self._spawn(coord.name, "coordinator", [])
+        addr_file = self.run_dir / "coordinator.addr"
+        deadline = time.monotonic() + 60
+        while not addr_file.exists():
+            if child.proc.poll() is not None:
+                raise ClusterFailure(self._describe_exit(child))
+            if time.monotonic() > deadline:
+                raise ClusterFailure("the coordinator did not start within 60 s; see " + str(child.log_path))
+            time.sleep(0.05)
+        address = addr_file.read_text().strip()
+        for party in self.cfg.parties:
+            if party.role != "coordinator":
+                self._spawn(party.name, party.role, ["--coordinator", address])
+
+    def _describe_exit(self, child: Child) -> str:
+        rc = child.proc.returncode
+        how = f"was killed by signal {-rc} ({signal.Signals(-rc).name})" if rc is not None and rc < 0 else f"exited with code {rc}"
+        tail = _tail(child.log_path, 6)
+        return f"{child.role} party {child.name!r} (pid {child.proc.pid}) {how}; log: {child.log_path}" + (
+            "\n    " + "\n    ".join(tail) if tail else ""
+        )
+
+    def wait(self, progress: bool) -> int:
+        """Return the coordinator's exit code, or raise ClusterFailure if another process fails first."""
+        coord = self.children[self.cfg.coordinator.name]
+        bar = _Progress(self.run_dir, enabled=progress)
+        try:
+            while coord.proc.poll() is None:
+                for child in self.children.values():
+                    if child is not coord and child.proc.poll() not in (None, 0):
+                        raise ClusterFailure(self._describe_exit(child))
+                bar.update()
+                time.sleep(0.1)
+            bar.update()
+        finally:
+            bar.close()
+        deadline = time.monotonic() + 30  # parties exit on their own after the Shutdown RPC
+        for child in self.children.values():
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        rc = coord.proc.returncode
+        if rc != 0:
+            raise ClusterFailure(self._describe_exit(coord))
+        bad = [c for c in self.children.values() if c.proc.returncode not in (0,)]
+        if bad:
+            raise ClusterFailure("; ".join(self._describe_exit(c) if c.proc.returncode is not None else f"{c.name} did not exit" for c in bad))
+        return 0
+
+    def teardown(self) -> None:
+        live = [c for c in self.children.values() if c.proc.poll() is None]
+        for c in live:
+            c.proc.terminate()
+        deadline = time.monotonic() + 5
+        for c in live:
+            try:
+                c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                c.proc.kill()
+                c.proc.wait()
+        for c in self.children.values():
+            c.log_file.close()
+
+
+class ClusterFailure(RuntimeError):
+    pass
+
+
+class _Progress:
+    """A tqdm bar fed from the coordinator's metrics.jsonl (the launcher has no other window into the run)."""
+
+    def __init__(self, run_dir: Path, enabled: bool) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.plan = run_dir / "plan.json"
+        self.enabled = enabled
+        self.bar: Any = None
+        self.offset = 0
+
+    def update(self) -> None:
+        if not self.enabled or not self.plan.exists() or not self.path.exists():
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            total = json.loads(self.plan.read_text())["total_steps"]
+            # disable=None: a bar on a terminal, nothing when output goes to a file or CI log
+            self.bar = tqdm(total=total, unit="step", desc="training", file=sys.stderr, dynamic_ncols=True, disable=None)
+        with self.path.open() as fh:
+            fh.seek(self.offset)
+            for line in iter(fh.readline, ""):
+                if not line.endswith("\n"):
+                    break  # partial line: read it next time
+                self.offset += len(line)
+                rec = json.loads(line)
+                if rec.get("kind") == "step":
+                    self.bar.update(1)
+                    self.bar.set_postfix(epoch=rec["epoch"], loss=f"{rec['loss']:.3f}")
+                elif rec.get("kind") == "epoch" and "test_accuracy" in rec:
+                    self.bar.write(f"epoch {rec['epoch']}: train loss {rec['train_loss']:.4f}, test accuracy {rec['test_accuracy']:.4f}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _tail(path: Path, n: int) -> list[str]:
+    try:
+        return path.read_text(errors="replace").strip().splitlines()[-n:]
+    except OSError:
+        return []
+
+
+def prepare_run_dir(cfg: Config, config_path: Path, run_dir: Path | None) -> tuple[Path, Path]:
+    """Give the run an id and a fresh directory; write the resolved config there."""
+    if not cfg.run.id:
+        cfg.run.id = f"{config_path.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if run_dir is None:
+        run_dir = Path(cfg.run.dir) / cfg.run.id
+        n = 1
+        while run_dir.exists():
+            n += 1
+            run_dir = Path(cfg.run.dir) / f"{cfg.run.id}-{n}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    resolved = run_dir / "config.yaml"
+    dump(cfg, resolved)
+    return run_dir, resolved
+
+
+def run_local(config_path: str | Path, *, run_dir: Path | None = None, progress: bool = True) -> int:
+    config_path = Path(config_path)
+    cfg = load(config_path)
+    run_dir, resolved = prepare_run_dir(cfg, config_path, run_dir)
+    print(f"run {cfg.run.id}: {len(cfg.parties)} processes, run directory {run_dir}", file=sys.stderr)
+    cluster = LocalCluster(cfg, run_dir, resolved)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        cluster.start()
+        cluster.wait(progress)
+        print_summary(run_dir)
+        return 0
+    except ClusterFailure as exc:
+        print(f"\nrun {cfg.run.id} FAILED: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"\nrun {cfg.run.id} interrupted; stopping all processes", file=sys.stderr)
+        return 130
+    finally:
+        cluster.teardown()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,60 @@
+"""The end-of-run summary table, read back from the run directory."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def summary_rows(run_dir: Path) -> list[tuple[str, str]]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    records = read_metrics(run_dir)
+    steps = [r for r in records if r["kind"] == "step"]
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    rows = [("run", summary["run_id"]), ("status", summary["status"])]
+    if summary.get("error"):
+        rows.append(("error", summary["error"]))
+    if epochs:
+        last = epochs[-1]
+        rows += [("epochs", str(len(epochs))), ("training steps", str(summary.get("steps", len(steps)))),
+                 ("final train loss", f"{last['train_loss']:.4f}"), ("final train accuracy", f"{last['train_accuracy']:.4f}")]
+        tested = [e for e in epochs if "test_accuracy" in e]
+        if tested:
+            rows += [("test loss", f"{tested[-1]['test_loss']:.4f}"), ("test accuracy", f"{tested[-1]['test_accuracy']:.4f}")]
+    if steps:
+        mean_time = sum(s["step_time_s"] for s in steps) / len(steps)
+        rows.append(("mean step time", f"{mean_time * 1000:.1f} ms ({1 / mean_time:.1f} steps/s)"))
+        n = len(steps)
+        for key, total in sorted(summary.get("bytes_sent", {}).items()):
+            payload = summary.get("payload_bytes", {}).get(key, 0)
+            rows.append((f"bytes/step {key}", f"{_fmt_bytes(total / n)} (tensor payload {_fmt_bytes(payload / n)})"))
+    rows.append(("wall time", f"{summary.get('wall_time_s', 0):.1f} s"))
+    rows.append(("run directory", str(run_dir)))
+    return rows
+
+
+def print_summary(run_dir: Path, stream: Any = None) -> None:
+    stream = stream or sys.stdout
+    rows = summary_rows(run_dir)
+    width = max(len(k) for k, _ in rows)
+    print("\n" + "-" * (width + 40), file=stream)
+    for key, value in rows:
+        print(f"{key.ljust(width)}  {value}", file=stream)
+    print("-" * (width + 40), file=stream)

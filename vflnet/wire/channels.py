@@ -1,0 +1,95 @@
+"""gRPC servers and channels with the project's limits, and TLS when the config turns it on.
+
+Plaintext is allowed on loopback; to any other address it needs ``transport.allow_plaintext_remote``
+and logs a warning, because everything on such a channel can be read and rewritten by anyone on the path.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from vflnet.config import TransportConfig
+
+log = logging.getLogger(__name__)
+
+
+def grpc_options(transport: TransportConfig) -> list[tuple[str, int]]:
+    limit = int(transport.max_message_mb * 1024 * 1024)
+    return [
+        ("grpc.max_send_message_length", limit),
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def is_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _tls_files(transport: TransportConfig, name: str) -> tuple[bytes, bytes, bytes]:
+    tls = transport.tls
+    paths = [Path(tls.ca), Path(tls.cert.format(name=name)), Path(tls.key.format(name=name))]
+    for label, path in zip(("ca", "cert", "key"), paths, strict=True):
+        if not path.is_file():
+            raise FileNotFoundError(f"transport.tls.{label}: {path} does not exist (make certificates with `vflnet certs`)")
+    return paths[0].read_bytes(), paths[1].read_bytes(), paths[2].read_bytes()
+
+
+def make_server(
+    transport: TransportConfig, name: str, interceptors: list[grpc.ServerInterceptor] | None = None, max_workers: int = 32
+) -> grpc.Server:
+    chain = list(interceptors or [])
+    if transport.tls.enabled:
+        from vflnet.wire.tls import ROLE_PERMISSIONS, RoleAuthorizer
+
+        chain.insert(0, RoleAuthorizer(ROLE_PERMISSIONS))  # identity first, before any tap or attack
+    return grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{name}-rpc"),
+        interceptors=chain,
+        options=grpc_options(transport),
+    )
+
+
+def bind(server: grpc.Server, address: str, transport: TransportConfig, name: str) -> int:
+    """Bind ``host:port`` (port 0 = any free port) and return the port actually bound."""
+    if transport.tls.enabled:
+        from vflnet.wire.tls import server_credentials
+
+        port = server.add_secure_port(address, server_credentials(*_tls_files(transport, name)))
+    else:
+        if not is_loopback(address):
+            _check_plaintext_allowed(address, transport)
+        port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot bind {address}")
+    return port
+
+
+def _check_plaintext_allowed(address: str, transport: TransportConfig) -> None:
+    if not transport.allow_plaintext_remote:
+        raise PermissionError(
+            f"plaintext gRPC on non-loopback address {address}: enable transport.tls or set "
+            "transport.allow_plaintext_remote: true"
+        )
+    log.warning("PLAINTEXT gRPC on %s: anyone on the network path can read and alter this traffic", address)
+
+
+def open_channel(address: str, transport: TransportConfig, name: str) -> grpc.Channel:
+    if transport.tls.enabled:
+        from vflnet.wire.tls import channel_credentials
+
+        return grpc.secure_channel(address, channel_credentials(*_tls_files(transport, name)), options=grpc_options(transport))
+    if not is_loopback(address):
+        _check_plaintext_allowed(address, transport)
+    return grpc.insecure_channel(address, options=grpc_options(transport))

@@ -1,0 +1,66 @@
+"""Tensor codec: numpy arrays <-> ``vflnet.v1.Tensor`` (dtype + shape + raw little-endian bytes).
+
+Decoding validates everything a receiver must not take on trust: the dtype is one we allow, the byte
+length matches the shape, and (optionally) the shape is what the receiver expects and every value is
+finite. A violation raises :class:`PayloadError`, which servicers turn into ``INVALID_ARGUMENT``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from vflnet.v1 import tensor_pb2
+
+ALLOWED_DTYPES = {"float32", "float64", "int64", "int32", "uint8", "bool"}
+
+
+class PayloadError(ValueError):
+    """A received payload is malformed, has the wrong shape/dtype, or holds NaN/Inf."""
+
+
+def to_proto(array: np.ndarray | torch.Tensor) -> tensor_pb2.Tensor:
+    if isinstance(array, torch.Tensor):
+        array = array.detach().cpu().numpy()
+    array = np.ascontiguousarray(array)
+    dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+    if dtype.name not in ALLOWED_DTYPES:
+        raise PayloadError(f"dtype {dtype.name} cannot be sent; allowed: {sorted(ALLOWED_DTYPES)}")
+    return tensor_pb2.Tensor(dtype=dtype.name, shape=list(array.shape), data=array.astype(dtype, copy=False).tobytes())
+
+
+def from_proto(
+    msg: tensor_pb2.Tensor,
+    *,
+    expect_dtype: str | None = None,
+    expect_shape: Sequence[int | None] | None = None,
+    require_finite: bool = True,
+    what: str = "tensor",
+) -> np.ndarray:
+    """Decode and validate. ``None`` in ``expect_shape`` matches any size on that axis."""
+    if msg.dtype not in ALLOWED_DTYPES:
+        raise PayloadError(f"{what}: dtype {msg.dtype!r} is not allowed")
+    if expect_dtype is not None and msg.dtype != expect_dtype:
+        raise PayloadError(f"{what}: dtype {msg.dtype} where {expect_dtype} was expected")
+    shape = tuple(int(d) for d in msg.shape)
+    if any(d < 0 for d in shape):
+        raise PayloadError(f"{what}: negative dimension in shape {shape}")
+    if expect_shape is not None:
+        if len(shape) != len(expect_shape) or any(e is not None and e != d for d, e in zip(shape, expect_shape, strict=False)):
+            want = tuple("*" if e is None else e for e in expect_shape)
+            raise PayloadError(f"{what}: shape {shape} where {want} was expected")
+    dtype = np.dtype(msg.dtype).newbyteorder("<")
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if len(msg.data) != n * dtype.itemsize:
+        raise PayloadError(f"{what}: {len(msg.data)} data bytes do not match shape {shape} of {msg.dtype}")
+    array = np.frombuffer(msg.data, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
+    if require_finite and array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise PayloadError(f"{what}: contains NaN or Inf")
+    return array
+
+
+def payload_bytes(msg: tensor_pb2.Tensor) -> int:
+    """Raw tensor bytes carried by a message (what an ideal transport would send)."""
+    return len(msg.data)
