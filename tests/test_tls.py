@@ -119,7 +119,10 @@ def test_mutual_tls_identity_comes_from_certificate(tls_server, pki) -> None:
         == b"bob/passive"
     )
     assert call(address, creds(pki["good"], "coord"), "/vflnet.v1.Party/RunStep") == b"coord/coordinator"
-    assert len(recorder.calls) == 3
+    # PEM bytes work as well as paths.
+    pem = [(pki["good"] / f).read_bytes() for f in ("ca.pem", "alice.pem", "alice.key")]
+    assert call(address, tls.channel_credentials(*pem), "/vflnet.v1.Coordinator/Join") == b"alice/active"
+    assert len(recorder.calls) == 4
 
 
 def test_wrong_role_is_denied_and_server_keeps_serving(tls_server, pki) -> None:

@@ -204,8 +204,14 @@ def _type_name(tp: Any) -> str:
 def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in typing.get_args(tp):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
             return None
+        real = [o for o in options if o is not type(None)]
+        if len(real) == 1 or (isinstance(value, dict) and any(dataclasses.is_dataclass(o) for o in real)):
+            # one candidate type: let its own, more precise error through
+            target = real[0] if len(real) == 1 else next(o for o in real if dataclasses.is_dataclass(o))
+            return _convert(value, target, key, source)
         for option in typing.get_args(tp):
             try:
                 return _convert(value, option, key, source)
@@ -291,7 +297,7 @@ def validate(cfg: Config) -> None:
     for i, p in enumerate(cfg.parties):
         if not p.name:
             raise ConfigError(src, f"parties[{i}].name", "every party needs a name")
-        if names.count(p.name) > 1:
+        if p.name in names[:i]:
             raise ConfigError(src, f"parties[{i}].name", f"duplicate party name {p.name!r}")
     roles = [p.role for p in cfg.parties]
     if roles.count("coordinator") != 1:

@@ -180,7 +180,9 @@ class CipherArray:
     def _add_cipher(self, other: CipherArray) -> CipherArray:
         self._same_key(other)
         if other.slots != self.slots:
-            raise ValueError(f"cannot add arrays with different packing ({self.slots} vs {other.slots} slots)")
+            raise ValueError(
+                f"cannot add arrays with different packing ({self.slots} vs {other.slots} slots)"
+            )
         shape = np.broadcast_shapes(self.shape, other.shape)
         if self.packed and not (self.shape[-1] == other.shape[-1] == shape[-1]):
             raise ValueError("packed arrays can only broadcast along leading axes")
@@ -227,7 +229,9 @@ class CipherArray:
         n2 = self.public_key.nsquare
         if self.packed:
             if shape[-1] != self.shape[-1]:
-                raise ValueError("a plaintext multiplying a packed array may only broadcast along leading axes")
+                raise ValueError(
+                    "a plaintext multiplying a packed array may only broadcast along leading axes"
+                )
             exps = _per_ciphertext(np.broadcast_to(ints, shape), self.slots)
         else:
             exps = np.broadcast_to(ints, shape)
@@ -308,7 +312,9 @@ class CipherArray:
                 raise IndexError("packed arrays can only be indexed on leading axes (no ... or None)")
             data = self.data[keys]
             shape = data.shape[:-1] + (self.shape[-1],)
-            return CipherArray(self.public_key, data, shape, self.frac_bits, self.bound, self.slots, self.fresh)
+            return CipherArray(
+                self.public_key, data, shape, self.frac_bits, self.bound, self.slots, self.fresh
+            )
         data = np.asarray(self.data[key], dtype=object)
         return CipherArray(self.public_key, data, data.shape, self.frac_bits, self.bound, 1, self.fresh)
 
@@ -319,7 +325,9 @@ class CipherArray:
             if not target or target[-1] != self.shape[-1]:
                 raise ValueError("reshaping a packed array must keep its last (packed) axis")
             data = self.data.reshape(target[:-1] + (self.data.shape[-1],))
-            return CipherArray(self.public_key, data, target, self.frac_bits, self.bound, self.slots, self.fresh)
+            return CipherArray(
+                self.public_key, data, target, self.frac_bits, self.bound, self.slots, self.fresh
+            )
         data = self.data.reshape(target)
         return CipherArray(self.public_key, data, data.shape, self.frac_bits, self.bound, 1, self.fresh)
 
@@ -446,7 +454,9 @@ def encrypt_array(
     return CipherArray(public_key, cts.reshape(plain.shape), ints.shape, frac_bits, bound, k, fresh=True)
 
 
-def decrypt_array(private_key: PrivateKey, ca: CipherArray, workers: int = 1, as_float: bool = True) -> np.ndarray:
+def decrypt_array(
+    private_key: PrivateKey, ca: CipherArray, workers: int = 1, as_float: bool = True
+) -> np.ndarray:
     """CRT decryption, signed decoding and bound/slot checks (see `PrivateKey.decrypt`)."""
     if ca.public_key != private_key.public_key:
         raise KeyMismatchError(

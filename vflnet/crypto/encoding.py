@@ -35,11 +35,13 @@ def encode(values: Any, frac_bits: int) -> np.ndarray:
     kind = arr.dtype.kind
     if kind in "iub":
         ints = arr.astype(object)
-        return ints if frac_bits == 0 else ints * (1 << frac_bits)
+        if frac_bits:
+            ints.reshape(-1)[:] = [int(v) << frac_bits for v in ints.reshape(-1)]
+        return ints
     if kind == "f":
         if not np.all(np.isfinite(arr)):
             raise ValueError("cannot encode NaN or infinite values")
-        scaled = np.rint(np.ldexp(arr.astype(np.float64), frac_bits))
+        scaled = np.asarray(np.rint(np.ldexp(arr.astype(np.float64), frac_bits)))
         if scaled.size == 0 or np.max(np.abs(scaled)) < _INT64_SAFE:
             return scaled.astype(np.int64).astype(object)
         out = np.empty(scaled.shape, dtype=object)
@@ -100,8 +102,9 @@ def pack(ints: np.ndarray, slots: int, width: int) -> np.ndarray:
     groups = packed_count(length, slots)
     pad = groups * slots - length
     if pad:
-        widths = [(0, 0)] * (ints.ndim - 1) + [(0, pad)]
-        ints = np.pad(ints, widths, mode="constant", constant_values=0)
+        zeros = np.empty(ints.shape[:-1] + (pad,), dtype=object)
+        zeros.reshape(-1)[:] = [0] * zeros.size
+        ints = np.concatenate([ints, zeros], axis=-1)
     grouped = ints.reshape(ints.shape[:-1] + (groups, slots))
     acc = grouped[..., slots - 1].copy()
     for j in range(slots - 2, -1, -1):

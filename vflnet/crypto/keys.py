@@ -112,7 +112,9 @@ class PublicKey:
             raise ValueError(f"not a vflnet Paillier key: kind={obj.get('kind')!r}")
         key = cls(int(obj["n"]))
         if "key_id" in obj and obj["key_id"] != key.key_id:
-            raise ValueError(f"key file is inconsistent: key_id {obj['key_id']} does not match n ({key.key_id})")
+            raise ValueError(
+                f"key file is inconsistent: key_id {obj['key_id']} does not match n ({key.key_id})"
+            )
         return key
 
 
@@ -187,7 +189,9 @@ def _random_prime(bits: int) -> mpz:
     return prime
 
 
-def generate_keypair(bits: int = DEFAULT_KEY_BITS, allow_insecure: bool = False) -> tuple[PublicKey, PrivateKey]:
+def generate_keypair(
+    bits: int = DEFAULT_KEY_BITS, allow_insecure: bool = False
+) -> tuple[PublicKey, PrivateKey]:
     """Generate a key pair with an n of exactly `bits` bits (1024, 2048 or 3072 are usual).
 
     Sizes under 1024 bits are refused unless `allow_insecure=True` (tests use 512), and then warned.

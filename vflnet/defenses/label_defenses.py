@@ -244,6 +244,7 @@ class ConfusionalAutoEncoder(nn.Module):
         lambda_2: float,
         lambda_1: float = 0.1,
         hidden: int | None = None,
+        contrast_floor: float = 1e-3,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -253,12 +254,15 @@ class ConfusionalAutoEncoder(nn.Module):
             raise ValueError(f"lambda_1 must be >= 0, got {lambda_1}")
         if not lambda_2 >= 0:
             raise ValueError(f"lambda_2 must be >= 0, got {lambda_2}")
+        if not 0 < contrast_floor < 1:
+            raise ValueError(f"contrast_floor must be in (0, 1), got {contrast_floor}")
         width = (6 * num_classes + 2) ** 2 if hidden is None else hidden
         if width < 1:
             raise ValueError(f"hidden must be >= 1, got {hidden}")
         self.num_classes = num_classes
         self.lambda_1 = lambda_1
         self.lambda_2 = lambda_2
+        self.contrast_floor = contrast_floor
         self.seed = seed
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -272,7 +276,9 @@ class ConfusionalAutoEncoder(nn.Module):
         log_fake = torch.log_softmax(fake_logits, dim=1)
         log_restored = torch.log_softmax(self.decoder(fake), dim=1)
         reconstruction = -(onehot * log_restored).sum(1).mean()
-        contrast = -(onehot * log_fake).sum(1).mean()
+        # Eq. 15's -lambda_1 CE(y, y_tilde) is unbounded below (y_tilde_y -> 0); flooring y_tilde_y at
+        # `contrast_floor` stops that term from swamping reconstruction and entropy once the label is hidden.
+        contrast = -(onehot * log_fake.clamp_min(math.log(self.contrast_floor))).sum(1).mean()
         entropy = -(fake * log_fake).sum(1).mean()
         return reconstruction - self.lambda_1 * contrast - self.lambda_2 * entropy
 
@@ -296,7 +302,7 @@ class ConfusionalAutoEncoder(nn.Module):
             loss = self.loss(onehot)
             loss.backward()
             optimiser.step()
-            history.append(float(loss))
+            history.append(float(loss.detach()))
         self.eval()
         return history
 

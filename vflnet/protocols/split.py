@@ -32,13 +32,14 @@ class LocalModel:
     schedule_cfg: LRScheduleConfig
     version: int = 0  # optimizer updates applied: the `model_version` in message headers
     epoch: int = 0
-    optimizer: torch.optim.Optimizer = field(init=False)
+    optimizer: torch.optim.Optimizer | None = field(init=False)
     schedule: Any = field(init=False)
 
     def __post_init__(self) -> None:
+        # An active party with no features and no top model ("sum" of passive logits) has no parameters.
         params = [p for m in self.modules.values() for p in m.parameters()]
-        self.optimizer = build_optimizer(params, self.optimizer_cfg)
-        self.schedule = build_schedule(self.optimizer, self.schedule_cfg)
+        self.optimizer = build_optimizer(params, self.optimizer_cfg) if params else None
+        self.schedule = build_schedule(self.optimizer, self.schedule_cfg) if self.optimizer else None
 
     def enter_epoch(self, epoch: int) -> None:
         """Advance the LR schedule once per epoch boundary the coordinator announces."""
@@ -48,8 +49,9 @@ class LocalModel:
                 self.schedule.step()
 
     def apply_update(self) -> None:
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
 
     def train(self, mode: bool) -> None:
@@ -59,7 +61,7 @@ class LocalModel:
     def state(self) -> dict[str, Any]:
         return {
             "modules": {k: m.state_dict() for k, m in self.modules.items()},
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
             "version": self.version,
             "epoch": self.epoch,
         }

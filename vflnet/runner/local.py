@@ -48,7 +48,7 @@ class LocalCluster:
         log_path = self.run_dir / "logs" / f"{name}.log"
         log_file = log_path.open("ab")
         cmd = [sys.executable, "-m", "vflnet", "party", "--role", role, "--config", str(self.config_path),
-               "--name", name, "--run-dir", str(self.run_dir), "--listen", "127.0.0.1:0", *extra]
+               "--name", name, "--run-dir", str(self.run_dir), "--listen", "127.0.0.1:0", "--advertise", "127.0.0.1:0", *extra]
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.cfg.runtime.torch_threads))
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, preexec_fn=_die_with_parent)
@@ -71,6 +71,8 @@ class LocalCluster:
         for party in self.cfg.parties:
             if party.role != "coordinator":
                 self._spawn(party.name, party.role, ["--coordinator", address])
+        pids = {c.name: {"pid": c.proc.pid, "role": c.role, "log": str(c.log_path)} for c in self.children.values()}
+        (self.run_dir / "processes.json").write_text(json.dumps(pids, indent=2))
 
     def _describe_exit(self, child: Child) -> str:
         rc = child.proc.returncode

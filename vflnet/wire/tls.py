@@ -240,19 +240,22 @@ def is_signed_by(cert_path: str | Path, ca_cert_path: str | Path) -> bool:
     return True
 
 
-def _read(path: str | Path) -> bytes:
-    return Path(path).read_bytes()
+PemSource = str | Path | bytes  # a file path, or the PEM bytes themselves
 
 
-def server_credentials(ca: str | Path, cert: str | Path, key: str | Path) -> grpc.ServerCredentials:
-    """Mutual TLS for a server: clients must present a certificate signed by ``ca``."""
+def _read(source: PemSource) -> bytes:
+    return source if isinstance(source, bytes) else Path(source).read_bytes()
+
+
+def server_credentials(ca: PemSource, cert: PemSource, key: PemSource) -> grpc.ServerCredentials:
+    """Mutual TLS for a server: clients must present a certificate signed by ``ca`` (paths or PEM bytes)."""
     return grpc.ssl_server_credentials(
         [(_read(key), _read(cert))], root_certificates=_read(ca), require_client_auth=True
     )
 
 
-def channel_credentials(ca: str | Path, cert: str | Path, key: str | Path) -> grpc.ChannelCredentials:
-    """Mutual TLS for a client: trusts only ``ca`` and presents this party's certificate."""
+def channel_credentials(ca: PemSource, cert: PemSource, key: PemSource) -> grpc.ChannelCredentials:
+    """Mutual TLS for a client: trusts only ``ca`` and presents this party's certificate (paths or PEM bytes)."""
     return grpc.ssl_channel_credentials(
         root_certificates=_read(ca), private_key=_read(key), certificate_chain=_read(cert)
     )

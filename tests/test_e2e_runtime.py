@@ -1,0 +1,132 @@
+"""End-to-end: real processes, real gRPC on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.conftest import base_config, write_config
+from vflnet.config import from_dict
+from vflnet.runner.local import run_local
+from vflnet.runner.reference import train_reference
+
+pytestmark = pytest.mark.e2e
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); treat it as gone
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_default_config_trains_digits_to_090_with_two_passive_parties(tmp_path, repo):
+    data = yaml.safe_load((repo / "configs/digits-2p.yaml").read_text())
+    path = write_config(tmp_path, data)
+    proc = subprocess.run([sys.executable, "-m", "vflnet", "run", str(path), "--run-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=300, cwd=repo)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert summary["status"] == "completed"
+    epochs = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    final = [e for e in epochs if e["kind"] == "epoch"][-1]
+    assert final["test_accuracy"] >= 0.90
+    # the run directory holds what the issue lists
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "logs/coordinator.log", "logs/active.log",
+                 "logs/passive-1.log", "logs/passive-2.log", "checkpoints/active.pt", "checkpoints/passive-1.pt"):
+        assert (tmp_path / "run" / name).exists(), name
+    step = next(e for e in epochs if e["kind"] == "step")
+    assert step["bytes_sent"]["passive-1/ExchangeEmbeddings"] > step["payload_bytes"]["passive-1/ExchangeEmbeddings"] > 0
+    assert "test accuracy" in proc.stdout and "bytes/step" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "aggregation, n_passive, active_features, optimizer",
+    [
+        ("concat", 1, False, {"kind": "adam", "lr": 0.01, "weight_decay": 1e-4}),
+        ("concat", 3, True, {"kind": "momentum", "lr": 0.05}),
+        ("sum", 1, True, {"kind": "sgd", "lr": 0.1}),
+        ("sum", 3, False, {"kind": "adam", "lr": 0.01}),
+    ],
+)
+def test_distributed_run_ends_with_the_reference_parameters(tmp_path, aggregation, n_passive, active_features, optimizer):
+    data = base_config(n_passive=n_passive, aggregation=aggregation, active_features=active_features)
+    data["train"].update(epochs=2, batch_size=128, max_steps=14, optimizer=optimizer,
+                         lr_schedule={"kind": "step", "step_size": 1, "gamma": 0.5})
+    data["parties"][-1]["sample_fraction"] = 0.9  # alignment must drop the IDs one party lacks
+    path = write_config(tmp_path, data)
+    assert run_local(path, run_dir=tmp_path / "run", progress=False) == 0
+    plan = json.loads((tmp_path / "run/plan.json").read_text())
+    assert plan["n_train"] + plan["n_test"] == round(1797 * 0.9)
+
+    reference = train_reference(from_dict(data), evaluate=False)
+    assert reference.steps == 14
+    worst = 0.0
+    for party, modules in reference.states.items():
+        ckpt = torch.load(tmp_path / "run/checkpoints" / f"{party}.pt")
+        assert ckpt["version"] == 14
+        for module, state in modules.items():
+            for name, expected in state.items():
+                worst = max(worst, (ckpt["modules"][module][name] - expected).abs().max().item())
+    assert worst <= 1e-5, f"max parameter difference {worst}"
+
+
+def _start_long_run(tmp_path: Path, repo: Path) -> tuple[subprocess.Popen, Path]:
+    data = base_config(n_passive=2)
+    data["train"].update(epochs=500, batch_size=16)
+    path = write_config(tmp_path, data)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "vflnet", "run", str(path), "--run-dir", str(run_dir), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=repo)
+    metrics = run_dir / "metrics.jsonl"
+    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5, 120, "training to start")
+    return proc, run_dir
+
+
+def test_killed_party_fails_the_run_quickly_and_names_it(tmp_path, repo):
+    proc, run_dir = _start_long_run(tmp_path, repo)
+    pids = json.loads((run_dir / "processes.json").read_text())
+    os.kill(pids["passive-1"]["pid"], signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 60
+    assert "passive-1" in err and "FAILED" in err
+    _wait_for(lambda: not any(_alive(p["pid"]) for p in pids.values()), 15, "all processes to exit")
+
+
+def test_interrupt_tears_down_every_process(tmp_path, repo):
+    proc, run_dir = _start_long_run(tmp_path, repo)
+    pids = json.loads((run_dir / "processes.json").read_text())
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "interrupted" in err
+    _wait_for(lambda: not any(_alive(p["pid"]) for p in pids.values()), 15, "all processes to exit")
