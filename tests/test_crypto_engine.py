@@ -324,3 +324,15 @@ def test_phe_agrees_on_negative_multiplier_semantics() -> None:
     got = SK.decrypt(PK.encrypt(x) * -7)
     ref = phe_decrypt_all([PHE_PK.encrypt(float(v)) * -7 for v in x])
     assert np.array_equal(got, ref) and isinstance(PHE_PK, phe.PaillierPublicKey)
+
+
+def test_scalars_broadcasting_and_python_sum() -> None:
+    s = PK.encrypt(2.5)
+    assert s.shape == () and SK.decrypt(s) == 2.5
+    assert SK.decrypt(s * 2 + 1) == 6.0 and SK.decrypt(1 - s) == -1.5 and SK.decrypt(s + s) == 5.0
+    row, grid = PK.encrypt(np.arange(3.0)), PK.encrypt(np.ones((2, 3)))
+    assert np.array_equal(SK.decrypt(row + grid), np.arange(3.0) + np.ones((2, 3)))
+    assert np.array_equal(SK.decrypt(np.float64(2.0) * row), np.arange(3.0) * 2)
+    assert np.array_equal(SK.decrypt(sum([row, row, row])), np.arange(3.0) * 3)
+    empty = PK.encrypt(np.zeros((0, 3)))
+    assert SK.decrypt(empty).shape == (0, 3) and np.array_equal(SK.decrypt(empty.sum(axis=0)), np.zeros(3))

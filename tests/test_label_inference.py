@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from test_label_sim import Split, TwoPartyVFL, digits
+from test_label_sim import Split, TwoPartyVFL, digits, one_torch_thread  # noqa: F401 (autouse fixture)
 
 from vflnet.attacks.label_inference import (
     LABEL_ATTACKS,

@@ -13,7 +13,10 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+from collections.abc import Iterator
+
 import numpy as np
+import pytest
 import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
@@ -23,6 +26,15 @@ from vflnet.attacks.label_inference import BatchGradientView, SampleGradientView
 from vflnet.defenses.label_defenses import LabelDefense, soft_cross_entropy
 
 HIDDEN = 32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """The many tiny ops of these tests run ~10x slower with two threads on a shared 2-core box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("datasets", help="list the bundled datasets")
 
+    from vflnet.wire import certs_cli, healthcheck
+
+    sub.add_parser("certs", parents=[certs_cli.build_parser()], add_help=False,
+                   help="make a CA and per-party certificates for mutual TLS")
+    sub.add_parser("health", parents=[healthcheck.build_parser()], add_help=False,
+                   help="gRPC health check of a running party (exit 0 when SERVING)")
+
     p = sub.add_parser("bench", help="benchmarks that print figures side by side")
     p.add_argument("what", choices=["transport", "paillier"])
     p.add_argument("args", nargs=argparse.REMAINDER)
@@ -65,7 +72,7 @@ def _cmd_party(args: argparse.Namespace) -> int:
     coord = args.coordinator or cfg.coordinator.address
     if not coord:
         raise ConfigError(str(args.config), "parties", "the coordinator has no address: give --coordinator HOST:PORT")
-    advertise = args.advertise or me.address or listen
+    advertise = me.via or args.advertise or me.address or listen  # `via`: peers reach this party through a proxy
     if args.role == "active":
         from vflnet.roles import active
 
@@ -92,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load(args.file)
             print(f"{args.file}: OK ({len(cfg.parties)} parties, protocol {cfg.protocol.kind}, dataset {cfg.data.dataset})")
             return 0
+        if args.command in ("certs", "health"):
+            from vflnet.wire import certs_cli, healthcheck
+
+            module = certs_cli if args.command == "certs" else healthcheck
+            return module.main(sys.argv[2:] if argv is None else argv[1:])
         if args.command == "datasets":
             from vflnet.data.datasets import available
 

@@ -78,6 +78,7 @@ class PartyConfig:
     name: str = ""
     role: Literal["coordinator", "active", "passive"] = "passive"
     address: str = ""  # host:port this party serves on; empty = any free loopback port (local runs)
+    via: str = ""  # host:port of a proxy in front of this party: the address other parties are given
     features: FeaturesConfig | None = None
     bottom: ModelConfig | None = None
     sample_fraction: float = 1.0  # keep a seeded subset of IDs (exercises alignment)

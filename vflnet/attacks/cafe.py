@@ -17,7 +17,7 @@ Step III). All per-sample state is updated only on the rows of the current batch
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 

@@ -60,6 +60,8 @@ class CipherArray:
         fresh: bool = False,
     ) -> None:
         shape = tuple(int(s) for s in shape)
+        if not isinstance(data, np.ndarray):  # 0-d object arithmetic yields a bare mpz
+            data = np.asarray(data, dtype=object)
         if data.dtype != object:
             raise TypeError("ciphertext data must be an object array of gmpy2 mpz")
         if slots < 1:
@@ -204,7 +206,7 @@ class CipherArray:
                 raise ValueError("a plaintext added to a packed array may only broadcast along leading axes")
             ints = encoding.pack(np.ascontiguousarray(ints), self.slots, self.slot_width)
         n, n2 = self.public_key.n, self.public_key.nsquare
-        g_m = (ints % n * n + 1) % n2
+        g_m = np.asarray((ints % n * n + 1) % n2, dtype=object)
         data = np.broadcast_to(data, g_m.shape) * g_m % n2
         return self._like(data, shape, self.frac_bits, bound)
 
@@ -420,7 +422,7 @@ def encrypt_array(
     *,
     pack: bool = False,
     slots: int | None = None,
-    headroom_bits: int = 32,
+    headroom_bits: int = 64,
     workers: int = 1,
 ) -> CipherArray:
     """Encode and encrypt (see `PublicKey.encrypt`)."""

@@ -82,13 +82,15 @@ class PublicKey:
         *,
         pack: bool = False,
         slots: int | None = None,
-        headroom_bits: int = 32,
+        headroom_bits: int = 64,
         workers: int = 1,
     ) -> CipherArray:
         """Encrypt a float or integer array as fixed point value*2^frac_bits.
 
         pack=True packs several values of the last axis into one ciphertext, leaving `headroom_bits`
-        per slot for later growth (sums, products); `slots` forces a slot count instead.
+        per slot for later growth: the default 64 covers one product with a plaintext of 32
+        fractional bits and magnitude < 2^8 summed over up to 2^24 terms; use 0 for arrays that
+        are only decrypted. `slots` forces a slot count instead.
         """
         from vflnet.crypto.cipher import encrypt_array
 

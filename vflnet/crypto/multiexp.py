@@ -2,8 +2,9 @@
 
 `multi_exp` computes out[m, j] = prod_k bases[m, k]^exps[k, j] mod N with Straus' interleaved
 windows: one shared chain of squarings per output, one table look-up and multiplication per base
-per w-bit window, and per-base tables reused by every output column. Each step is one numpy
-operation over all outputs, so Python overhead is paid per step, not per big-integer operation.
+per w-bit window, and per-base tables reused by every output column. Each window gathers all
+look-ups at once and multiplies them as a pairwise tree, so Python overhead is paid per numpy
+step (a few per window), not per big-integer operation.
 
 Negative exponents use tables of the inverse base (one modular inversion per base). Exponentiating
 by n - |k| instead costs a full |n|-bit exponentiation (about 8 ms at 2048 bits here, against 30 us
@@ -20,6 +21,7 @@ from vflnet.crypto.parallel import run_chunks, split_ranges
 from vflnet.crypto.randomness import object_array
 
 _TABLE_ENTRY_CAP = 1 << 21  # big integers held in window tables at once, per process
+_GATHER_CAP = 1 << 18  # table entries gathered per window step (object references)
 
 
 def powmod_elementwise(bases: np.ndarray, exps: np.ndarray, modulus: mpz) -> np.ndarray:
@@ -79,9 +81,9 @@ def _multi_exp_block(bases: np.ndarray, exps: np.ndarray, modulus: mpz) -> np.nd
     negative = np.array([[e < 0 for e in row] for row in exps], dtype=bool).reshape(terms, cols)
     magnitudes = np.abs(exps)
     exp_bits = max((int(e).bit_length() for e in magnitudes.reshape(-1)), default=0)
-    out = np.empty((rows, cols), dtype=object)
-    out.reshape(-1)[:] = [mpz(1)] * out.size
-    if exp_bits == 0 or rows == 0:
+    if exp_bits == 0 or rows == 0 or cols == 0:
+        out = np.empty((rows, cols), dtype=object)
+        out.reshape(-1)[:] = [mpz(1)] * out.size
         return out
     signed = bool(negative.any())
     w = _window_bits(rows, cols, terms, exp_bits, signed)
@@ -90,27 +92,40 @@ def _multi_exp_block(bases: np.ndarray, exps: np.ndarray, modulus: mpz) -> np.nd
     if signed:
         inverses = object_array([gmpy2.invert(b, modulus) for b in bases.reshape(-1)], bases.shape)
         inv_table = _tables(inverses, w, modulus)
+    mags = magnitudes.astype(np.int64) if exp_bits <= 62 else magnitudes
+    step = max(1, _GATHER_CAP // max(1, rows * terms))
+    blocks = [
+        _straus_columns(
+            table, inv_table, mags[:, a : a + step], negative[:, a : a + step], exp_bits, w, modulus
+        )
+        for a in range(0, cols, step)
+    ]
+    return np.concatenate(blocks, axis=1)
+
+
+def _straus_columns(
+    table: np.ndarray,
+    inv_table: np.ndarray | None,
+    mags: np.ndarray,
+    negative: np.ndarray,
+    exp_bits: int,
+    w: int,
+    modulus: mpz,
+) -> np.ndarray:
+    """Interleaved windows for a block of output columns: per window, w shared squarings, then
+    one gathered table entry per (row, term, column) multiplied together as a pairwise tree."""
+    terms = mags.shape[0]
+    term_index = np.arange(terms)[:, None]
     mask = (1 << w) - 1
-    small = exp_bits <= 62
-    mags = magnitudes.astype(np.int64) if small else magnitudes
-    windows = -(-exp_bits // w)
-    acc = out
-    for t in range(windows - 1, -1, -1):
-        if t != windows - 1:
-            acc = powmod_scalar(acc, 1 << w, modulus)
+    acc = None
+    for t in range(-(-exp_bits // w) - 1, -1, -1):
         shifted = (mags >> (t * w)) & mask
-        digits = shifted if small else shifted.astype(np.int64)
-        for k in range(terms):
-            d = digits[k]
-            live = np.nonzero(d)[0]
-            if live.size == 0:
-                continue
-            picked = table[:, k, :][:, d[live]]
-            if inv_table is not None:
-                neg = negative[k, live]
-                if neg.any():
-                    picked = np.where(neg[None, :], inv_table[:, k, :][:, d[live]], picked)
-            acc[:, live] = acc[:, live] * picked % modulus
+        digits = shifted if shifted.dtype != object else shifted.astype(np.int64)
+        picked = table[:, term_index, digits]  # (rows, terms, cols)
+        if inv_table is not None:
+            picked = np.where(negative[None, :, :], inv_table[:, term_index, digits], picked)
+        window = prod_axis0(np.moveaxis(picked, 1, 0), modulus)
+        acc = window if acc is None else powmod_scalar(acc, 1 << w, modulus) * window % modulus
     return acc
 
 

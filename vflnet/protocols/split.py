@@ -129,4 +129,4 @@ class ActiveSplit:
             else:
                 grads = []
         correct = int((logits.argmax(dim=1) == target).sum())
-        return StepResult(grads, float(loss) * len(y), correct, len(y), logits.detach().numpy())
+        return StepResult(grads, float(loss.detach()) * len(y), correct, len(y), logits.detach().numpy())

@@ -7,13 +7,12 @@ import sys
 import threading
 import time
 
+import grpc
 import torch
 
 from vflnet.config import Config
 from vflnet.v1 import messages_pb2
 from vflnet.wire.errors import RpcFailure, permission_denied, stale_step
-
-import grpc
 
 
 def setup_logging(name: str, level: str) -> None:

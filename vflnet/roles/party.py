@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from abc import ABC, abstractmethod
 import time
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 import grpc
@@ -124,5 +124,5 @@ class PartyBase(ABC):
         self.liveness.shutdown.set()
         return messages_pb2.ShutdownReply(checkpoint=path)
 
-    def add_services(self, server: grpc.Server) -> None:
+    def add_services(self, server: grpc.Server) -> None:  # noqa: B027 - optional hook, empty by default
         """Role-specific services beyond Party (the active party adds Active)."""

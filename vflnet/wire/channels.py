@@ -54,11 +54,27 @@ def make_server(
         from vflnet.wire.tls import ROLE_PERMISSIONS, RoleAuthorizer
 
         chain.insert(0, RoleAuthorizer(ROLE_PERMISSIONS))  # identity first, before any tap or attack
-    return grpc.server(
+    server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{name}-rpc"),
         interceptors=chain,
         options=grpc_options(transport),
     )
+    add_standard_services(server)
+    return server
+
+
+def add_standard_services(server: grpc.Server) -> None:
+    """gRPC health checking and server reflection, so standard tools (grpc_health_probe, grpcurl) work."""
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection
+
+    from vflnet.v1 import services_pb2
+
+    health_servicer = health.HealthServicer()
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [s.full_name for s in services_pb2.DESCRIPTOR.services_by_name.values()]
+    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
 
 
 def bind(server: grpc.Server, address: str, transport: TransportConfig, name: str) -> int:

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs everything vflnet needs on a fresh machine: OS packages (as root), a venv, the package.
+set -euo pipefail
+PYTHON=${1:-python3.11}
+VENV=${2:-.venv}
+
+# iproute2 (ip netns, tc netem) for the network lab and its tests.
+if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null
+  else
+    echo "note: iproute2 is missing and this is not root: the network-lab tests will be skipped" >&2
+  fi
+fi
+
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+  echo "error: $PYTHON not found; vflnet needs Python 3.11 (set PYTHON=/path/to/python3.11)" >&2
+  exit 1
+fi
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+# torch is pinned to the CPU build (torch==2.13.0) in pyproject.toml.
+"$VENV/bin/python" -m pip install -q -e ".[dev]"
+echo "vflnet installed in $VENV"

@@ -1,0 +1,147 @@
+"""Malformed or out-of-protocol messages get a clear gRPC status, and the server keeps serving.
+
+The active party runs in-process behind a real gRPC server on loopback; the test plays the
+coordinator and the passive parties through real stubs."""
+
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+
+import grpc
+import numpy as np
+import pytest
+
+from tests.conftest import base_config
+from vflnet.config import from_dict
+from vflnet.data.alignment import intersect, split_train_test
+from vflnet.roles.active import ActiveParty, ActiveServicer
+from vflnet.roles.serve import PartyServicer
+from vflnet.v1 import messages_pb2, services_pb2_grpc
+from vflnet.wire import tensors
+from vflnet.wire.channels import add_standard_services
+
+
+@pytest.fixture
+def active(tmp_path):
+    data = base_config(n_passive=2)
+    data["run"]["id"] = "bad-input"
+    data["transport"]["rpc_timeout_s"] = 2
+    cfg = from_dict(data)
+    party = ActiveParty(cfg, "active", tmp_path)
+    train, _ = split_train_test(intersect([party.data.ids]), 0.2, cfg.run.seed)
+    party._prepare(train)
+    party.ready.set()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    services_pb2_grpc.add_ActiveServicer_to_server(ActiveServicer(party), server)
+    services_pb2_grpc.add_PartyServicer_to_server(PartyServicer(party), server)
+    add_standard_services(server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    party.test_channel = channel
+    yield party, services_pb2_grpc.ActiveStub(channel), services_pb2_grpc.PartyStub(channel), train
+    channel.close()
+    server.stop(0)
+
+
+def _emb(sender="passive-1", step=1, ids=(1, 2, 3), values=None, run_id="bad-input", dim=16):
+    values = np.zeros((len(ids), dim), np.float32) if values is None else values
+    return messages_pb2.Embeddings(
+        header=messages_pb2.Header(run_id=run_id, step=step, sender=sender, phase=messages_pb2.TRAIN),
+        sample_ids=list(ids), values=tensors.to_proto(values),
+    )
+
+
+def _command(step, ids, phase=messages_pb2.TRAIN):
+    return messages_pb2.StepCommand(
+        header=messages_pb2.Header(run_id="bad-input", step=step, sender="coordinator", phase=phase), sample_ids=list(ids)
+    )
+
+
+def _status(fn, *args):
+    with pytest.raises(grpc.RpcError) as info:
+        fn(*args, timeout=10)
+    return info.value.code(), info.value.details()
+
+
+@pytest.mark.parametrize(
+    "msg, code, text",
+    [
+        (_emb(sender="mallory"), grpc.StatusCode.PERMISSION_DENIED, "unknown party 'mallory'"),
+        (_emb(sender="coordinator"), grpc.StatusCode.PERMISSION_DENIED, "role 'coordinator'"),
+        (_emb(run_id="other-run"), grpc.StatusCode.PERMISSION_DENIED, "run 'other-run'"),
+        (_emb(dim=5), grpc.StatusCode.INVALID_ARGUMENT, "shape (3, 5) where (3, 16)"),
+        (_emb(values=np.zeros((3, 16), np.float64)), grpc.StatusCode.INVALID_ARGUMENT, "float32 was expected"),
+        (_emb(values=np.full((3, 16), np.nan, np.float32)), grpc.StatusCode.INVALID_ARGUMENT, "NaN or Inf"),
+    ],
+)
+def test_bad_embeddings_get_a_status(active, msg, code, text):
+    _, stub, _, _ = active
+    got_code, details = _status(stub.ExchangeEmbeddings, msg)
+    assert got_code == code and text in details
+
+
+def _full_step(party_stub, active_stub, step, ids):
+    """One good step: the coordinator's RunStep plus both passive parties' embeddings."""
+    results = {}
+
+    def send(name):
+        results[name] = active_stub.ExchangeEmbeddings(_emb(sender=name, step=step, ids=ids), timeout=10)
+
+    threads = [threading.Thread(target=send, args=(n,)) for n in ("passive-1", "passive-2")]
+    for t in threads:
+        t.start()
+    report = party_stub.RunStep(_command(step, ids), timeout=10)
+    for t in threads:
+        t.join(10)
+    return report, results
+
+
+def test_server_keeps_serving_after_bad_messages_and_rejects_stale_steps(active):
+    party, stub, party_stub, train = active
+    ids = train[:4]
+    for bad in (_emb(sender="mallory"), _emb(dim=3), _emb(values=np.full((3, 16), np.inf, np.float32))):
+        _status(stub.ExchangeEmbeddings, bad)
+    report, replies = _full_step(party_stub, stub, 1, ids)
+    assert report.metrics["count"] == 4 and party.local.version == 1
+    grad = tensors.from_proto(replies["passive-1"].values)
+    assert grad.shape == (4, 16) and np.abs(grad).sum() > 0
+    # a replay of the finished step is refused
+    code, details = _status(stub.ExchangeEmbeddings, _emb(step=1, ids=ids))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "step 1 is not current" in details
+    code, details = _status(party_stub.RunStep, _command(1, ids))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "stale" in details
+    report, _ = _full_step(party_stub, stub, 2, ids)
+    assert party.local.version == 2
+
+
+def test_missing_peer_times_out_with_a_named_party(active):
+    party, stub, party_stub, train = active
+    ids = train[:4]
+    sender = threading.Thread(target=lambda: _status(stub.ExchangeEmbeddings, _emb(sender="passive-1", step=1, ids=ids)))
+    sender.start()
+    code, details = _status(party_stub.RunStep, _command(1, ids))
+    sender.join(10)
+    assert code == grpc.StatusCode.ABORTED and "no embeddings from passive-2" in details
+    assert party.local.version == 0  # nothing was applied
+
+
+def test_mismatched_sample_ids_and_unknown_ids_are_refused(active):
+    party, stub, party_stub, train = active
+    code, details = _status(party_stub.RunStep, _command(1, [10**9]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "not held by this party" in details
+    ids = train[:4]
+    sender = threading.Thread(target=lambda: stub.ExchangeEmbeddings.future(_emb(sender="passive-1", step=2, ids=train[4:8])))
+    sender.start()
+    sender.join()
+    code, details = _status(party_stub.RunStep, _command(2, ids))
+    assert code == grpc.StatusCode.ABORTED and "other sample ids" in details
+
+
+def test_health_service_reports_serving(active):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    party, _, _, _ = active
+    reply = health_pb2_grpc.HealthStub(party.test_channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
