@@ -57,7 +57,9 @@ def test_lemma_1_direct_inference_recovers_every_label(data: tuple[Split, Split]
 
 
 @pytest.mark.parametrize("size", [8, 16, 32])
-def test_theorem_1_exact_recovery_when_batch_within_hidden_width(data: tuple[Split, Split], size: int) -> None:
+def test_theorem_1_exact_recovery_when_batch_within_hidden_width(
+    data: tuple[Split, Split], size: int
+) -> None:
     train, _ = data
     vfl = warmed_up(train, 20)
     views = vfl.step(train, batch(train, size, size), NONE, update=False)

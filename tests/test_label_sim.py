@@ -11,9 +11,8 @@ The real protocols live in vflnet.protocols; this file also checks the stand-in'
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import pytest

@@ -287,7 +287,9 @@ class GradientInversionLabelInference(LabelInferenceAttack):
         return dummy_labels.detach(), float(distance.detach())
 
 
-def _output_jacobian(model: nn.Module, params: dict[str, Tensor], names: list[str], features: Tensor) -> Tensor:
+def _output_jacobian(
+    model: nn.Module, params: dict[str, Tensor], names: list[str], features: Tensor
+) -> Tensor:
     """dH/dθ for the batch output H (B, C) w.r.t. the named parameters, flattened to (B*C, P)."""
     fixed = {k: v for k, v in params.items() if k not in names}
 
@@ -388,7 +390,9 @@ class PassiveModelCompletion(LabelInferenceAttack):
         bottom.requires_grad_(self.fine_tune_bottom)
         with torch.no_grad():
             width = bottom(view.aux_features[:1]).shape[1]
-        head = nn.Sequential(nn.Linear(width, self.hidden), nn.ReLU(), nn.Linear(self.hidden, view.num_classes))
+        head = nn.Sequential(
+            nn.Linear(width, self.hidden), nn.ReLU(), nn.Linear(self.hidden, view.num_classes)
+        )
         completed = nn.Sequential(bottom, head)
         trainable = [p for p in completed.parameters() if p.requires_grad]
         optimiser = torch.optim.Adam(trainable, lr=self.lr)

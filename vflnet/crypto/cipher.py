@@ -196,7 +196,12 @@ class CipherArray:
         return self._like(data, shape, frac, bound)
 
     def _add_plain(self, values: Any) -> CipherArray:
-        ints = encoding.encode(values, self.frac_bits)
+        return self.add_encoded(encoding.encode(values, self.frac_bits))
+
+    def add_encoded(self, ints: np.ndarray) -> CipherArray:
+        """Add exact integers at this array's fixed-point scale (no shift): how a party adds an
+        integer-domain mask that also hides the low-order bits of every value."""
+        ints = np.asarray(ints, dtype=object)
         shape = np.broadcast_shapes(self.shape, ints.shape)
         bound = self._check_bound("add plaintext", self.bound + encoding.max_abs(ints))
         ints = np.broadcast_to(ints, shape)

@@ -189,7 +189,9 @@ class Marvell(LabelDefense):
         positive = labels == 1
         if bool(positive.all()) or not bool(positive.any()):
             power = self.power_ratio * float((g**2).sum(dim=1).mean())
-            noise = torch.randn(g.shape, generator=self.generator, dtype=torch.float64) * math.sqrt(power / dim)
+            noise = torch.randn(g.shape, generator=self.generator, dtype=torch.float64) * math.sqrt(
+                power / dim
+            )
             return (g + noise).to(grad.dtype)
         diff = g[positive].mean(0) - g[~positive].mean(0)
         gap = float(diff.norm())
@@ -206,7 +208,9 @@ class Marvell(LabelDefense):
         b = torch.where(positive, b1, b0).unsqueeze(1)
         return (g + iso * a.sqrt() + along * b.sqrt()).to(grad.dtype)
 
-    def _solve(self, dim: int, gap: float, var1: float, var0: float, p: float, power: float) -> tuple[float, ...]:
+    def _solve(
+        self, dim: int, gap: float, var1: float, var0: float, p: float, power: float
+    ) -> tuple[float, ...]:
         """Minimise sym-KL over the budget split w (softmax over 4 shares) of the noise power."""
         logits = torch.zeros(4, dtype=torch.float64, requires_grad=True)
         optimiser = torch.optim.Adam([logits], lr=0.1)
@@ -266,8 +270,12 @@ class ConfusionalAutoEncoder(nn.Module):
         self.seed = seed
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.encoder = nn.Sequential(nn.Linear(num_classes, width), nn.ReLU(), nn.Linear(width, num_classes))
-            self.decoder = nn.Sequential(nn.Linear(num_classes, width), nn.ReLU(), nn.Linear(width, num_classes))
+            self.encoder = nn.Sequential(
+                nn.Linear(num_classes, width), nn.ReLU(), nn.Linear(width, num_classes)
+            )
+            self.decoder = nn.Sequential(
+                nn.Linear(num_classes, width), nn.ReLU(), nn.Linear(width, num_classes)
+            )
 
     def loss(self, onehot: Tensor) -> Tensor:
         """Eq. 15 on a batch of one-hot labels."""

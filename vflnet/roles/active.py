@@ -9,17 +9,21 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 
 from vflnet.config import Config
+from vflnet.crypto.wire import cipher_to_proto
 from vflnet.protocols.split import ActiveSplit, StepResult
-from vflnet.roles.common import check_run, check_sender, header
+from vflnet.protocols.split_he import ActiveHE
+from vflnet.roles.common import check_run, check_sender, header, wait_for
 from vflnet.roles.party import PartyBase
 from vflnet.roles.serve import serve_party
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tensors
+from vflnet.wire.ciphers import cipher_from_proto_checked
 from vflnet.wire.errors import RpcFailure, invalid, servicer_method, stale_step
 
 log = logging.getLogger("vflnet.active")
@@ -31,7 +35,7 @@ class StepSlot:
 
     step: int
     command: messages_pb2.StepCommand | None = None
-    embeddings: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # sender -> (ids, values)
+    embeddings: dict[str, tuple[np.ndarray, Any]] = field(default_factory=dict)  # sender -> (ids, values or CipherArray)
     result: StepResult | None = None
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -45,10 +49,16 @@ class ActiveParty(PartyBase):
         self.cond = threading.Condition()
         self.slots: dict[int, StepSlot] = {}
         self.completed_step = 0
+        self.encrypted_grad: dict[int, Any] | None = {} if cfg.protocol.kind == "split-he" else None
 
     def build_protocol(self) -> None:
         assert self.local is not None
-        self.protocol = ActiveSplit(self.local, self.cfg.protocol.aggregation)
+        he = self.cfg.protocol.he
+        if self.cfg.protocol.kind == "split-he":
+            assert self.public_key is not None
+            self.protocol: ActiveSplit | ActiveHE = ActiveHE(self.local, self.public_key, he.frac_bits, self.decrypt, he.workers)
+        else:
+            self.protocol = ActiveSplit(self.local, self.cfg.protocol.aggregation)
 
     def add_services(self, server: grpc.Server) -> None:
         services_pb2_grpc.add_ActiveServicer_to_server(ActiveServicer(self), server)
@@ -66,12 +76,18 @@ class ActiveParty(PartyBase):
         check_run(self.cfg, h.run_id)
         check_sender(self.cfg, h.sender, {"passive"}, context)
         ids = np.asarray(msg.sample_ids, dtype=np.int64)
-        if msg.WhichOneof("payload") != "values":
-            raise invalid(f"split protocol expects plaintext embeddings, got {msg.WhichOneof('payload')}")
-        values = tensors.from_proto(
-            msg.values, expect_dtype="float32", expect_shape=(len(ids), self.embedding_dims[h.sender]),
-            what=f"embeddings from {h.sender}",
-        )
+        expect = (len(ids), self.embedding_dims[h.sender])
+        what = f"embeddings from {h.sender}"
+        if self.cfg.protocol.kind == "split-he":
+            if msg.WhichOneof("payload") != "cipher":
+                raise invalid(f"split-he expects encrypted embeddings, got {msg.WhichOneof('payload')}")
+            wait_for(self.ready, self.cfg.transport.rpc_timeout_s, "the run's public key")
+            assert self.public_key is not None
+            values: Any = cipher_from_proto_checked(msg.cipher, self.public_key, expect, what)
+        else:
+            if msg.WhichOneof("payload") != "values":
+                raise invalid(f"split protocol expects plaintext embeddings, got {msg.WhichOneof('payload')}")
+            values = tensors.from_proto(msg.values, expect_dtype="float32", expect_shape=expect, what=what)
         with self.cond:
             slot = self._slot(h.step)
             if h.sender in slot.embeddings:
@@ -89,7 +105,10 @@ class ActiveParty(PartyBase):
             header=header(self.cfg, self.name, h.step, h.epoch, h.batch_id, h.phase, self.local.version)
         )
         if h.phase == messages_pb2.TRAIN:
-            reply.values.CopyFrom(tensors.to_proto(slot.result.grads[self.passives.index(h.sender)]))
+            if self.encrypted_grad is not None:
+                reply.cipher.CopyFrom(self.encrypted_grad[h.step])
+            else:
+                reply.values.CopyFrom(tensors.to_proto(slot.result.grads[self.passives.index(h.sender)]))
         self.meter.record("ExchangeEmbeddings.reply", reply)
         return reply
 
@@ -115,8 +134,14 @@ class ActiveParty(PartyBase):
             train = cmd.header.phase == messages_pb2.TRAIN
             assert self.data.y is not None
             x_own = self.data.x[rows] if self.data.x is not None else None
+            received = [slot.embeddings[p][1] for p in self.passives]
             try:
-                slot.result = self.protocol.step(x_own, [slot.embeddings[p][1] for p in self.passives], self.data.y[rows], train)
+                if isinstance(self.protocol, ActiveHE):
+                    grad, slot.result = self.protocol.step(x_own, received, self.data.y[rows], train)
+                    # one fresh encryption of g serves every passive party (they all receive dL/dH)
+                    self.encrypted_grad = {step: cipher_to_proto(grad, workers=self.cfg.protocol.he.workers)} if grad is not None else {}
+                else:
+                    slot.result = self.protocol.step(x_own, received, self.data.y[rows], train)
             except Exception as exc:  # a failed step must release the waiting passive calls
                 self._fail(slot, f"{type(exc).__name__}: {exc}")
                 raise

@@ -16,8 +16,11 @@ import grpc
 import numpy as np
 
 from vflnet.config import Config
+from vflnet.crypto import PublicKey, generate_keypair, save_public_key
+from vflnet.crypto.masking import ints_to_bytes
+from vflnet.crypto.wire import cipher_from_proto
 from vflnet.data.alignment import epoch_batches, eval_batches, intersect, split_train_test
-from vflnet.roles.common import check_run, header, wait_for
+from vflnet.roles.common import check_run, check_sender, header, wait_for
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.channels import bind, make_server, open_channel
 from vflnet.wire.errors import RpcFailure, describe_rpc_error, permission_denied, servicer_method
@@ -34,6 +37,7 @@ class Admission:
     """Join requests, collected until the whole roster is present."""
 
     cfg: Config
+    public_key: PublicKey | None = None
     joined: dict[str, messages_pb2.JoinRequest] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     complete: threading.Event = field(default_factory=threading.Event)
@@ -62,13 +66,51 @@ class Admission:
         train, test = split_train_test(common, self.cfg.data.test_fraction, self.cfg.run.seed)
         log.info("aligned %d common samples: %d train, %d test", len(common), len(train), len(test))
         roster = [messages_pb2.PartyInfo(name=r.name, role=r.role, address=r.address) for r in self.joined.values()]
-        return messages_pb2.JoinReply(run_id=self.cfg.run.id, roster=roster, train_ids=train, test_ids=test)
+        key = json.dumps(self.public_key.to_json()).encode() if self.public_key else b""
+        return messages_pb2.JoinReply(run_id=self.cfg.run.id, roster=roster, train_ids=train, test_ids=test, public_key=key)
+
+
+class DecryptionService:
+    """split-he: the coordinator holds the Paillier private key and decrypts what parties send.
+
+    Parties mask everything before asking (vflnet.crypto.masking), so what it decrypts is
+    statistically independent of the values. It checks who may ask for what, and counts it all."""
+
+    PURPOSES = {"aggregate_logits": {"active"}, "masked_gradient": {"active", "passive"}}
+
+    def __init__(self, cfg: Config) -> None:
+        he = cfg.protocol.he
+        self.cfg = cfg
+        self.public_key, self._private_key = generate_keypair(he.key_bits, allow_insecure=he.allow_insecure_keys)
+        self.lock = threading.Lock()
+        self.requests: dict[str, int] = {}
+        self.values: dict[str, int] = {}
+
+    def decrypt(self, req: messages_pb2.DecryptRequest, context: grpc.ServicerContext | None) -> messages_pb2.DecryptReply:
+        check_run(self.cfg, req.header.run_id)
+        allowed = self.PURPOSES.get(req.purpose)
+        if allowed is None:
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"unknown decryption purpose {req.purpose!r}; known: {sorted(self.PURPOSES)}")
+        check_sender(self.cfg, req.header.sender, allowed, context)
+        try:
+            masked = cipher_from_proto(req.cipher, self.public_key)
+            ints = self._private_key.decrypt_encoded(masked, workers=self.cfg.protocol.he.workers)
+        except (ValueError, OverflowError) as exc:
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"cannot decrypt: {exc}") from exc
+        data, width = ints_to_bytes(ints)
+        key = f"{req.header.sender}/{req.purpose}"
+        with self.lock:
+            self.requests[key] = self.requests.get(key, 0) + 1
+            self.values[key] = self.values.get(key, 0) + ints.size
+        reply_header = header(self.cfg, "coordinator", req.header.step, req.header.epoch, req.header.batch_id, req.header.phase, 0)
+        return messages_pb2.DecryptReply(header=reply_header, shape=list(ints.shape), integer_width=width, integers=data)
 
 
 class CoordinatorServicer(services_pb2_grpc.CoordinatorServicer):
-    def __init__(self, admission: Admission, join_timeout_s: float) -> None:
+    def __init__(self, admission: Admission, join_timeout_s: float, decryption: DecryptionService | None) -> None:
         self.admission = admission
         self.join_timeout_s = join_timeout_s
+        self.decryption = decryption
 
     @servicer_method
     def Join(self, request: messages_pb2.JoinRequest, context: grpc.ServicerContext) -> messages_pb2.JoinReply:
@@ -79,7 +121,9 @@ class CoordinatorServicer(services_pb2_grpc.CoordinatorServicer):
 
     @servicer_method
     def Decrypt(self, request: messages_pb2.DecryptRequest, context: grpc.ServicerContext) -> messages_pb2.DecryptReply:
-        raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, f"protocol {self.admission.cfg.protocol.kind!r} has no decryption service")
+        if self.decryption is None:
+            raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, f"protocol {self.admission.cfg.protocol.kind!r} has no decryption service")
+        return self.decryption.decrypt(request, context)
 
 
 class MetricsLog:
@@ -208,9 +252,16 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def main(cfg: Config, run_dir: Path, listen: str) -> int:
-    admission = Admission(cfg)
+    decryption = None
+    if cfg.protocol.kind == "split-he":
+        start = time.perf_counter()
+        decryption = DecryptionService(cfg)
+        log.info("generated a %d-bit Paillier key pair (key id %s) in %.1f s", cfg.protocol.he.key_bits,
+                 decryption.public_key.key_id, time.perf_counter() - start)
+        save_public_key(run_dir / "public_key.json", decryption.public_key)
+    admission = Admission(cfg, decryption.public_key if decryption else None)
     server = make_server(cfg.transport, "coordinator")
-    services_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(admission, cfg.transport.join_timeout_s), server)
+    services_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(admission, cfg.transport.join_timeout_s, decryption), server)
     port = bind(server, listen, cfg.transport, "coordinator")
     server.start()
     address = f"{listen.rsplit(':', 1)[0]}:{port}"
@@ -232,6 +283,8 @@ def main(cfg: Config, run_dir: Path, listen: str) -> int:
         write_atomic(run_dir / "plan.json", json.dumps(schedule.plan()))
         result = schedule.run()
         summary.update(result, status="completed")
+        if decryption is not None:
+            summary["decryptions"] = {"requests": decryption.requests, "values": decryption.values}
         summary["checkpoints"] = shutdown_all(cfg, stubs, "run completed", save=True)
         return 0
     except RunFailed as exc:

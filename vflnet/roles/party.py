@@ -3,6 +3,7 @@ building their model, checkpoints, and the Shutdown RPC."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -13,11 +14,14 @@ import grpc
 import numpy as np
 
 from vflnet.config import Config
+from vflnet.crypto import CipherArray, PublicKey
+from vflnet.crypto.masking import ints_from_bytes
+from vflnet.crypto.wire import cipher_to_proto
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import PartyData, normalize, party_view
 from vflnet.models.zoo import build_party_modules
 from vflnet.protocols.split import LocalModel
-from vflnet.roles.common import Liveness, check_run, wait_for
+from vflnet.roles.common import Liveness, check_run, header, wait_for
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.channels import open_channel
 from vflnet.wire.errors import RpcFailure, describe_rpc_error
@@ -42,10 +46,14 @@ class PartyBase(ABC):
         self.local: LocalModel | None = None
         self.step_lock = threading.Lock()  # one step at a time per party
         self.last_step = 0
+        self.current: messages_pb2.Header = messages_pb2.Header()
+        self.coordinator: services_pb2_grpc.CoordinatorStub | None = None
+        self.public_key: PublicKey | None = None
 
     # ------------------------------------------------------------------------------- setup
     def join(self, coordinator: str, advertise: str) -> messages_pb2.JoinReply:
         stub = services_pb2_grpc.CoordinatorStub(open_channel(coordinator, self.cfg.transport, self.name))
+        self.coordinator = stub
         req = messages_pb2.JoinRequest(
             run_id=self.cfg.run.id, name=self.name, role=self.me.role, address=advertise, sample_ids=self.data.ids
         )
@@ -59,6 +67,8 @@ class PartyBase(ABC):
                     raise RuntimeError(f"{self.name}: join refused by coordinator at {coordinator}: {describe_rpc_error(exc)}") from exc
                 time.sleep(0.5)
         self.join_reply = reply
+        if reply.public_key:
+            self.public_key = PublicKey.from_json(json.loads(reply.public_key))
         self._prepare(np.asarray(reply.train_ids, dtype=np.int64))
         self.liveness.touch()
         self.ready.set()
@@ -91,6 +101,7 @@ class PartyBase(ABC):
         if len(cmd.sample_ids) == 0:
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "a step needs at least one sample id")
         assert self.local is not None
+        self.current = cmd.header
         self.local.enter_epoch(cmd.header.epoch)
         try:
             return self.data.rows(np.asarray(cmd.sample_ids, dtype=np.int64))
@@ -105,6 +116,21 @@ class PartyBase(ABC):
         assert self.local is not None
         hdr = messages_pb2.Header(run_id=self.cfg.run.id, step=cmd.header.step, sender=self.name, model_version=self.local.version)
         return messages_pb2.StepReport(header=hdr, metrics=metrics, bytes_sent=sent, payload_bytes=payload)
+
+    def decrypt(self, purpose: str, masked: CipherArray) -> np.ndarray:
+        """split-he: the coordinator's decryption of masked ciphertexts (exact masked integers)."""
+        assert self.coordinator is not None
+        h = self.current
+        req = messages_pb2.DecryptRequest(
+            header=header(self.cfg, self.name, h.step, h.epoch, h.batch_id, h.phase, self.local.version if self.local else 0),
+            purpose=purpose, cipher=cipher_to_proto(masked, workers=self.cfg.protocol.he.workers),
+        )
+        self.meter.record("Decrypt", req)
+        try:
+            reply = self.coordinator.Decrypt(req, timeout=self.cfg.transport.rpc_timeout_s)
+        except grpc.RpcError as exc:
+            raise RpcFailure(grpc.StatusCode.ABORTED, f"coordinator refused decryption: {describe_rpc_error(exc)}") from exc
+        return ints_from_bytes(reply.integers, reply.integer_width, tuple(reply.shape))
 
     def checkpoint_path(self) -> Path:
         return self.run_dir / "checkpoints" / f"{self.name}.pt"

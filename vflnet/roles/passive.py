@@ -9,13 +9,17 @@ from pathlib import Path
 import grpc
 
 from vflnet.config import Config
+from vflnet.crypto import CipherArray
+from vflnet.crypto.wire import cipher_to_proto
 from vflnet.protocols.split import PassiveSplit
+from vflnet.protocols.split_he import PassiveHE
 from vflnet.roles.common import header
 from vflnet.roles.party import PartyBase
 from vflnet.roles.serve import serve_party
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tensors
 from vflnet.wire.channels import open_channel
+from vflnet.wire.ciphers import cipher_from_proto_checked
 from vflnet.wire.errors import RpcFailure, describe_rpc_error
 
 log = logging.getLogger("vflnet.passive")
@@ -24,7 +28,12 @@ log = logging.getLogger("vflnet.passive")
 class PassiveParty(PartyBase):
     def build_protocol(self) -> None:
         assert self.local is not None and self.join_reply is not None
-        self.protocol = PassiveSplit(self.local)
+        he = self.cfg.protocol.he
+        if self.cfg.protocol.kind == "split-he":
+            assert self.public_key is not None
+            self.protocol: PassiveSplit | PassiveHE = PassiveHE(self.local, self.public_key, he.frac_bits, self.decrypt, he.workers)
+        else:
+            self.protocol = PassiveSplit(self.local)
         active = next(p for p in self.join_reply.roster if p.role == "active")
         self.active = services_pb2_grpc.ActiveStub(open_channel(active.address, self.cfg.transport, self.name))
 
@@ -39,8 +48,11 @@ class PassiveParty(PartyBase):
             msg = messages_pb2.Embeddings(
                 header=header(self.cfg, self.name, h.step, h.epoch, h.batch_id, h.phase, self.local.version),
                 sample_ids=cmd.sample_ids,
-                values=tensors.to_proto(emb),
             )
+            if isinstance(emb, CipherArray):
+                msg.cipher.CopyFrom(cipher_to_proto(emb, workers=self.cfg.protocol.he.workers))
+            else:
+                msg.values.CopyFrom(tensors.to_proto(emb))
             self.meter.record("ExchangeEmbeddings", msg)
             try:
                 reply = self.active.ExchangeEmbeddings(msg, timeout=self.cfg.transport.rpc_timeout_s)
@@ -48,7 +60,13 @@ class PassiveParty(PartyBase):
                 raise RpcFailure(grpc.StatusCode.ABORTED, f"active party refused embeddings: {describe_rpc_error(exc)}") from exc
             if reply.header.step != h.step:
                 raise RpcFailure(grpc.StatusCode.DATA_LOSS, f"gradients for step {reply.header.step}, expected {h.step}")
-            if train:
+            if train and isinstance(self.protocol, PassiveHE):
+                assert self.public_key is not None
+                if reply.WhichOneof("payload") != "cipher":
+                    raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "split-he expects encrypted gradients from the active party")
+                grad = cipher_from_proto_checked(reply.cipher, self.public_key, emb.shape, "gradients from the active party")
+                self.protocol.backward(grad)
+            elif train:
                 grad = tensors.from_proto(reply.values, expect_dtype="float32", expect_shape=emb.shape, what="gradients from the active party")
                 self.protocol.backward(grad)
             return self.end_step(cmd, {"compute_s": time.perf_counter() - start})

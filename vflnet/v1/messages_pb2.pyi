@@ -167,9 +167,13 @@ class DecryptRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., purpose: _Optional[str] = ..., cipher: _Optional[_Union[_tensor_pb2.CipherTensor, _Mapping]] = ...) -> None: ...
 
 class DecryptReply(_message.Message):
-    __slots__ = ("header", "values")
+    __slots__ = ("header", "shape", "integer_width", "integers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
-    VALUES_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    INTEGER_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    INTEGERS_FIELD_NUMBER: _ClassVar[int]
     header: Header
-    values: _tensor_pb2.Tensor
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., values: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    integer_width: int
+    integers: bytes
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., shape: _Optional[_Iterable[int]] = ..., integer_width: _Optional[int] = ..., integers: _Optional[bytes] = ...) -> None: ...

@@ -1,0 +1,267 @@
+"""Trace files: round trip, reading while written, partial tails, the size cap, reopening, the CLI."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from test_interceptors import DEADLINE, EXCHANGE, RUN_STEP, EchoActive, embeddings, start_server, values_of
+
+from vflnet.interceptors import (
+    Chain,
+    ServerChainInterceptor,
+    TraceError,
+    TraceWriter,
+    WireEvent,
+    read_trace,
+    trace_cli,
+)
+from vflnet.interceptors import trace as trace_mod
+from vflnet.v1 import messages_pb2, services_pb2_grpc, trace_pb2
+from vflnet.wire import tensors
+
+
+def gradients(step: int, n: int = 4, dim: int = 3) -> messages_pb2.EmbeddingGradients:
+    msg = embeddings(step=step, n=n, dim=dim, seed=step)
+    return messages_pb2.EmbeddingGradients(header=msg.header, values=msg.values)
+
+
+def exchange_events(steps: int, party: str = "passive-1", t0: float = 1000.0) -> list[WireEvent]:
+    """A request and its response per step, as a client tap of ``party`` would see them."""
+    events = []
+    for step in range(1, steps + 1):
+        t = t0 + step
+        events.append(
+            WireEvent("request", "client", EXCHANGE, party, "127.0.0.1:5", embeddings(step, seed=step), t)
+        )
+        events.append(
+            WireEvent("response", "client", EXCHANGE, party, "127.0.0.1:5", gradients(step), t + 0.5)
+        )
+    return events
+
+
+def same(a: WireEvent, b: WireEvent) -> bool:
+    keys = ("direction", "side", "method", "party", "peer", "time")
+    return all(getattr(a, k) == getattr(b, k) for k in keys) and a.message == b.message
+
+
+def test_round_trip_rebuilds_every_event(tmp_path: Path) -> None:
+    path = tmp_path / "p.trace"
+    events = exchange_events(3)
+    events.append(
+        WireEvent(
+            "request",
+            "server",
+            RUN_STEP,
+            "passive-1",
+            "ipv4:127.0.0.1:9",
+            messages_pb2.StepCommand(header=embeddings(4).header, sample_ids=[1, 2]),
+            1010.0,
+        )
+    )
+    with TraceWriter(path, party="passive-1", run_id="r1") as writer:
+        for event in events:
+            assert writer(event) is None  # a tap: never rewrites
+    back = list(read_trace(path))
+    assert len(back) == len(events) and all(same(a, b) for a, b in zip(events, back, strict=True))
+    np.testing.assert_array_equal(back[1].tensors()["values"], values_of(events[1].message))
+    assert back[-1].step == 4 and back[-1].sample_ids.tolist() == [1, 2]
+    header = next(trace_mod.iter_entries(path)).header
+    assert (header.format_version, header.party, header.run_id) == (1, "passive-1", "r1")
+
+
+def test_reader_follows_a_file_being_written(tmp_path: Path) -> None:
+    path = tmp_path / "live.trace"
+    events = exchange_events(2)
+    writer = TraceWriter(path, party="passive-1")
+    assert list(read_trace(path)) == []
+    writer(events[0])
+    writer(events[1])
+    assert [e.direction for e in read_trace(path)] == ["request", "response"]
+    writer(events[2])
+    assert len(list(read_trace(path))) == 3
+    writer.close()
+    writer.close()  # idempotent
+    assert len(list(read_trace(path))) == 3
+
+
+def test_partial_last_entry_is_skipped_and_dropped_on_reopen(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "crash.trace"
+    events = exchange_events(2)
+    with TraceWriter(path, party="passive-1") as writer:
+        for event in events[:3]:
+            writer(event)
+    whole = path.read_bytes()
+    with TraceWriter(tmp_path / "four.trace", party="passive-1") as other:
+        for event in events:
+            other(event)
+    ends = [end for end, _ in trace_mod._scan(tmp_path / "four.trace")]
+    last_entry = (tmp_path / "four.trace").read_bytes()[ends[-2] : ends[-1]]
+    for cut in (1, len(last_entry) // 2, len(last_entry) - 1):  # inside the varint, the body, the last byte
+        path.write_bytes(whole + last_entry[:cut])
+        assert len(list(read_trace(path))) == 3
+        assert trace_mod.summarize(path).partial_tail
+    with caplog.at_level(logging.WARNING), TraceWriter(path, party="passive-1", run_id="resumed") as writer:
+        writer(events[3])
+    assert "partial last entry" in caplog.text
+    back = list(read_trace(path))
+    assert len(back) == 4 and same(back[3], events[3])
+    summary = trace_mod.summarize(path)
+    assert not summary.partial_tail and summary.records == 4
+    assert [h.run_id for h in summary.headers] == ["", "resumed"]
+
+
+def test_size_cap_stops_writing_records_the_truncation_and_warns_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "capped.trace"
+    cap = 8192
+    events = exchange_events(40)  # ~300 B each: far past the cap
+    with caplog.at_level(logging.WARNING), TraceWriter(path, party="p", max_bytes=cap) as writer:
+        written = [writer.write(e) for e in events]
+    assert (
+        writer.truncated and writer.records == sum(written) and writer.dropped == len(events) - writer.records
+    )
+    assert written == [True] * writer.records + [False] * writer.dropped  # stops for good at the cap
+    assert path.stat().st_size <= cap
+    kinds = [e.WhichOneof("entry") for e in trace_mod.iter_entries(path)]
+    assert kinds == ["header"] + ["record"] * writer.records + ["truncated"]
+    marker = list(trace_mod.iter_entries(path))[-1].truncated
+    assert marker.max_bytes == cap and marker.first_dropped_method == EXCHANGE
+    assert sum("reached its cap" in r.getMessage() for r in caplog.records) == 1
+    assert trace_mod.summarize(path).truncated
+    with pytest.raises(ValueError, match="max_bytes"):
+        TraceWriter(tmp_path / "tiny.trace", party="p", max_bytes=100)
+
+
+def test_writes_after_close_are_dropped_not_raised(tmp_path: Path) -> None:
+    writer = TraceWriter(tmp_path / "t.trace", party="p")
+    writer.close()
+    assert writer.write(exchange_events(1)[0]) is False and writer.dropped == 1
+
+
+def test_concurrent_writers_never_interleave_entries(tmp_path: Path) -> None:
+    path = tmp_path / "threads.trace"
+    events = exchange_events(25)
+    with TraceWriter(path, party="p") as writer:
+        threads = [threading.Thread(target=lambda: [writer(e) for e in events]) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    back = list(read_trace(path))
+    assert len(back) == 4 * len(events)
+    assert sorted(e.time for e in back) == sorted(e.time for e in events * 4)
+
+
+def test_foreign_and_newer_files_are_refused(tmp_path: Path) -> None:
+    foreign = tmp_path / "notes.trace"
+    foreign.write_bytes(b"\x05hello world, not a trace")
+    with pytest.raises(TraceError, match="not a vflnet trace"):
+        list(read_trace(foreign))
+    with pytest.raises(TraceError, match="not a vflnet trace"):
+        TraceWriter(foreign, party="p")
+    assert foreign.read_bytes().startswith(b"\x05hello")  # left as it was
+    newer = tmp_path / "newer.trace"
+    data = trace_pb2.TraceEntry(header=trace_pb2.TraceHeader(format_version=99)).SerializeToString()
+    newer.write_bytes(trace_mod._varint(len(data)) + data)
+    with pytest.raises(TraceError, match="newer"):
+        list(read_trace(newer))
+
+
+def test_writer_is_a_tap_on_a_real_server(tmp_path: Path) -> None:
+    path = trace_mod.trace_path(tmp_path / "run", "active")
+    writer = TraceWriter(path, party="active", run_id="r1")
+    server, address = start_server(EchoActive(), [ServerChainInterceptor(Chain([writer]), "active")])
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = services_pb2_grpc.ActiveStub(channel)
+            sent = [embeddings(step=s, seed=s) for s in (1, 2)]
+            for msg in sent:
+                stub.ExchangeEmbeddings(msg, timeout=DEADLINE)
+    finally:
+        server.stop(grace=0)
+        writer.close()
+    assert path == tmp_path / "run" / "traces" / "active.trace"
+    back = list(read_trace(path))
+    assert [(e.direction, e.step, e.side) for e in back] == [
+        ("request", 1, "server"),
+        ("response", 1, "server"),
+        ("request", 2, "server"),
+        ("response", 2, "server"),
+    ]
+    assert back[2].message == sent[1]
+
+
+# ---------------------------------------------------------------------------------------- CLI
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    with TraceWriter(trace_mod.trace_path(run, "passive-1"), party="passive-1", run_id="r1") as w:
+        for e in exchange_events(3, "passive-1", t0=1000.0):
+            w(e)
+    with TraceWriter(trace_mod.trace_path(run, "active"), party="active", run_id="r1") as w:
+        for e in exchange_events(3, "active", t0=1000.2):
+            w(WireEvent(e.direction, "server", e.method, "active", "ipv4:x", e.message, e.time))
+    return run
+
+
+def test_cli_ls_lists_files_with_counts(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert trace_cli.main(["ls", str(run_dir)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and out[0].startswith(str(run_dir / "traces" / "active.trace"))
+    assert all("records=6" in line and "ExchangeEmbeddings=6" in line and "run=r1" in line for line in out)
+
+
+def test_cli_show_merges_by_time_and_filters(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert trace_cli.main(["show", str(run_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 12
+    assert lines[0].split()[1:4] == ["passive-1", "client", "request"] and lines[1].split()[1] == "active"
+    assert (
+        trace_cli.main(["show", str(run_dir), "--direction", "response", "--step", "2", "--party", "active"])
+        == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and "server response ExchangeEmbeddings step=2" in lines[0]
+    assert "samples=" not in lines[0] and "values=float32[4, 3]" in lines[0]
+    assert trace_cli.main(["show", str(run_dir), "--method", "RunStep"]) == 0
+    assert capsys.readouterr().out == ""
+    assert trace_cli.main(["show", str(run_dir / "traces" / "active.trace"), "--limit", "2"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+def test_cli_export_writes_arrays_per_record(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "x.npz"
+    assert (
+        trace_cli.main(
+            ["export", str(run_dir), "--party", "passive-1", "--direction", "request", "--out", str(out)]
+        )
+        == 0
+    )
+    with np.load(out) as npz:
+        assert npz["step"].tolist() == [1, 2, 3]
+        assert npz["direction"].tolist() == ["request"] * 3 and npz["sender"].tolist() == ["passive-1"] * 3
+        np.testing.assert_array_equal(npz["rec1_sample_ids"], np.arange(10, 14))
+        np.testing.assert_array_equal(npz["rec2_values"], tensors.from_proto(embeddings(3, seed=3).values))
+        assert "rec0_values" in npz.files and "rec3_values" not in npz.files
+    assert "wrote 3 records" in capsys.readouterr().out
+
+
+def test_cli_reports_missing_and_bad_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert trace_cli.main(["ls", str(tmp_path / "nope")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert trace_cli.main(["show", str(tmp_path / "empty")]) == 2
+    bad = tmp_path / "bad.trace"
+    shutil.copyfile(__file__, bad)
+    assert trace_cli.main(["show", str(bad)]) == 1
+    assert "vflnet trace:" in capsys.readouterr().err

@@ -1,0 +1,259 @@
+"""Bind a mod chain to real gRPC: a server interceptor and a unary-unary client interceptor.
+
+Server side: the request event runs before the servicer, so a rewrite changes what the servicer
+receives; the response event runs on the servicer's reply, so a rewrite changes what the caller gets.
+Client side: the request event runs before sending and the response event on the reply; the
+caller's stub returns the rewritten reply (blocking calls, ``with_call`` and ``future`` alike).
+
+Errors from the real call pass through unchanged. A mod raising :class:`Refused` fails the call with
+its status code; on the client side the caller sees a ``grpc.RpcError`` like any other failed call.
+Only unary-unary methods run through the chain (all vflnet RPCs are); other arities are left alone.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from vflnet.interceptors.chain import Chain, Refused
+from vflnet.interceptors.events import WireEvent
+
+
+def _method_name(method: str | bytes) -> str:
+    return method.decode() if isinstance(method, bytes) else method
+
+
+class ServerChainInterceptor(grpc.ServerInterceptor):
+    """Runs ``chain`` on every unary-unary request and response this server handles (side "server")."""
+
+    def __init__(self, chain: Chain, party: str) -> None:
+        self.chain = chain
+        self.party = party
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None or not len(self.chain):
+            return handler
+        method = _method_name(handler_call_details.method)
+        inner = handler.unary_unary
+
+        def behavior(request: Message, context: grpc.ServicerContext) -> Message:
+            peer = context.peer()
+            try:
+                request = self.chain(WireEvent("request", "server", method, self.party, peer, request))
+            except Refused as exc:
+                context.abort(exc.code, f"{self.party} refused the {method} request: {exc.reason}")
+            response = inner(request, context)
+            if response is None:  # the servicer aborted or set an error status itself
+                return response
+            try:
+                return self.chain(WireEvent("response", "server", method, self.party, peer, response))
+            except Refused as exc:
+                context.abort(exc.code, f"{self.party} refused the {method} response: {exc.reason}")
+
+        return grpc.unary_unary_rpc_method_handler(
+            behavior,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+class RefusedCall(grpc.RpcError, grpc.Call, grpc.Future):
+    """A call a local mod refused: a finished, failed call with the refusal's status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self._code = code
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def initial_metadata(self) -> tuple:
+        return ()
+
+    def trailing_metadata(self) -> tuple:
+        return ()
+
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        return False
+
+    def cancel(self) -> bool:
+        return False
+
+    def cancelled(self) -> bool:
+        return False
+
+    def running(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        raise self
+
+    def exception(self, timeout: float | None = None) -> grpc.RpcError:
+        return self
+
+    def traceback(self, timeout: float | None = None) -> TracebackType | None:
+        return self.__traceback__
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        fn(self)
+
+
+class _InterceptedCall(grpc.Call, grpc.Future):
+    """The real call, with the response chain applied once to its reply (as soon as the reply
+    arrives, so a response tap runs even if the caller never reads the result). A failed real
+    call is returned unchanged by result()/exception()."""
+
+    def __init__(self, inner: Any, on_response: Callable[[Message], Message]) -> None:
+        self._inner = inner
+        self._on_response = on_response
+        self._lock = threading.Lock()
+        self._settled = False
+        self._response: Message | None = None
+        self._error: RefusedCall | None = None
+        inner.add_done_callback(lambda _: self._settle())  # runs at once if the call is already done
+
+    def _settle(self) -> None:
+        with self._lock:
+            if self._settled:
+                return
+            self._settled = True
+            if self._inner.cancelled() or self._inner.exception() is not None:
+                return
+            try:
+                self._response = self._on_response(self._inner.result())
+            except Refused as exc:
+                self._error = RefusedCall(exc.code, exc.reason)
+
+    # grpc.Future
+    def result(self, timeout: float | None = None) -> Any:
+        self._inner.result(timeout)  # raises the real call's error, timeout or cancellation unchanged
+        self._settle()
+        if self._error is not None:
+            raise self._error
+        return self._response
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        error = self._inner.exception(timeout)
+        if error is not None:
+            return error
+        self._settle()
+        return self._error
+
+    def traceback(self, timeout: float | None = None) -> TracebackType | None:
+        error = self.exception(timeout)
+        if error is None:
+            return None
+        return self._inner.traceback(timeout) if self._error is None else error.__traceback__
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        self._inner.add_done_callback(lambda _: fn(self))
+
+    def cancel(self) -> bool:
+        return self._inner.cancel()
+
+    def cancelled(self) -> bool:
+        return self._inner.cancelled()
+
+    def running(self) -> bool:
+        return self._inner.running()
+
+    def done(self) -> bool:
+        return self._inner.done()
+
+    # grpc.Call / grpc.RpcContext
+    def code(self) -> grpc.StatusCode:
+        code = self._inner.code()
+        if code == grpc.StatusCode.OK:
+            self._settle()
+            if self._error is not None:
+                return self._error.code()
+        return code
+
+    def details(self) -> str | None:
+        details = self._inner.details()
+        if self._inner.code() == grpc.StatusCode.OK:
+            self._settle()
+            if self._error is not None:
+                return self._error.details()
+        return details
+
+    def initial_metadata(self) -> Any:
+        return self._inner.initial_metadata()
+
+    def trailing_metadata(self) -> Any:
+        return self._inner.trailing_metadata()
+
+    def is_active(self) -> bool:
+        return self._inner.is_active()
+
+    def time_remaining(self) -> float | None:
+        return self._inner.time_remaining()
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        return self._inner.add_callback(callback)
+
+
+class ClientChainInterceptor(grpc.UnaryUnaryClientInterceptor):
+    """Runs ``chain`` on every request this channel sends and every reply it gets (side "client").
+
+    Install with ``grpc.intercept_channel(channel, ClientChainInterceptor(chain, party, target))``;
+    ``target`` is the address the channel dials, recorded as the events' peer.
+    """
+
+    def __init__(self, chain: Chain, party: str, target: str) -> None:
+        self.chain = chain
+        self.party = party
+        self.target = target
+
+    def intercept_unary_unary(
+        self,
+        continuation: Callable[[grpc.ClientCallDetails, Any], Any],
+        client_call_details: grpc.ClientCallDetails,
+        request: Any,
+    ) -> Any:
+        if not len(self.chain):
+            return continuation(client_call_details, request)
+        method = _method_name(client_call_details.method)
+        try:
+            request = self.chain(WireEvent("request", "client", method, self.party, self.target, request))
+        except Refused as exc:
+            return RefusedCall(exc.code, f"{self.party} refused its own {method} request: {exc.reason}")
+
+        def on_response(response: Message) -> Message:
+            event = WireEvent("response", "client", method, self.party, self.target, response)
+            try:
+                return self.chain(event)
+            except Refused as exc:
+                raise Refused(f"{self.party} refused the {method} response: {exc.reason}", exc.code) from exc
+
+        return _InterceptedCall(continuation(client_call_details, request), on_response)
+
+
+def intercept_channel(channel: grpc.Channel, chain: Chain, party: str, target: str) -> grpc.Channel:
+    """``channel`` with ``chain`` on it; the channel itself is returned unchanged when the chain is empty."""
+    if not len(chain):
+        return channel
+    return grpc.intercept_channel(channel, ClientChainInterceptor(chain, party, target))

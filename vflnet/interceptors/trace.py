@@ -1,0 +1,296 @@
+"""Trace files: what a tap saw on the wire, kept as a file a user can inspect and replay offline.
+
+Format (``proto/vflnet/v1/trace.proto``): a sequence of ``TraceEntry`` messages, each preceded by its
+byte length as a varint (protobuf's length-delimited framing). The first entry is a ``TraceHeader``
+(format version, run id, writing party); then one ``TraceRecord`` per message; a ``TraceTruncated``
+marker when the size cap was hit. The file is append-only and flushed after every entry, so a
+reader can follow it while a run is still writing: a reader stops cleanly at a partial last entry.
+A writer reopening an existing file drops such a partial tail first (a crash mid-write) and appends
+a new header, so one file can hold several sessions of the same party (e.g. a resumed run).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from google.protobuf import descriptor_pool, message_factory
+from google.protobuf.message import DecodeError, Message
+
+from vflnet.interceptors.events import WireEvent
+from vflnet.v1 import trace_pb2
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+SUFFIX = ".trace"
+DEFAULT_MAX_BYTES = 1 << 30
+MIN_MAX_BYTES = 4096
+_MARKER_RESERVE = 512  # bytes kept below the cap for the TraceTruncated marker
+_MAX_VARINT_BYTES = 10
+
+
+def trace_path(run_dir: str | Path, party: str) -> Path:
+    """Where a party's trace of a run lives: ``<run_dir>/traces/<party>.trace``."""
+    return Path(run_dir) / "traces" / f"{party}{SUFFIX}"
+
+
+class TraceError(ValueError):
+    """The file is not a vflnet trace, is corrupt, or was written by a newer format."""
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def _read_varint(f: BinaryIO) -> int | None:
+    """The next varint, or None at end of file or inside a partial varint."""
+    value = shift = 0
+    for _ in range(_MAX_VARINT_BYTES):
+        byte = f.read(1)
+        if not byte:
+            return None
+        value |= (byte[0] & 0x7F) << shift
+        if not byte[0] & 0x80:
+            return value
+        shift += 7
+    raise TraceError(f"{getattr(f, 'name', 'trace')}: entry length is not a valid varint")
+
+
+def _scan(path: Path) -> Iterator[tuple[int, trace_pb2.TraceEntry]]:
+    """(end offset, entry) for every complete entry; stops at a partial last entry."""
+    with open(path, "rb") as f:
+        first = True
+        while True:
+            start = f.tell()
+            length = _read_varint(f)
+            if length is None:
+                return
+            data = f.read(length)
+            if len(data) < length:
+                return
+            entry = trace_pb2.TraceEntry()
+            try:
+                entry.ParseFromString(data)
+            except DecodeError as exc:
+                what = "not a vflnet trace (the first entry does not parse)" if first else "corrupt entry"
+                raise TraceError(f"{path}: {what} at byte {start}: {exc}") from exc
+            kind = entry.WhichOneof("entry")
+            if first and kind != "header":
+                raise TraceError(f"{path}: not a vflnet trace (no trace header at the start)")
+            if kind == "header" and entry.header.format_version > FORMAT_VERSION:
+                raise TraceError(
+                    f"{path}: trace format {entry.header.format_version} is newer than this vflnet "
+                    f"reads ({FORMAT_VERSION})"
+                )
+            if kind is None:
+                raise TraceError(f"{path}: empty entry at byte {start}")
+            first = False
+            yield f.tell(), entry
+
+
+def iter_entries(path: str | Path) -> Iterator[trace_pb2.TraceEntry]:
+    """Every complete entry (headers, records, truncation markers) in file order."""
+    for _, entry in _scan(Path(path)):
+        yield entry
+
+
+def _message_class(full_name: str) -> type[Message]:
+    try:
+        descriptor = descriptor_pool.Default().FindMessageTypeByName(full_name)
+    except KeyError as exc:
+        raise TraceError(f"trace holds a {full_name!r} message, which this vflnet does not define") from exc
+    return message_factory.GetMessageClass(descriptor)
+
+
+def record_to_event(record: trace_pb2.TraceRecord) -> WireEvent:
+    """Rebuild the event a tap saw, with its message decoded."""
+    message = _message_class(record.message_type)()
+    try:
+        message.ParseFromString(record.message)
+    except DecodeError as exc:
+        raise TraceError(
+            f"record of {record.method} at {record.time}: bad {record.message_type}: {exc}"
+        ) from exc
+    return WireEvent(
+        direction=record.direction,  # type: ignore[arg-type]
+        side=record.side,  # type: ignore[arg-type]
+        method=record.method,
+        party=record.party,
+        peer=record.peer,
+        message=message,
+        time=record.time,
+    )
+
+
+def read_trace(path: str | Path) -> Iterator[WireEvent]:
+    """The events of a trace file in the order they were written (safe on a file still being written)."""
+    for entry in iter_entries(path):
+        if entry.WhichOneof("entry") == "record":
+            yield record_to_event(entry.record)
+
+
+@dataclass
+class TraceSummary:
+    """What ``vflnet trace ls`` shows about one file."""
+
+    path: Path
+    size: int
+    headers: list[trace_pb2.TraceHeader] = field(default_factory=list)
+    records: int = 0
+    methods: Counter[str] = field(default_factory=Counter)
+    truncated: bool = False
+    partial_tail: bool = False  # bytes after the last complete entry (being written, or a crash)
+    first_time: float | None = None
+    last_time: float | None = None
+
+
+def summarize(path: str | Path) -> TraceSummary:
+    path = Path(path)
+    summary = TraceSummary(path=path, size=path.stat().st_size)
+    end = 0
+    for offset, entry in _scan(path):
+        end = offset
+        kind = entry.WhichOneof("entry")
+        if kind == "header":
+            summary.headers.append(entry.header)
+        elif kind == "truncated":
+            summary.truncated = True
+        else:
+            summary.records += 1
+            summary.methods[entry.record.method.rsplit("/", 1)[-1]] += 1
+            if summary.first_time is None:
+                summary.first_time = entry.record.time
+            summary.last_time = entry.record.time
+    summary.partial_tail = end < summary.size
+    return summary
+
+
+class TraceWriter:
+    """A tap that appends every event it sees to a trace file; thread-safe.
+
+    ``max_bytes`` caps the file: the record that would cross it is dropped, a ``TraceTruncated``
+    marker is written (the file may exceed the cap by at most that marker), a warning is logged
+    once, and later records are only counted (``dropped``). ``close()`` flushes and fsyncs.
+    """
+
+    def __init__(
+        self, path: str | Path, party: str, run_id: str = "", max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
+        if max_bytes < MIN_MAX_BYTES:
+            raise ValueError(f"max_bytes must be at least {MIN_MAX_BYTES}, got {max_bytes}")
+        self.path = Path(path)
+        self.party = party
+        self.run_id = run_id
+        self.max_bytes = max_bytes
+        self.records = 0
+        self.dropped = 0
+        self.truncated = False
+        self._lock = threading.Lock()
+        self._closed_warned = False
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        complete = 0
+        if self.path.exists():
+            complete = max((end for end, _ in _scan(self.path)), default=0)
+            size = self.path.stat().st_size
+            if complete == 0 and size > 0:
+                raise TraceError(f"{self.path} exists and is not a vflnet trace; refusing to append to it")
+            if complete < size:
+                log.warning("%s: dropping a partial last entry before appending", self.path)
+                os.truncate(self.path, complete)
+        self._file: BinaryIO | None = open(self.path, "ab")  # noqa: SIM115 - closed by close()
+        self.size = complete
+        header = trace_pb2.TraceHeader(
+            format_version=FORMAT_VERSION, run_id=run_id, party=party, created=time.time()
+        )
+        self._append(trace_pb2.TraceEntry(header=header))
+
+    def _append(self, entry: trace_pb2.TraceEntry) -> None:
+        assert self._file is not None
+        data = entry.SerializeToString()
+        framed = _varint(len(data)) + data
+        self._file.write(framed)
+        self._file.flush()  # readers following the file see whole entries
+        self.size += len(framed)
+
+    def __call__(self, event: WireEvent) -> None:
+        self.write(event)
+        return None
+
+    def write(self, event: WireEvent) -> bool:
+        """Append one event; False when it was dropped (cap reached or writer closed)."""
+        record = trace_pb2.TraceRecord(
+            time=event.time,
+            party=event.party,
+            side=event.side,
+            direction=event.direction,
+            method=event.method,
+            peer=event.peer,
+            message_type=event.message.DESCRIPTOR.full_name,
+            message=event.message.SerializeToString(),
+        )
+        entry = trace_pb2.TraceEntry(record=record)
+        with self._lock:
+            if self._file is None:
+                self.dropped += 1
+                if not self._closed_warned:
+                    self._closed_warned = True
+                    log.warning("%s: trace already closed; dropping %s", self.path, event.short_method)
+                return False
+            if self.truncated:
+                self.dropped += 1
+                return False
+            # framed size <= payload + 10-byte varint
+            if self.size + entry.ByteSize() + _MAX_VARINT_BYTES + _MARKER_RESERVE > self.max_bytes:
+                self.truncated = True
+                self.dropped += 1
+                marker = trace_pb2.TraceTruncated(
+                    time=time.time(), max_bytes=self.max_bytes, first_dropped_method=event.method
+                )
+                self._append(trace_pb2.TraceEntry(truncated=marker))
+                log.warning(
+                    "%s reached its cap of %d bytes after %d records; later messages are not traced",
+                    self.path,
+                    self.max_bytes,
+                    self.records,
+                )
+                return False
+            self._append(entry)
+            self.records += 1
+            return True
+
+    def close(self) -> None:
+        """Flush and fsync: the trace survives a crash of the host once this returns. Idempotent."""
+        with self._lock:
+            if self._file is None:
+                return
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+        if self.dropped:
+            log.info("%s: %d records, %d dropped", self.path, self.records, self.dropped)
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TraceWriter({str(self.path)!r}, party={self.party!r}, max_bytes={self.max_bytes})"

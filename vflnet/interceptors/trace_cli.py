@@ -1,0 +1,183 @@
+"""``vflnet trace ls|show|export RUN_OR_FILE``: look at what the taps of a run recorded.
+
+``RUN_OR_FILE`` is one ``.trace`` file or a run directory (its ``traces/*.trace``; a folder holding
+``*.trace`` files directly works too). ``show`` and ``export`` merge the files of a run by time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import heapq
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from vflnet.interceptors.events import DIRECTIONS, SIDES, WireEvent, short_name
+from vflnet.interceptors.trace import SUFFIX, TraceError, read_trace, summarize
+
+
+def find_traces(target: Path) -> list[Path]:
+    """The trace files named by ``target`` (a file, a run directory or a traces directory)."""
+    if target.is_file():
+        return [target]
+    if target.is_dir():
+        return sorted((target / "traces").glob(f"*{SUFFIX}")) or sorted(target.glob(f"*{SUFFIX}"))
+    raise FileNotFoundError(f"{target}: no such file or directory")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vflnet trace", description="Inspect and export wire traces.")
+    sub = parser.add_subparsers(dest="trace_command", required=True)
+
+    p = sub.add_parser("ls", help="list trace files with record counts, sizes and methods")
+    p.add_argument("target", type=Path, metavar="RUN_OR_FILE")
+
+    filters = argparse.ArgumentParser(add_help=False)
+    filters.add_argument("target", type=Path, metavar="RUN_OR_FILE")
+    filters.add_argument(
+        "--method",
+        action="append",
+        help="method, short (RunStep) or full (/vflnet.v1.Party/RunStep); repeatable",
+    )
+    filters.add_argument("--direction", choices=DIRECTIONS)
+    filters.add_argument("--side", choices=SIDES)
+    filters.add_argument("--party", action="append", help="only records written by this party; repeatable")
+    filters.add_argument("--step", type=int, action="append", help="only messages of this step; repeatable")
+    filters.add_argument("--limit", type=int, default=None, help="at most this many records")
+
+    sub.add_parser("show", parents=[filters], help="print one line per record")
+    p = sub.add_parser("export", parents=[filters], help="write records' tensors and sample ids to an NPZ")
+    p.add_argument("--out", type=Path, required=True, help="output .npz file")
+    return parser
+
+
+def select(events: Iterator[WireEvent], args: argparse.Namespace) -> Iterator[WireEvent]:
+    """The events that pass the command line's filters, at most ``--limit`` of them."""
+    methods = set(args.method or ())
+    parties = set(args.party or ())
+    steps = set(args.step or ())
+    taken = 0
+    for event in events:
+        if args.limit is not None and taken >= args.limit:
+            return
+        if methods and not {event.method, short_name(event.method)} & methods:
+            continue
+        if args.direction and event.direction != args.direction:
+            continue
+        if args.side and event.side != args.side:
+            continue
+        if parties and event.party not in parties:
+            continue
+        if steps and event.step not in steps:
+            continue
+        taken += 1
+        yield event
+
+
+def merged_events(files: list[Path]) -> Iterator[WireEvent]:
+    """All events of several trace files, in time order (each file is already in write order)."""
+    return heapq.merge(*(read_trace(f) for f in files), key=lambda e: e.time)
+
+
+def _fmt_time(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def cmd_ls(files: list[Path]) -> int:
+    for path in files:
+        s = summarize(path)
+        header = s.headers[0] if s.headers else None
+        who = f"party={header.party} run={header.run_id or '-'}" if header else "(empty)"
+        notes = []
+        if s.truncated:
+            notes.append("TRUNCATED at cap")
+        if s.partial_tail:
+            notes.append("partial last entry")
+        if len(s.headers) > 1:
+            notes.append(f"{len(s.headers)} sessions")
+        methods = ", ".join(f"{m}={n}" for m, n in sorted(s.methods.items()))
+        print(f"{path}  {who}  records={s.records}  size={_human(s.size)}  {methods}")
+        if notes:
+            print(f"    {'; '.join(notes)}")
+    return 0
+
+
+def cmd_show(events: Iterator[WireEvent]) -> int:
+    for event in events:
+        print(f"{_fmt_time(event.time)} {event.party} {event.describe()}")
+    return 0
+
+
+def cmd_export(events: Iterator[WireEvent], out: Path) -> int:
+    columns: dict[str, list] = {
+        k: [] for k in ("time", "party", "side", "direction", "method", "peer", "message_type", "sender")
+    }
+    numbers: dict[str, list[int]] = {k: [] for k in ("step", "batch_id", "epoch", "model_version")}
+    arrays: dict[str, np.ndarray] = {}
+    for i, event in enumerate(events):
+        columns["time"].append(event.time)
+        for key in ("party", "side", "direction", "method", "peer"):
+            columns[key].append(getattr(event, key))
+        columns["message_type"].append(event.message.DESCRIPTOR.full_name)
+        columns["sender"].append(event.sender or "")
+        for key in numbers:
+            value = getattr(event, key)
+            numbers[key].append(-1 if value is None else value)
+        ids = event.sample_ids
+        if ids is not None:
+            arrays[f"rec{i}_sample_ids"] = ids
+        for path, values in event.tensors().items():
+            arrays[f"rec{i}_{path}"] = values
+        for path, cipher in event.ciphertexts().items():
+            width = max(cipher.width, 1)
+            arrays[f"rec{i}_{path}"] = np.frombuffer(cipher.data, dtype=np.uint8).reshape(-1, width)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(
+        out,
+        time=np.asarray(columns.pop("time"), dtype=np.float64),
+        **{k: np.asarray(v, dtype=np.str_) for k, v in columns.items()},
+        **{k: np.asarray(v, dtype=np.int64) for k, v in numbers.items()},
+        **arrays,
+    )
+    print(f"wrote {len(numbers['step'])} records to {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        files = find_traces(args.target)
+    except FileNotFoundError as exc:
+        print(f"vflnet trace: {exc}", file=sys.stderr)
+        return 2
+    if not files:
+        print(
+            f"vflnet trace: no *{SUFFIX} files in {args.target} or {args.target / 'traces'}", file=sys.stderr
+        )
+        return 2
+    try:
+        if args.trace_command == "ls":
+            return cmd_ls(files)
+        events = select(merged_events(files), args)
+        if args.trace_command == "show":
+            return cmd_show(events)
+        return cmd_export(events, args.out)
+    except TraceError as exc:
+        print(f"vflnet trace: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

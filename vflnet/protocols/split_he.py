@@ -1,0 +1,95 @@
+"""Paillier split learning, paper 004 Algorithm 1, per role.
+
+Passive k: encrypt its logits [[H_k]] under the coordinator's key and send them; on the reply
+[[g]] = [[dL/dH]] (per sample, encrypted) backpropagate over ciphertexts to [[grad theta_k]],
+mask it, have the coordinator decrypt the masked values, unmask, update. It never sees a
+per-sample gradient in plaintext, only its own batch-level parameter gradient.
+
+Active: add the received ciphertexts homomorphically, have the coordinator decrypt the *masked*
+aggregate (the paper leaves the softmax on encrypted logits undefined; docs/protocols.md explains
+this choice), compute softmax + cross-entropy and g in plaintext, update its own bottom model,
+and answer every passive party with [[g]].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from vflnet.crypto import CipherArray, PublicKey, concatenate
+from vflnet.crypto.masking import mask, unmask
+from vflnet.protocols.he_backprop import (
+    ForwardCache,
+    check_supported,
+    encrypted_param_grads,
+    forward_with_cache,
+)
+from vflnet.protocols.split import LocalModel, StepResult
+
+# (purpose, masked ciphertexts) -> the exact masked integers the coordinator decrypted
+Decryptor = Callable[[str, CipherArray], np.ndarray]
+
+
+class PassiveHE:
+    def __init__(self, local: LocalModel, public_key: PublicKey, frac_bits: int, decrypt: Decryptor, workers: int = 1) -> None:
+        self.local = local
+        self.bottom = local.modules["bottom"]
+        check_supported(self.bottom)
+        self.public_key, self.frac_bits, self.decrypt, self.workers = public_key, frac_bits, decrypt, workers
+        self._cache: ForwardCache | None = None
+        self.last_masked_gradient: np.ndarray | None = None  # what this party sent (for tests/audits)
+
+    def forward(self, x: np.ndarray, train: bool) -> CipherArray:
+        self.local.train(train)
+        logits, cache = forward_with_cache(self.bottom, torch.from_numpy(x))
+        self._cache = cache if train else None
+        return self.public_key.encrypt(logits.double().numpy(), self.frac_bits, workers=self.workers)
+
+    def backward(self, grad: CipherArray) -> np.ndarray:
+        """Apply one update from [[dL/dH]]; returns the plaintext batch-level gradient it learned."""
+        if self._cache is None:
+            raise RuntimeError("backward without a training forward pass")
+        cache, self._cache = self._cache, None
+        grads = encrypted_param_grads(self.bottom, cache, grad, workers=self.workers)
+        flat = concatenate([g.reshape(-1) for g in grads.values()])
+        masked, r = mask(flat)
+        values = unmask(self.decrypt("masked_gradient", masked), r, masked.frac_bits)
+        offset = 0
+        for _, p in self.bottom.named_parameters():
+            p.grad = torch.from_numpy(values[offset : offset + p.numel()].reshape(p.shape)).to(p.dtype)
+            offset += p.numel()
+        self.local.apply_update()
+        return values
+
+
+class ActiveHE:
+    def __init__(self, local: LocalModel, public_key: PublicKey, frac_bits: int, decrypt: Decryptor, workers: int = 1) -> None:
+        self.local = local
+        self.bottom = local.modules.get("bottom")
+        self.top = local.modules["top"]
+        self.public_key, self.frac_bits, self.decrypt, self.workers = public_key, frac_bits, decrypt, workers
+
+    def step(self, x_own: np.ndarray | None, received: list[CipherArray], y: np.ndarray, train: bool) -> tuple[CipherArray | None, StepResult]:
+        total = received[0]
+        for c in received[1:]:
+            total = total + c
+        masked, r = mask(total)
+        passive_sum = unmask(self.decrypt("aggregate_logits", masked), r, masked.frac_bits).astype(np.float32)
+        self.local.train(train)
+        with torch.set_grad_enabled(train):
+            h = torch.from_numpy(passive_sum).requires_grad_(train)
+            aggregate = h + self.bottom(torch.from_numpy(x_own)) if self.bottom is not None else h
+            logits = self.top(aggregate)
+            target = torch.from_numpy(y)
+            loss = F.cross_entropy(logits, target)
+            encrypted_grad = None
+            if train:
+                loss.backward()
+                assert h.grad is not None
+                encrypted_grad = self.public_key.encrypt(h.grad.double().numpy(), self.frac_bits, workers=self.workers)
+                self.local.apply_update()
+        correct = int((logits.argmax(dim=1) == target).sum())
+        return encrypted_grad, StepResult([], float(loss.detach()) * len(y), correct, len(y), logits.detach().numpy())
