@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gRPC health check of a running party (exit 0 when SERVING)")
 
     p = sub.add_parser("bench", help="benchmarks that print figures side by side")
-    p.add_argument("what", choices=["transport", "paillier"])
+    p.add_argument("what", choices=["transport", "paillier", "he-step"])
     p.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
@@ -113,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             if args.what == "transport":
                 from vflnet.bench.transport import main as bench_main
-            else:
+            elif args.what == "paillier":
                 from vflnet.bench.paillier import main as bench_main
+            else:
+                from vflnet.bench.he_step import main as bench_main
             return bench_main(args.args)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)

@@ -56,7 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="start `vflnet proxy` on the proxy host in front of PARTY; peers reach PARTY through it",
     )
     p.add_argument(
-        "--proxy-mode", choices=["grpc", "tcp"], default=None, help="passed to the proxy as --mode"
+        "--proxy-mode",
+        choices=["grpc", "tcp"],
+        default="grpc",
+        help="grpc: the proxy decodes, traces and forwards calls; tcp: it relays bytes (default grpc)",
+    )
+    p.add_argument(
+        "--tamper",
+        action="store_true",
+        help="the proxy also tampers: grpc zeroes the embeddings it relays, tcp flips one bit per connection",
     )
     p.add_argument(
         "--proxy-arg",
@@ -86,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             tls=args.tls,
             via=args.via_proxy,
             proxy_mode=args.proxy_mode,
+            tamper=args.tamper,
             proxy_args=args.proxy_arg,
             timeout_s=args.timeout,
         ).rc

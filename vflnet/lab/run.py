@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from vflnet.interceptors.trace import trace_path
 from vflnet.lab.netlab import Host, Lab, LabError, in_netns, lab_config, lab_processes, write_yaml
 from vflnet.runner.report import print_summary
 from vflnet.wire import tls as tls_files
@@ -125,25 +126,26 @@ class LabRun:
                 raise LabRunFailure(f"{what} within {START_TIMEOUT_S:.0f} s; see {proc.log_path}")
             time.sleep(0.1)
 
-    def start(self, via: str | None, proxy_mode: str | None, proxy_args: Sequence[str]) -> None:
+    def start(self, via: str | None, proxy_mode: str, tamper: bool, proxy_args: Sequence[str]) -> None:
         lab = self.lab
         party = ["-m", "vflnet", "party", "--config", str(self.config_path), "--run-dir", str(self.run_dir)]
         if via is not None:
             proxy = lab.proxy
             assert proxy is not None  # lab_config has refused a via without a proxy host
+            program = ["-m", "vflnet.lab.mitm"] if tamper else ["-c", PROXY_MAIN]
             args = [
-                "-c",
-                PROXY_MAIN,
+                *program,
                 "--listen",
                 proxy.endpoint,
                 "--upstream",
                 lab.host(via).endpoint,
-                "--trace",
-                str(self.run_dir / "proxy-trace.jsonl"),
+                "--mode",
+                proxy_mode,
             ]
-            proc = self._spawn(
-                proxy, args + (["--mode", proxy_mode] if proxy_mode else []) + list(proxy_args)
-            )
+            args += ["--config", str(self.config_path)]
+            if proxy_mode == "grpc":  # a TCP relay decodes nothing, so it keeps no trace
+                args += ["--trace", str(trace_path(self.run_dir, proxy.name))]
+            proc = self._spawn(proxy, args + list(proxy_args))
             self._wait_until(proc, lambda: _listening(proxy.ns, proxy.port), "the proxy was not listening")
         coord = next(h for h in lab.hosts if h.role == "coordinator")
         proc = self._spawn(
@@ -232,7 +234,8 @@ def run_lab(
     *,
     tls: bool = False,
     via: str | None = None,
-    proxy_mode: str | None = None,
+    proxy_mode: str = "grpc",
+    tamper: bool = False,
     proxy_args: Sequence[str] = (),
     timeout_s: float = 600.0,
 ) -> LabRunResult:
@@ -253,14 +256,14 @@ def run_lab(
     impair = f"{lab.netem} ({lab.emulator})" if lab.netem else "none"
     print(
         f"lab run {run_id}: transport {'mutual TLS' if tls else 'plaintext'}, impairment {impair}"
-        + (f", {via} reached via the proxy" if via else "")
+        + (f", {via} reached via the {'tampering ' if tamper else ''}{proxy_mode} proxy" if via else "")
         + f"; run directory {run_dir}",
         file=sys.stderr,
     )
     run = LabRun(lab, run_dir, config_path, timeout_s)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        run.start(via, proxy_mode, proxy_args)
+        run.start(via, proxy_mode, tamper, proxy_args)
         run.wait()
         print_summary(run_dir)
         return LabRunResult(0, run_dir)

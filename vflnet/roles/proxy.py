@@ -283,7 +283,8 @@ def _split_address(address: str) -> tuple[str, int]:
 class TcpRelay:
     """A plain TCP forwarder from ``listen`` to ``upstream`` with an optional byte rewrite.
 
-    At most ``max_connections`` client connections at a time (more are closed at once and counted).
+    ``rewrite`` is called once per connection and returns that connection's :data:`ByteMod` (so a
+    rewrite can follow the stream's framing). At most ``max_connections`` client connections at a time (more are closed at once and counted).
     """
 
     def __init__(
@@ -291,7 +292,7 @@ class TcpRelay:
         listen: str,
         upstream: str,
         *,
-        rewrite: ByteMod | None = None,
+        rewrite: Callable[[], ByteMod] | None = None,
         max_connections: int = 32,
         chunk_bytes: int = 64 * 1024,
         connect_timeout_s: float = 5.0,
@@ -369,9 +370,10 @@ class TcpRelay:
             return
         with self._lock:
             self._sockets.update((client, upstream))
+        mod = self.rewrite() if self.rewrite is not None else None
         pumps = [
-            threading.Thread(target=self._pump, args=(client, upstream, "up"), daemon=True),
-            threading.Thread(target=self._pump, args=(upstream, client, "down"), daemon=True),
+            threading.Thread(target=self._pump, args=(client, upstream, "up", mod), daemon=True),
+            threading.Thread(target=self._pump, args=(upstream, client, "down", mod), daemon=True),
         ]
         for t in pumps:
             t.start()
@@ -383,15 +385,15 @@ class TcpRelay:
             self._sockets.difference_update((client, upstream))
             self._active -= 1
 
-    def _pump(self, src: socket.socket, dst: socket.socket, direction: str) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, direction: str, mod: ByteMod | None) -> None:
         sniffer = GrpcSniffer(direction)
         try:
             while True:
                 data = src.recv(self.chunk_bytes)
                 if not data:
                     break
-                if self.rewrite is not None:
-                    data = self.rewrite(data, direction)
+                if mod is not None:
+                    data = mod(data, direction)
                 seen = sniffer.feed(data)
                 with self._lock:
                     if direction == "up":

@@ -1,0 +1,130 @@
+"""The lab's tampering adversary: ``vflnet proxy`` that also changes what it relays.
+
+It is built from :mod:`vflnet.roles.proxy` and adds one tamper per mode:
+
+- ``--mode grpc``: every ``ExchangeEmbeddings`` request is rewritten so that its embeddings arrive
+  as zeros. Over plaintext the run still completes, but it trains on what the proxy chose, so its
+  result differs from an honest run. The trace records the embeddings as they were sent.
+- ``--mode tcp``: one bit is flipped in each client-to-upstream connection once ``--flip-after``
+  bytes have passed. Under TLS that bit fails the record's authentication, so the connection and
+  the call on it fail. Nothing altered is ever delivered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+import numpy as np
+from google.protobuf.message import Message
+
+from vflnet.config import TransportConfig, load
+from vflnet.interceptors.chain import Chain, Filter, Mod
+from vflnet.interceptors.events import WireEvent
+from vflnet.interceptors.trace import TraceWriter
+from vflnet.roles.proxy import TcpRelay, run_proxy
+from vflnet.wire import tensors
+
+log = logging.getLogger("vflnet.lab.mitm")
+
+
+def zero_embeddings(event: WireEvent) -> Message | None:
+    """A rewrite: the same Embeddings message with its plaintext values (a top-level ``values``
+    field) set to 0."""
+    protos = event.tensor_protos()
+    if not protos:
+        return None  # encrypted (split-he) embeddings: nothing this proxy can read or zero
+    out = type(event.message)()
+    out.CopyFrom(event.message)
+    for path, proto in protos.items():
+        zeros = np.zeros_like(tensors.from_proto(proto, require_finite=False))
+        getattr(out, path).CopyFrom(tensors.to_proto(zeros))
+    log.info("zeroed %s from %s", ", ".join(protos), event.sender)
+    return out
+
+
+def bit_flipper(after_bytes: int) -> Callable[[bytes, str], bytes]:
+    """A TcpRelay rewrite that flips the lowest bit of the first client-to-upstream byte at or past
+    ``after_bytes`` of each connection (each relay thread handles one direction of one connection)."""
+    counted = threading.local()  # per relay thread, so per connection
+
+    def rewrite(chunk: bytes, direction: str) -> bytes:
+        if direction != "up" or not chunk:
+            return chunk
+        start = getattr(counted, "bytes", 0)
+        counted.bytes = start + len(chunk)
+        if start + len(chunk) <= after_bytes or start > after_bytes:
+            return chunk
+        i = after_bytes - start
+        log.info("flipped one bit at byte %d of a connection", after_bytes)
+        return chunk[:i] + bytes([chunk[i] ^ 1]) + chunk[i + 1 :]
+
+    return rewrite
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m vflnet.lab.mitm", description=__doc__.splitlines()[0])
+    parser.add_argument("--listen", required=True, help="HOST:PORT to accept connections on")
+    parser.add_argument("--upstream", required=True, help="HOST:PORT of the party to forward to")
+    parser.add_argument("--mode", choices=["grpc", "tcp"], default="grpc")
+    parser.add_argument("--trace", type=Path, help="grpc mode: record every message (before tampering)")
+    parser.add_argument("--config", type=Path, help="run config: message size limits and the run id")
+    parser.add_argument(
+        "--flip-after", type=int, default=4096, help="tcp mode: byte offset of the flipped bit"
+    )
+    return parser
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handle)
+    stop.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s mitm %(levelname)s %(name)s: %(message)s")
+    if args.mode == "tcp":
+        relay = TcpRelay(args.listen, args.upstream, rewrite=bit_flipper(args.flip_after))
+        port = relay.start()
+        print(f"tampering tcp relay on port {port} -> {args.upstream}", flush=True)
+        _wait_for_signal()
+        relay.stop()
+        s = relay.stats
+        print(
+            f"relayed {s.connections} connections, {s.bytes_up} B up, {s.bytes_down} B down, "
+            f"{s.messages_seen} vflnet messages seen",
+            flush=True,
+        )
+        return 0
+    transport, run_id = TransportConfig(), ""
+    if args.config:
+        cfg = load(args.config)
+        transport, run_id = cfg.transport, cfg.run.id
+    mods: list[Mod] = []
+    writer = TraceWriter(args.trace, party="proxy", run_id=run_id) if args.trace else None
+    if writer is not None:
+        mods.append(writer)
+    mods.append(Filter(zero_embeddings, methods=["ExchangeEmbeddings"], directions=["request"]))
+    server, port = run_proxy(args.listen, args.upstream, Chain(mods), transport, name="proxy")
+    print(f"tampering grpc proxy on port {port} -> {args.upstream}", flush=True)
+    _wait_for_signal()
+    server.stop(grace=2).wait()
+    if writer is not None:
+        writer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
