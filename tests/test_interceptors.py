@@ -434,3 +434,34 @@ def test_empty_chain_leaves_the_channel_alone(plain_server: str) -> None:
     with channel:
         reply = services_pb2_grpc.ActiveStub(intercepted).ExchangeEmbeddings(embeddings(), timeout=DEADLINE)
     np.testing.assert_array_equal(values_of(reply), values_of(embeddings()))
+
+
+@pytest.mark.filterwarnings("ignore:generating an INSECURE")
+def test_event_decodes_ciphertexts_with_the_receivers_public_key() -> None:
+    from vflnet.crypto.keys import generate_keypair
+    from vflnet.crypto.wire import cipher_to_proto
+
+    public, private = generate_keypair(512, allow_insecure=True)
+    values = np.array([[0.5, -1.25], [2.0, 0.0]])
+    msg = messages_pb2.Embeddings(header=embeddings().header, cipher=cipher_to_proto(public.encrypt(values)))
+    event = WireEvent("request", "server", EXCHANGE, "active", "peer", msg)
+    decoded = event.ciphertexts(public)
+    assert list(decoded) == ["cipher"]
+    np.testing.assert_allclose(private.decrypt(decoded["cipher"]), values)
+    other, _ = generate_keypair(512, allow_insecure=True)
+    with pytest.raises(ValueError, match="key_id"):
+        event.ciphertexts(other)
+
+
+def test_a_buggy_response_mod_surfaces_its_own_exception(plain_server: str) -> None:
+    def buggy(event: WireEvent) -> None:
+        if event.direction == "response":
+            raise ZeroDivisionError("bug in a tap")
+
+    channel, stub = client_stub(plain_server, Chain([buggy]))
+    with channel:
+        with pytest.raises(ZeroDivisionError, match="bug in a tap"):
+            stub.ExchangeEmbeddings(embeddings(), timeout=DEADLINE)
+        future = stub.ExchangeEmbeddings.future(embeddings(), timeout=DEADLINE)
+        assert isinstance(future.exception(), ZeroDivisionError)
+        assert future.code() == grpc.StatusCode.UNKNOWN

@@ -63,7 +63,8 @@ def test_theorem_1_exact_recovery_when_batch_within_hidden_width(
     train, _ = data
     vfl = warmed_up(train, 20)
     views = vfl.step(train, batch(train, size, size), NONE, update=False)
-    last = last_layer_view(views.he, "2")
+    last = last_layer_view(views.he)
+    assert torch.equal(last.weight_grad, views.he.param_grads["2.weight"])  # default: the output layer
     assert AnalyticLabelRecovery.is_exact(last)
     # The solved per-sample gradients are the ones the active party really computed, not just their argmin.
     torch.testing.assert_close(

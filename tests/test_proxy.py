@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -23,6 +26,7 @@ from test_interceptors import (
 
 from vflnet.config import TransportConfig
 from vflnet.interceptors import Chain, Refused, TraceWriter, WireEvent, read_trace
+from vflnet.interceptors.trace import iter_entries
 from vflnet.roles import proxy
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tls
@@ -325,7 +329,61 @@ def test_tcp_relay_bit_flip_under_tls_fails_the_call(
             call_exchange(passive_tls_channel(pki, address))
     finally:
         relay.stop()
-    assert info.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE  # the receiver saw a bad record MAC
     assert flippers and any(f.records >= 2 for f in flippers)  # a bit really was flipped
     assert active.received == []  # nothing altered (or at all) reached the servicer
     assert relay.stats.messages_seen == 0
+
+
+def test_tcp_relay_bit_flip_on_plaintext_is_accepted(active: EchoActive, upstream: str) -> None:
+    """The contrast to the TLS case: without TLS a flipped bit silently changes what the servicer gets."""
+    target = embeddings(seed=7).values.data  # the raw float32 bytes of the embeddings
+
+    def flip_in_tensor(chunk: bytes, direction: str) -> bytes:
+        at = chunk.find(target)
+        if direction != "up" or at < 0:
+            return chunk
+        out = bytearray(chunk)
+        out[at + 3] ^= 0x40  # an exponent bit of the first float
+        return bytes(out)
+
+    relay, address = start_relay(upstream, rewrite=lambda: flip_in_tensor)
+    try:
+        reply = call_exchange(grpc.insecure_channel(address))
+    finally:
+        relay.stop()
+    sent, got = values_of(embeddings(seed=7)), values_of(active.received[0])
+    assert got[0, 0] != sent[0, 0] and np.array_equal(got.reshape(-1)[1:], sent.reshape(-1)[1:])
+    np.testing.assert_array_equal(values_of(reply), got)
+
+
+def test_proxy_command_serves_until_terminated_and_keeps_its_trace(tmp_path: Path, upstream: str) -> None:
+    trace = tmp_path / "mitm.trace"
+    cmd = [
+        sys.executable,
+        "-m",
+        "vflnet.roles.proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        upstream,
+        "--trace",
+        str(trace),
+        "--run-id",
+        "r9",
+        "--name",
+        "mitm",
+    ]
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        assert line.startswith("proxy mitm (grpc) on port "), line + process.stderr.read()  # type: ignore[union-attr]
+        port = int(line.split("on port ")[1].split()[0])
+        reply = call_exchange(grpc.insecure_channel(f"127.0.0.1:{port}"))
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    np.testing.assert_array_equal(values_of(reply), values_of(embeddings(seed=7)))
+    back = list(read_trace(trace))
+    assert [(e.party, e.direction) for e in back] == [("mitm", "request"), ("mitm", "response")]
+    assert next(iter_entries(trace)).header.run_id == "r9"

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
 ROLES = ("coordinator", "active", "passive")
+
+# Subcommands implemented by a module with its own `build_parser()` and `main(argv)`.
+_MODULE_COMMANDS = {
+    "certs": ("vflnet.wire.certs_cli", "make a CA and per-party certificates for mutual TLS"),
+    "health": ("vflnet.wire.healthcheck", "gRPC health check of a running party (exit 0 when SERVING)"),
+    "proxy": ("vflnet.roles.proxy", "man-in-the-middle proxy between parties (taps, rewrites, TCP relay)"),
+    "trace": ("vflnet.interceptors.trace_cli", "list, show and export wire traces"),
+    "attack": ("vflnet.attacks.offline", "run an attack offline over a recorded trace"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,13 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("file", type=Path)
 
     p = sub.add_parser("datasets", help="list the bundled datasets")
-
-    from vflnet.wire import certs_cli, healthcheck
-
-    sub.add_parser("certs", parents=[certs_cli.build_parser()], add_help=False,
-                   help="make a CA and per-party certificates for mutual TLS")
-    sub.add_parser("health", parents=[healthcheck.build_parser()], add_help=False,
-                   help="gRPC health check of a running party (exit 0 when SERVING)")
+    sub.add_parser("attacks", help="list the registered attacks and their parameters")
+    sub.add_parser("defenses", help="list the registered defenses and their parameters")
+    for name, (module, help_text) in _MODULE_COMMANDS.items():
+        sub.add_parser(name, parents=[importlib.import_module(module).build_parser()], add_help=False, help=help_text)
 
     p = sub.add_parser("bench", help="benchmarks that print figures side by side")
     p.add_argument("what", choices=["transport", "paillier", "he-step"])
@@ -99,11 +106,14 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load(args.file)
             print(f"{args.file}: OK ({len(cfg.parties)} parties, protocol {cfg.protocol.kind}, dataset {cfg.data.dataset})")
             return 0
-        if args.command in ("certs", "health"):
-            from vflnet.wire import certs_cli, healthcheck
-
-            module = certs_cli if args.command == "certs" else healthcheck
+        if args.command in _MODULE_COMMANDS:
+            module = importlib.import_module(_MODULE_COMMANDS[args.command][0])
             return module.main(sys.argv[2:] if argv is None else argv[1:])
+        if args.command in ("attacks", "defenses"):
+            from vflnet.plugins import ATTACKS, DEFENSES, describe
+
+            print(describe(ATTACKS if args.command == "attacks" else DEFENSES))
+            return 0
         if args.command == "datasets":
             from vflnet.data.datasets import available
 

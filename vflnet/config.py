@@ -143,6 +143,19 @@ class RuntimeConfig:
 
 
 @dataclass
+class PluginConfig:
+    name: str = ""
+    party: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TraceConfig:
+    parties: list[str] = field(default_factory=list)  # record the wire of these parties ("all" = every one)
+    max_mb: float = 1024.0  # per trace file; recording stops (and says so) at the cap
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
@@ -152,6 +165,10 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    attacks: list[PluginConfig] = field(default_factory=list)
+    defenses: list[PluginConfig] = field(default_factory=list)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    plugins: list[str] = field(default_factory=list)  # extra modules that register attacks/defenses
     source: str = field(default="", metadata={"internal": True})
 
     # --------------------------------------------------------------------------- convenience
@@ -363,6 +380,38 @@ def validate(cfg: Config) -> None:
             if not getattr(tls, k):
                 raise ConfigError(src, f"transport.tls.{k}", "required when transport.tls.enabled is true")
     _positive(cfg.runtime.torch_threads, "runtime.torch_threads", src)
+    _validate_plugins(cfg)
+
+
+def _validate_plugins(cfg: Config) -> None:
+    from vflnet.plugins import ATTACKS, DEFENSES, load_plugin_modules, validate_params
+
+    src = cfg.source
+    try:
+        load_plugin_modules(cfg.plugins)
+    except ImportError as exc:
+        raise ConfigError(src, "plugins", f"cannot import: {exc}") from exc
+    roles = {p.name: p.role for p in cfg.parties}
+    for section, registry in (("attacks", ATTACKS), ("defenses", DEFENSES)):
+        for i, entry in enumerate(getattr(cfg, section)):
+            key = f"{section}[{i}]"
+            try:
+                cls = registry.get(entry.name)
+            except KeyError as exc:
+                raise ConfigError(src, f"{key}.name", str(exc).strip('"')) from exc
+            if entry.party not in roles:
+                raise ConfigError(src, f"{key}.party", f"no party {entry.party!r} in the roster")
+            if roles[entry.party] not in cls.roles:
+                raise ConfigError(src, f"{key}.party", f"{entry.name!r} sits at {sorted(cls.roles)}, "
+                                  f"but {entry.party!r} is a {roles[entry.party]} party")
+            try:
+                validate_params(registry.kind, entry.name, cls.params, entry.params)
+            except ValueError as exc:
+                raise ConfigError(src, f"{key}.params", str(exc)) from exc
+    for name in cfg.trace.parties:
+        if name != "all" and name not in roles:
+            raise ConfigError(src, "trace.parties", f"no party {name!r} in the roster")
+    _positive(cfg.trace.max_mb, "trace.max_mb", src)
 
 
 def from_dict(data: Any, source: str = "") -> Config:

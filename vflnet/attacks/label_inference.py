@@ -112,9 +112,15 @@ class ModelCompletionView:
             raise ValueError(f"num_classes must be >= 2, got {self.num_classes}")
 
 
-def last_layer_view(view: BatchGradientView, layer: str) -> LastLayerGradientView:
+def last_layer_view(view: BatchGradientView, layer: str | None = None) -> LastLayerGradientView:
     """Extract Theorem 1's inputs from an HE-protocol view: the attacker reruns its own model on its own
-    batch to get the inputs of its linear layer `layer` (a module name) and reads that layer's gradients."""
+    batch to get the inputs of its linear layer `layer` (a module name; default: the last nn.Linear the model
+    registers, which is the output layer of a Sequential MLP) and reads that layer's gradients."""
+    if layer is None:
+        linears = [name for name, m in view.model.named_modules() if isinstance(m, nn.Linear)]
+        if not linears:
+            raise ValueError("layer: the attacker's model has no nn.Linear")
+        layer = linears[-1]
     module = dict(view.model.named_modules()).get(layer)
     if not isinstance(module, nn.Linear):
         raise ValueError(f"layer {layer!r} is not an nn.Linear of the attacker's model")

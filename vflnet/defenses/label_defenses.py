@@ -240,6 +240,10 @@ class ConfusionalAutoEncoder(nn.Module):
     Both are fc((6C+2)^2) - relu - fc(C) - softmax. Loss L = CE(y, y_hat) - lambda_1 CE(y, y_tilde)
     - lambda_2 Entropy(y_tilde). The paper gives no lambda_1; the default 0.1 is the ratio of the
     reference code's weights (10 on reconstruction, 1 on the contrastive term).
+
+    Known limit (measured on digits): the contrastive term drives the true class's fake mass to the floor, so
+    with lambda_2 > 0 the true class is the one entry of dL/dH that stays positive early in training; an
+    attacker who knows CAE is deployed and takes argmax instead of Lemma 1's argmin recovers most labels.
     """
 
     def __init__(

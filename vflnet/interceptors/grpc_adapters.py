@@ -132,7 +132,7 @@ class _InterceptedCall(grpc.Call, grpc.Future):
         self._lock = threading.Lock()
         self._settled = False
         self._response: Message | None = None
-        self._error: RefusedCall | None = None
+        self._error: BaseException | None = None  # a RefusedCall, or a mod's own bug (re-raised as is)
         inner.add_done_callback(lambda _: self._settle())  # runs at once if the call is already done
 
     def _settle(self) -> None:
@@ -146,6 +146,8 @@ class _InterceptedCall(grpc.Call, grpc.Future):
                 self._response = self._on_response(self._inner.result())
             except Refused as exc:
                 self._error = RefusedCall(exc.code, exc.reason)
+            except Exception as exc:  # kept for result(): a done-callback must not raise
+                self._error = exc
 
     # grpc.Future
     def result(self, timeout: float | None = None) -> Any:
@@ -188,8 +190,10 @@ class _InterceptedCall(grpc.Call, grpc.Future):
         code = self._inner.code()
         if code == grpc.StatusCode.OK:
             self._settle()
-            if self._error is not None:
+            if isinstance(self._error, RefusedCall):
                 return self._error.code()
+            if self._error is not None:
+                return grpc.StatusCode.UNKNOWN
         return code
 
     def details(self) -> str | None:
@@ -197,7 +201,7 @@ class _InterceptedCall(grpc.Call, grpc.Future):
         if self._inner.code() == grpc.StatusCode.OK:
             self._settle()
             if self._error is not None:
-                return self._error.details()
+                return self._error.details() if isinstance(self._error, RefusedCall) else repr(self._error)
         return details
 
     def initial_metadata(self) -> Any:

@@ -28,7 +28,7 @@ from vflnet.config import TransportConfig, load
 from vflnet.interceptors.chain import Chain, Filter, Mod
 from vflnet.interceptors.events import WireEvent
 from vflnet.interceptors.trace import TraceWriter
-from vflnet.roles.proxy import TcpRelay, run_proxy
+from vflnet.roles.proxy import ByteMod, TcpRelay, run_proxy
 from vflnet.wire import tensors
 
 log = logging.getLogger("vflnet.lab.mitm")
@@ -49,23 +49,27 @@ def zero_embeddings(event: WireEvent) -> Message | None:
     return out
 
 
-def bit_flipper(after_bytes: int) -> Callable[[bytes, str], bytes]:
-    """A TcpRelay rewrite that flips the lowest bit of the first client-to-upstream byte at or past
-    ``after_bytes`` of each connection (each relay thread handles one direction of one connection)."""
-    counted = threading.local()  # per relay thread, so per connection
+def bit_flipper(after_bytes: int) -> Callable[[], ByteMod]:
+    """A TcpRelay rewrite factory: each connection's rewrite flips the lowest bit of the first
+    client-to-upstream byte at or past ``after_bytes``."""
 
-    def rewrite(chunk: bytes, direction: str) -> bytes:
-        if direction != "up" or not chunk:
-            return chunk
-        start = getattr(counted, "bytes", 0)
-        counted.bytes = start + len(chunk)
-        if start + len(chunk) <= after_bytes or start > after_bytes:
-            return chunk
-        i = after_bytes - start
-        log.info("flipped one bit at byte %d of a connection", after_bytes)
-        return chunk[:i] + bytes([chunk[i] ^ 1]) + chunk[i + 1 :]
+    def for_connection() -> ByteMod:
+        passed = 0
 
-    return rewrite
+        def rewrite(chunk: bytes, direction: str) -> bytes:
+            nonlocal passed
+            if direction != "up":
+                return chunk
+            start, passed = passed, passed + len(chunk)
+            if not start <= after_bytes < passed:
+                return chunk
+            i = after_bytes - start
+            log.info("flipped one bit at byte %d of a connection", after_bytes)
+            return chunk[:i] + bytes([chunk[i] ^ 1]) + chunk[i + 1 :]
+
+        return rewrite
+
+    return for_connection
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -27,7 +27,7 @@ from vflnet.runner.report import print_summary
 from vflnet.wire import tls as tls_files
 
 PR_SET_PDEATHSIG = 1
-START_TIMEOUT_S = 60.0  # coordinator / proxy must be listening by then
+START_TIMEOUT_S = 60.0  # the proxy must be listening by then
 EXIT_GRACE_S = 30.0  # parties exit on their own after the coordinator's Shutdown
 PROXY_MAIN = "import sys; from vflnet.roles.proxy import main; sys.exit(main(sys.argv[1:]))"
 
@@ -117,7 +117,7 @@ class LabRun:
         )
         return proc
 
-    def _wait_until(self, proc: Proc, ready: Any, what: str) -> None:
+    def _wait_until(self, proc: Proc, ready: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not ready():
             if proc.popen.poll() is not None:
@@ -148,10 +148,10 @@ class LabRun:
             proc = self._spawn(proxy, args + list(proxy_args))
             self._wait_until(proc, lambda: _listening(proxy.ns, proxy.port), "the proxy was not listening")
         coord = next(h for h in lab.hosts if h.role == "coordinator")
-        proc = self._spawn(
+        # All at once, as on separate machines: a party's Join waits for the coordinator to listen.
+        self._spawn(
             coord, party + ["--role", "coordinator", "--name", coord.name, "--listen", coord.endpoint]
         )
-        self._wait_until(proc, (self.run_dir / "coordinator.addr").exists, "the coordinator did not start")
         for h in lab.hosts:
             if h.role in ("active", "passive"):
                 self._spawn(

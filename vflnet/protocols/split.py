@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from vflnet.config import LRScheduleConfig, OptimizerConfig
+from vflnet.defenses.label_defenses import LabelDefense, soft_cross_entropy
 from vflnet.models.optim import build_optimizer, build_schedule
 from vflnet.models.zoo import TopModel, aggregate
 
@@ -104,9 +105,21 @@ class StepResult:
     logits: np.ndarray
 
 
+def label_loss(logits: torch.Tensor, target: torch.Tensor, defense: LabelDefense | None) -> torch.Tensor:
+    """Cross-entropy, against the defense's training targets when it has its own (CAE's soft labels)."""
+    if defense is None:
+        return F.cross_entropy(logits, target)
+    return soft_cross_entropy(logits, defense.train_targets(target))
+
+
+def predict(logits: torch.Tensor, defense: LabelDefense | None) -> torch.Tensor:
+    return logits.argmax(dim=1) if defense is None else defense.predict(logits)
+
+
 class ActiveSplit:
-    def __init__(self, local: LocalModel, aggregation: str) -> None:
+    def __init__(self, local: LocalModel, aggregation: str, defense: LabelDefense | None = None) -> None:
         self.local = local
+        self.defense = defense
         self.bottom: nn.Module | None = local.modules.get("bottom")
         self.top: TopModel = local.modules["top"]  # type: ignore[assignment]
         self.aggregation = aggregation
@@ -121,12 +134,19 @@ class ActiveSplit:
                 parts.insert(0, self.bottom(torch.from_numpy(x_own)))
             logits = self.top(aggregate(parts, self.aggregation))
             target = torch.from_numpy(y)
-            loss = F.cross_entropy(logits, target)
+            loss = label_loss(logits, target, self.defense)
             if train:
                 loss.backward()
-                grads = [t.grad.numpy() if t.grad is not None else np.zeros_like(e) for t, e in zip(inputs, received, strict=True)]
+                grads = [self._outgoing(t.grad, target) for t in inputs]
                 self.local.apply_update()
             else:
                 grads = []
-        correct = int((logits.argmax(dim=1) == target).sum())
+        correct = int((predict(logits.detach(), self.defense) == target).sum())
         return StepResult(grads, float(loss.detach()) * len(y), correct, len(y), logits.detach().numpy())
+
+    def _outgoing(self, grad: torch.Tensor | None, target: torch.Tensor) -> np.ndarray:
+        """The gradient as it leaves this party: after the defense's transform, if any."""
+        assert grad is not None
+        if self.defense is not None:
+            grad = self.defense.transform(grad, target).to(torch.float32)
+        return grad.numpy()

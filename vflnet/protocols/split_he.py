@@ -17,17 +17,17 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 from vflnet.crypto import CipherArray, PublicKey, concatenate
 from vflnet.crypto.masking import mask, unmask
+from vflnet.defenses.label_defenses import LabelDefense
 from vflnet.protocols.he_backprop import (
     ForwardCache,
     check_supported,
     encrypted_param_grads,
     forward_with_cache,
 )
-from vflnet.protocols.split import LocalModel, StepResult
+from vflnet.protocols.split import LocalModel, StepResult, label_loss, predict
 
 # (purpose, masked ciphertexts) -> the exact masked integers the coordinator decrypted
 Decryptor = Callable[[str, CipherArray], np.ndarray]
@@ -66,8 +66,10 @@ class PassiveHE:
 
 
 class ActiveHE:
-    def __init__(self, local: LocalModel, public_key: PublicKey, frac_bits: int, decrypt: Decryptor, workers: int = 1) -> None:
+    def __init__(self, local: LocalModel, public_key: PublicKey, frac_bits: int, decrypt: Decryptor, workers: int = 1,
+                 defense: LabelDefense | None = None) -> None:
         self.local = local
+        self.defense = defense
         self.bottom = local.modules.get("bottom")
         self.top = local.modules["top"]
         self.public_key, self.frac_bits, self.decrypt, self.workers = public_key, frac_bits, decrypt, workers
@@ -84,12 +86,13 @@ class ActiveHE:
             aggregate = h + self.bottom(torch.from_numpy(x_own)) if self.bottom is not None else h
             logits = self.top(aggregate)
             target = torch.from_numpy(y)
-            loss = F.cross_entropy(logits, target)
+            loss = label_loss(logits, target, self.defense)
             encrypted_grad = None
             if train:
                 loss.backward()
                 assert h.grad is not None
-                encrypted_grad = self.public_key.encrypt(h.grad.double().numpy(), self.frac_bits, workers=self.workers)
+                g = h.grad if self.defense is None else self.defense.transform(h.grad, target)  # defend, then encrypt
+                encrypted_grad = self.public_key.encrypt(g.double().numpy(), self.frac_bits, workers=self.workers)
                 self.local.apply_update()
-        correct = int((logits.argmax(dim=1) == target).sum())
+        correct = int((predict(logits.detach(), self.defense) == target).sum())
         return encrypted_grad, StepResult([], float(loss.detach()) * len(y), correct, len(y), logits.detach().numpy())

@@ -16,6 +16,9 @@ import numpy as np
 
 from vflnet.config import Config
 from vflnet.crypto.wire import cipher_to_proto
+from vflnet.data.partition import party_seed
+from vflnet.defenses.label_defenses import LabelDefense
+from vflnet.plugins import DEFENSES
 from vflnet.protocols.split import ActiveSplit, StepResult
 from vflnet.protocols.split_he import ActiveHE
 from vflnet.roles.common import check_run, check_sender, header, wait_for
@@ -54,11 +57,23 @@ class ActiveParty(PartyBase):
     def build_protocol(self) -> None:
         assert self.local is not None
         he = self.cfg.protocol.he
+        defense = self._defense()
         if self.cfg.protocol.kind == "split-he":
             assert self.public_key is not None
-            self.protocol: ActiveSplit | ActiveHE = ActiveHE(self.local, self.public_key, he.frac_bits, self.decrypt, he.workers)
+            self.protocol: ActiveSplit | ActiveHE = ActiveHE(self.local, self.public_key, he.frac_bits, self.decrypt, he.workers, defense)
         else:
-            self.protocol = ActiveSplit(self.local, self.cfg.protocol.aggregation)
+            self.protocol = ActiveSplit(self.local, self.cfg.protocol.aggregation, defense)
+
+    def _defense(self) -> LabelDefense | None:
+        entries = [d for d in self.cfg.defenses if d.party == self.name]
+        if not entries:
+            return None
+        if len(entries) > 1:
+            raise ValueError(f"{self.name}: one label defense at a time, got {[d.name for d in entries]}")
+        entry = entries[0]
+        built = DEFENSES.get(entry.name)(**entry.params).build(self.data.n_classes, party_seed(self.cfg, self.me))
+        log.info("%s defends with %s (%s)", self.name, entry.name, entry.params)
+        return built
 
     def add_services(self, server: grpc.Server) -> None:
         services_pb2_grpc.add_ActiveServicer_to_server(ActiveServicer(self), server)

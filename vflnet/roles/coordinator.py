@@ -20,6 +20,8 @@ from vflnet.crypto import PublicKey, generate_keypair, save_public_key
 from vflnet.crypto.masking import ints_to_bytes
 from vflnet.crypto.wire import cipher_from_proto
 from vflnet.data.alignment import epoch_batches, eval_batches, intersect, split_train_test
+from vflnet.interceptors.grpc_adapters import ServerChainInterceptor, intercept_channel
+from vflnet.interceptors.setup import party_interception
 from vflnet.roles.common import check_run, check_sender, header, wait_for
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.channels import bind, make_server, open_channel
@@ -260,7 +262,9 @@ def main(cfg: Config, run_dir: Path, listen: str) -> int:
                  decryption.public_key.key_id, time.perf_counter() - start)
         save_public_key(run_dir / "public_key.json", decryption.public_key)
     admission = Admission(cfg, decryption.public_key if decryption else None)
-    server = make_server(cfg.transport, "coordinator")
+    name = cfg.coordinator.name
+    interception = party_interception(cfg, name, run_dir)
+    server = make_server(cfg.transport, name, [ServerChainInterceptor(interception.chain, name)] if len(interception.chain) else [])
     services_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(admission, cfg.transport.join_timeout_s, decryption), server)
     port = bind(server, listen, cfg.transport, "coordinator")
     server.start()
@@ -278,7 +282,8 @@ def main(cfg: Config, run_dir: Path, listen: str) -> int:
             raise RunFailed(f"parties never joined within {cfg.transport.join_timeout_s:.0f} s: {', '.join(missing)}")
         assert admission.reply is not None
         for info in admission.reply.roster:
-            stubs[info.name] = services_pb2_grpc.PartyStub(open_channel(info.address, cfg.transport, "coordinator"))
+            channel = intercept_channel(open_channel(info.address, cfg.transport, name), interception.chain, name, info.address)
+            stubs[info.name] = services_pb2_grpc.PartyStub(channel)
         schedule = Schedule(cfg, stubs, metrics, admission.reply)
         write_atomic(run_dir / "plan.json", json.dumps(schedule.plan()))
         result = schedule.run()
@@ -294,6 +299,7 @@ def main(cfg: Config, run_dir: Path, listen: str) -> int:
         return 1
     finally:
         summary["wall_time_s"] = time.perf_counter() - start
+        interception.finish(run_dir)
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         metrics.close()
         server.stop(grace=2).wait()

@@ -19,6 +19,8 @@ from vflnet.crypto.masking import ints_from_bytes
 from vflnet.crypto.wire import cipher_to_proto
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import PartyData, normalize, party_view
+from vflnet.interceptors.grpc_adapters import intercept_channel
+from vflnet.interceptors.setup import party_interception
 from vflnet.models.zoo import build_party_modules
 from vflnet.protocols.split import LocalModel
 from vflnet.roles.common import Liveness, check_run, header, wait_for
@@ -49,10 +51,11 @@ class PartyBase(ABC):
         self.current: messages_pb2.Header = messages_pb2.Header()
         self.coordinator: services_pb2_grpc.CoordinatorStub | None = None
         self.public_key: PublicKey | None = None
+        self.interception = party_interception(cfg, name, run_dir)
 
     # ------------------------------------------------------------------------------- setup
     def join(self, coordinator: str, advertise: str) -> messages_pb2.JoinReply:
-        stub = services_pb2_grpc.CoordinatorStub(open_channel(coordinator, self.cfg.transport, self.name))
+        stub = services_pb2_grpc.CoordinatorStub(self.channel(coordinator))
         self.coordinator = stub
         req = messages_pb2.JoinRequest(
             run_id=self.cfg.run.id, name=self.name, role=self.me.role, address=advertise, sample_ids=self.data.ids
@@ -69,11 +72,16 @@ class PartyBase(ABC):
         self.join_reply = reply
         if reply.public_key:
             self.public_key = PublicKey.from_json(json.loads(reply.public_key))
+            self.interception.knowledge["public_key"] = self.public_key  # public: any attack may use it
         self._prepare(np.asarray(reply.train_ids, dtype=np.int64))
         self.liveness.touch()
         self.ready.set()
         log.info("%s joined run %s: %d train / %d test samples", self.name, reply.run_id, len(reply.train_ids), len(reply.test_ids))
         return reply
+
+    def channel(self, address: str) -> grpc.Channel:
+        """A client channel to a peer, with this party's interceptor chain on it."""
+        return intercept_channel(open_channel(address, self.cfg.transport, self.name), self.interception.chain, self.name, address)
 
     def _prepare(self, train_ids: np.ndarray) -> None:
         if self.data.x is not None:
@@ -147,6 +155,8 @@ class PartyBase(ABC):
         log.info("%s: shutdown requested (%s)", self.name, req.reason)
         with self.step_lock:  # never save a half-applied update
             path = self.save_checkpoint() if req.save_checkpoint else ""
+            for written in self.interception.finish(self.run_dir):
+                log.info("%s: attack output %s", self.name, written)
         self.liveness.shutdown.set()
         return messages_pb2.ShutdownReply(checkpoint=path)
 

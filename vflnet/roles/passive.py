@@ -18,7 +18,6 @@ from vflnet.roles.party import PartyBase
 from vflnet.roles.serve import serve_party
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tensors
-from vflnet.wire.channels import open_channel
 from vflnet.wire.ciphers import cipher_from_proto_checked
 from vflnet.wire.errors import RpcFailure, describe_rpc_error
 
@@ -35,7 +34,7 @@ class PassiveParty(PartyBase):
         else:
             self.protocol = PassiveSplit(self.local)
         active = next(p for p in self.join_reply.roster if p.role == "active")
-        self.active = services_pb2_grpc.ActiveStub(open_channel(active.address, self.cfg.transport, self.name))
+        self.active = services_pb2_grpc.ActiveStub(self.channel(active.address))
 
     def run_step(self, cmd: messages_pb2.StepCommand) -> messages_pb2.StepReport:
         with self.step_lock:

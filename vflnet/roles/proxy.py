@@ -330,7 +330,7 @@ class TcpRelay:
         """Stop accepting and close every relayed connection."""
         self._stopping.set()
         if self._listener is not None:
-            self._listener.close()
+            _close(self._listener)  # shutdown() wakes the blocked accept(); close() alone does not
         with self._lock:
             sockets = list(self._sockets)
         for s in sockets:
@@ -435,6 +435,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config", type=Path, help="run config: its transport settings (message size limits...)"
     )
+    parser.add_argument(
+        "--allow-plaintext-remote",
+        action="store_true",
+        help="allow a non-loopback --listen/--upstream (the proxy only ever speaks plaintext)",
+    )
     parser.add_argument("--max-connections", type=int, default=32, help="tcp mode: concurrent connections")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
@@ -468,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
 
         cfg = load(args.config)
         transport, run_id = cfg.transport, run_id or cfg.run.id
+    if args.allow_plaintext_remote:
+        transport = dataclasses.replace(transport, allow_plaintext_remote=True)
     if args.mode == "tcp":
         relay = TcpRelay(args.listen, args.upstream, max_connections=args.max_connections)
         port = relay.start()

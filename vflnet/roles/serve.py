@@ -6,6 +6,7 @@ import logging
 
 import grpc
 
+from vflnet.interceptors.grpc_adapters import ServerChainInterceptor
 from vflnet.roles.party import PartyBase
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.channels import bind, make_server
@@ -30,7 +31,8 @@ class PartyServicer(services_pb2_grpc.PartyServicer):
 def serve_party(party: PartyBase, listen: str, coordinator: str, advertise: str) -> int:
     """Serve, join the run, and stay up until the coordinator says shutdown (or goes silent)."""
     cfg = party.cfg
-    server = make_server(cfg.transport, party.name)
+    chain = party.interception.chain
+    server = make_server(cfg.transport, party.name, [ServerChainInterceptor(chain, party.name)] if len(chain) else [])
     services_pb2_grpc.add_PartyServicer_to_server(PartyServicer(party), server)
     party.add_services(server)
     port = bind(server, listen, cfg.transport, party.name)

@@ -21,6 +21,7 @@ from typing import IO, Any
 
 from vflnet.config import Config, dump, load
 from vflnet.runner.report import print_summary
+from vflnet.runner.scoring import score_run
 
 PR_SET_PDEATHSIG = 1
 
@@ -200,6 +201,7 @@ def run_local(config_path: str | Path, *, run_dir: Path | None = None, progress:
     try:
         cluster.start()
         cluster.wait(progress)
+        score_run(cfg, run_dir)
         print_summary(run_dir)
         return 0
     except ClusterFailure as exc:

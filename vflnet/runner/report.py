@@ -45,6 +45,14 @@ def summary_rows(run_dir: Path) -> list[tuple[str, str]]:
         for key, total in sorted(summary.get("bytes_sent", {}).items()):
             payload = summary.get("payload_bytes", {}).get(key, 0)
             rows.append((f"bytes/step {key}", f"{_fmt_bytes(total / n)} (tensor payload {_fmt_bytes(payload / n)})"))
+    scores_path = run_dir / "attacks" / "scores.json"
+    if scores_path.exists():
+        for attack, metrics in json.loads(scores_path.read_text()).items():
+            text = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+            rows.append((f"attack {attack}", text or f"output in attacks/{attack}.npz (no ground-truth score)"))
+    if summary.get("decryptions"):
+        total = sum(summary["decryptions"]["values"].values())
+        rows.append(("coordinator decrypted", f"{total} masked values in {sum(summary['decryptions']['requests'].values())} requests"))
     rows.append(("wall time", f"{summary.get('wall_time_s', 0):.1f} s"))
     rows.append(("run directory", str(run_dir)))
     return rows

@@ -1,0 +1,103 @@
+"""The attack plug-in API.
+
+An attack sits on one party's wire. It declares the roles it may sit at, the messages it taps or
+rewrites (method, direction, side), what its threat model lets it know beyond the wire, and its
+parameters. Online, its host party runs it as a mod in its interceptor chain; offline, `run`
+feeds it the events of a recorded trace, and both give the same output on the same traffic.
+
+An attack never receives ground truth: it returns its output (inferred labels, recovered
+features, ...), and the runner scores that output against the truth afterwards with the attack's
+`score`, in the launcher process, after the parties have exited.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from google.protobuf.message import Message
+
+from vflnet.interceptors.events import WireEvent
+from vflnet.plugins import Param, validate_params
+
+
+@dataclass(frozen=True)
+class Tap:
+    """Which messages an attack sees: short method name, direction, and the side of the host's channel."""
+
+    method: str
+    direction: str  # "request" | "response"
+    side: str  # "client" | "server"
+
+    def matches(self, event: WireEvent) -> bool:
+        return event.short_method == self.method and event.direction == self.direction and event.side == self.side
+
+
+@dataclass(frozen=True)
+class AttackContext:
+    """Everything an attack is given besides the wire: who hosts it, and knowledge its threat model
+    grants, delivered explicitly and recorded in the run (never a handle to another party)."""
+
+    party: str
+    role: str
+    run_id: str
+    knowledge: dict[str, Any] = field(default_factory=dict)
+
+
+class Attack(ABC):
+    name: ClassVar[str]
+    description: ClassVar[str]
+    roles: ClassVar[frozenset[str]]
+    taps: ClassVar[tuple[Tap, ...]]
+    rewrites: ClassVar[tuple[Tap, ...]] = ()
+    knowledge: ClassVar[tuple[str, ...]] = ()  # names of what the threat model delivers
+    params: ClassVar[dict[str, Param]] = {}
+
+    def __init__(self, context: AttackContext, **params: Any) -> None:
+        if context.role not in self.roles:
+            raise ValueError(f"attack {self.name!r} sits at {sorted(self.roles)}, not at a {context.role} party")
+        self.context = context
+        self.p = validate_params("attack", self.name, self.params, params)
+
+    # ----------------------------------------------------------------- hooks
+    def sees(self, event: WireEvent) -> bool:
+        return any(t.matches(event) for t in self.taps + self.rewrites)
+
+    def __call__(self, event: WireEvent) -> Message | None:
+        """The mod: observe what it taps; return a changed message where it rewrites."""
+        if not self.sees(event):
+            return None
+        changed = self.rewrite(event) if any(t.matches(event) for t in self.rewrites) else None
+        if any(t.matches(event) for t in self.taps):
+            self.observe(event)
+        return changed
+
+    @abstractmethod
+    def observe(self, event: WireEvent) -> None:
+        """Online hook: one tapped message."""
+
+    def rewrite(self, event: WireEvent) -> Message | None:
+        """Return the message to send instead (rewriting attacks), or None."""
+        return None
+
+    @abstractmethod
+    def output(self) -> dict[str, np.ndarray]:
+        """What the attack produced, as named arrays (saved in the run directory)."""
+
+    # --------------------------------------------------------------- offline
+    def run(self, events: Iterable[WireEvent]) -> dict[str, np.ndarray]:
+        for event in events:
+            if any(t.matches(event) for t in self.taps):
+                self.observe(event)
+        return self.output()
+
+    # --------------------------------------------------------------- scoring
+    @classmethod
+    def score(cls, output: dict[str, np.ndarray], truth: Any) -> dict[str, float]:
+        """Metrics of an output against ground truth; called by the runner, never by the attack."""
+        return {}
+
+    truth_needed: ClassVar[str] = ""  # "labels" | "features" | "": what the runner loads for `score`

@@ -1,0 +1,130 @@
+"""The active party's label defenses of paper 004 (and its baselines), registered by name.
+
+Each builds a `vflnet.defenses.label_defenses.LabelDefense`, which the active party uses three
+ways: the training targets (CAE's soft fake labels), a transform of the per-sample gradients it
+sends (noise, sparsification, discretisation, MARVELL), and the prediction rule (CAE's decoder)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vflnet.defenses import label_defenses as ld
+from vflnet.defenses.base import Defense
+from vflnet.plugins import DEFENSES, Param
+
+_ACTIVE = frozenset({"active"})
+
+
+def _p(default: Any, help_: str, lo: float, hi: float | None = None, integer: bool = False) -> Param:
+    def check(v: Any) -> bool:
+        ok_type = isinstance(v, int) if integer else isinstance(v, int | float)
+        return ok_type and not isinstance(v, bool) and v >= lo and (hi is None or v < hi)
+
+    kind = "an integer" if integer else "a number"
+    bounds = f">= {lo}" + (f" and < {hi}" if hi is not None else "")
+    return Param(default, help_, check, f"{kind} {bounds}")
+
+
+@DEFENSES.register
+class GaussianGradientNoise(Defense):
+    name = "dp-gaussian"
+    description = "clip each per-sample gradient to clip_norm, add N(0, scale^2) noise (DP-G)"
+    roles = _ACTIVE
+    params = {"scale": _p(0.01, "noise standard deviation", 0.0), "clip_norm": _p(0.2, "per-sample L2 clip", 1e-12)}
+
+    def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
+        return ld.GaussianNoise(num_classes, self.p["scale"], self.p["clip_norm"], seed)
+
+
+@DEFENSES.register
+class LaplaceGradientNoise(Defense):
+    name = "dp-laplace"
+    description = "clip each per-sample gradient to clip_norm, add Laplace(0, scale) noise (DP-L)"
+    roles = _ACTIVE
+    params = {"scale": _p(0.01, "noise scale", 0.0), "clip_norm": _p(0.2, "per-sample L2 clip", 1e-12)}
+
+    def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
+        return ld.LaplaceNoise(num_classes, self.p["scale"], self.p["clip_norm"], seed)
+
+
+@DEFENSES.register
+class Sparsification(Defense):
+    name = "gradient-sparsification"
+    description = "zero the smallest drop_rate% of the batch's gradient entries (GS)"
+    roles = _ACTIVE
+    params = {"drop_rate": _p(99.0, "percentage of entries zeroed", 0.0, 100.0)}
+
+    def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
+        return ld.GradientSparsification(num_classes, self.p["drop_rate"])
+
+
+@DEFENSES.register
+class DiscreteGradients(Defense):
+    name = "discrete-sgd"
+    description = "quantise each gradient entry to one of `bins` levels (DiscreteSGD, DG)"
+    roles = _ACTIVE
+    params = {"bins": _p(12, "number of levels", 1, integer=True)}
+
+    def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
+        return ld.DiscreteSGD(num_classes, self.p["bins"])
+
+
+@DEFENSES.register
+class Rounding(Defense):
+    name = "rounding"
+    description = "round gradient entries to `decimals` decimal places (baseline)"
+    roles = _ACTIVE
+    params = {"decimals": _p(2, "decimal places kept", 0, integer=True)}
+
+    def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
+        return ld.GradientRounding(num_classes, self.p["decimals"])
+
+
+@DEFENSES.register
+class MarvellDefense(Defense):
+    name = "marvell"
+    description = "MARVELL optimised noise for binary tasks (power budget as a ratio of the gradient power)"
+    roles = _ACTIVE
+    params = {"power_ratio": _p(1.0, "noise power budget / gradient power", 1e-12)}
+
+    def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
+        if num_classes != 2:
+            raise ValueError(f"marvell is defined for binary tasks, this dataset has {num_classes} classes")
+        return ld.Marvell(self.p["power_ratio"], seed=seed)
+
+
+def _autoencoder(num_classes: int, seed: int, params: dict[str, Any]) -> ld.ConfusionalAutoEncoder:
+    import torch
+
+    torch.manual_seed(seed)
+    cae = ld.ConfusionalAutoEncoder(num_classes, lambda_2=params["lambda_2"])
+    cae.fit(steps=params["ae_steps"])
+    return cae
+
+
+_CAE_PARAMS = {
+    "lambda_2": _p(1.0, "weight of the entropy term (confusion)", 0.0),
+    "ae_steps": _p(1000, "autoencoder training steps before the run (Algorithm 4)", 1, integer=True),
+}
+
+
+@DEFENSES.register
+class CAE(Defense):
+    name = "cae"
+    description = "confusional autoencoder: train on soft fake labels, decode predictions (paper 004 Alg. 4-5)"
+    roles = _ACTIVE
+    params = dict(_CAE_PARAMS)
+
+    def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
+        return ld.CAEDefense(_autoencoder(num_classes, seed, self.p))
+
+
+@DEFENSES.register
+class DCAE(Defense):
+    name = "dcae"
+    description = "CAE + DiscreteSGD on the sent gradients (paper 004)"
+    roles = _ACTIVE
+    params = {**_CAE_PARAMS, "bins": _p(12, "DiscreteSGD levels", 1, integer=True)}
+
+    def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
+        return ld.DCAEDefense(_autoencoder(num_classes, seed, self.p), self.p["bins"])

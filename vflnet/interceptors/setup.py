@@ -1,0 +1,73 @@
+"""A party's interceptor chain, from config: its trace tap first, then its attacks in config order.
+
+The same chain sits on the party's gRPC server and on every client channel it opens, so a mod
+sees everything that crosses this party's wire, in both directions, and nothing else."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vflnet.attacks.base import Attack, AttackContext
+from vflnet.config import Config, PluginConfig
+from vflnet.interceptors.chain import Chain
+from vflnet.interceptors.trace import TraceWriter, trace_path
+from vflnet.plugins import ATTACKS, load_plugin_modules
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PartyInterception:
+    party: str
+    chain: Chain
+    attacks: list[tuple[PluginConfig, Attack]] = field(default_factory=list)
+    trace: TraceWriter | None = None
+    knowledge: dict[str, Any] = field(default_factory=dict)  # filled by the protocol, e.g. the public key
+
+    def finish(self, run_dir: Path) -> list[Path]:
+        """Write every attack's output (and close the trace): called when the party shuts down."""
+        written = []
+        for entry, attack in self.attacks:
+            written.append(save_attack_output(run_dir, entry, attack.output(), sorted(self.knowledge)))
+        if self.trace is not None:
+            self.trace.close()
+        return written
+
+
+def attack_output_path(run_dir: Path, entry: PluginConfig) -> Path:
+    return run_dir / "attacks" / f"{entry.name}@{entry.party}.npz"
+
+
+def save_attack_output(run_dir: Path, entry: PluginConfig, output: dict[str, np.ndarray], knowledge: list[str]) -> Path:
+    path = attack_output_path(run_dir, entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **output)
+    meta = {"name": entry.name, "party": entry.party, "params": entry.params, "knowledge_delivered": knowledge,
+            "arrays": {k: list(np.shape(v)) for k, v in output.items()}}
+    path.with_suffix(".json").write_text(json.dumps(meta, indent=2))
+    return path
+
+
+def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyInterception:
+    load_plugin_modules(cfg.plugins)
+    role = cfg.party(name).role
+    knowledge: dict[str, Any] = {}
+    mods: list[Any] = []
+    trace = None
+    if name in cfg.trace.parties or "all" in cfg.trace.parties:
+        trace = TraceWriter(trace_path(run_dir, name), name, cfg.run.id, max_bytes=int(cfg.trace.max_mb * 1024 * 1024))
+        mods.append(trace)
+    attacks = []
+    for entry in cfg.attacks:
+        if entry.party == name:
+            attack = ATTACKS.get(entry.name)(AttackContext(name, role, cfg.run.id, knowledge), **entry.params)
+            attacks.append((entry, attack))
+            mods.append(attack)
+            log.info("%s hosts attack %s (%s)", name, entry.name, ", ".join(f"{k}={v}" for k, v in attack.p.items()))
+    return PartyInterception(name, Chain(mods), attacks, trace, knowledge)

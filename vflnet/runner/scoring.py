@@ -1,0 +1,47 @@
+"""Scoring attack outputs against ground truth: in the launcher, after the parties have exited.
+
+This is the only place that puts an attack's output next to the truth. The attack code never
+gets a handle to it: it ran inside its host party's process and left only its output file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vflnet.config import Config
+from vflnet.data.datasets import load_dataset
+from vflnet.interceptors.setup import attack_output_path
+from vflnet.plugins import ATTACKS, load_plugin_modules
+
+
+def ground_truth(cfg: Config, what: str) -> Any:
+    if what == "labels":
+        data = load_dataset(cfg.data.dataset, cfg.data.params)
+        return dict(zip(data.ids.tolist(), data.labels.tolist(), strict=True))
+    if what == "":
+        return None
+    raise ValueError(f"no ground truth of kind {what!r}")
+
+
+def score_output(cfg: Config, attack_name: str, output: dict[str, np.ndarray]) -> dict[str, float]:
+    cls = ATTACKS.get(attack_name)
+    return cls.score(output, ground_truth(cfg, cls.truth_needed))
+
+
+def score_run(cfg: Config, run_dir: Path) -> dict[str, dict[str, float]]:
+    load_plugin_modules(cfg.plugins)
+    scores: dict[str, dict[str, float]] = {}
+    for entry in cfg.attacks:
+        path = attack_output_path(run_dir, entry)
+        if not path.exists():
+            scores[f"{entry.name}@{entry.party}"] = {"error": float("nan")}
+            continue
+        with np.load(path) as f:
+            output = {k: f[k] for k in f.files}
+        scores[f"{entry.name}@{entry.party}"] = score_output(cfg, entry.name, output)
+    if scores:
+        (run_dir / "attacks" / "scores.json").write_text(json.dumps(scores, indent=2))
+    return scores
