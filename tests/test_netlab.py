@@ -262,5 +262,7 @@ def test_mtls_run_fails_rather_than_accept_tampered_bytes(proxy_lab: Lab) -> Non
     tampered = run_lab(proxy_lab, via="active", tls=True, proxy_mode="tcp", tamper=True, timeout_s=240)
     assert tampered.rc == 1
     summary = json.loads((tampered.run_dir / "summary.json").read_text())
-    assert summary["status"] == "failed" and "active" in summary["error"]
+    assert summary["status"] == "failed"
+    active_log = (tampered.run_dir / "logs" / "active.log").read_text()
+    assert "BAD_RECORD_MAC" in active_log or "DATA_CORRUPTED" in active_log  # TLS caught the flipped bit
     assert lab_processes(proxy_lab) == {}

@@ -49,7 +49,10 @@ MNIST_CNN: dict[str, Any] = {
     "train": {"epochs": 1, "batch_size": 128, "optimizer": {"kind": "adam", "lr": 0.001}, "eval_every": 100},
 }
 
-CASES = {"digits-mlp-b256": DIGITS_MLP, "mnist-cnn-b128": MNIST_CNN}
+# The same digits run with every party's wire recorded by a trace tap: the cost of a tap per step.
+DIGITS_MLP_TAPPED: dict[str, Any] = {**copy.deepcopy(DIGITS_MLP), "trace": {"parties": ["all"]}}
+
+CASES = {"digits-mlp-b256": DIGITS_MLP, "digits-mlp-b256+tap": DIGITS_MLP_TAPPED, "mnist-cnn-b128": MNIST_CNN}
 
 
 def _distributed(case: dict[str, Any], workdir: Path) -> dict[str, float]:
@@ -95,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, d, r in rows:
         print(f"{name:18s} {d['steps_per_s']:12.1f} {r:10.1f} {d['steps_per_s'] / r:6.2f} {d['wire']:12.0f} {d['payload']:14.0f} "
               f"{100 * (d['wire'] / d['payload'] - 1):8.2f}%")
+    by_name = {name: d for name, d, _ in rows}
+    if "digits-mlp-b256" in by_name and "digits-mlp-b256+tap" in by_name:
+        plain, tapped = by_name["digits-mlp-b256"]["steps_per_s"], by_name["digits-mlp-b256+tap"]["steps_per_s"]
+        print(f"\ntrace tap on every party: {1000 / tapped - 1000 / plain:+.2f} ms per step ({100 * (plain / tapped - 1):+.1f}%)")
     print("\nsteps/s: training steps per second (1 torch thread per process; distributed = coordinator-timed step wall time)")
     print("wire: serialized protobuf bytes + 5-byte gRPC frame prefix of every party message in a step; tensor: raw tensor bytes inside")
     return 0

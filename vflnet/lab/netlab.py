@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -167,19 +166,6 @@ def in_netns(ns: str, fn: Callable[[], T], timeout: float = 30.0) -> T:
     if not ok:
         raise value
     return value  # type: ignore[no-any-return]
-
-
-def tcp_open(ns: str, address: str, port: int, timeout: float = 1.0) -> bool:
-    """Whether something in the lab accepts TCP on address:port, seen from inside namespace ``ns``."""
-
-    def attempt() -> bool:
-        try:
-            with socket.create_connection((address, port), timeout=timeout):
-                return True
-        except OSError:
-            return False
-
-    return in_netns(ns, attempt, timeout=timeout + 5)
 
 
 def _registry(prefix: str) -> Path:
