@@ -123,3 +123,24 @@ def test_config_check_rejects_unknown_attacks_and_bad_params(tmp_path, repo):
         with pytest.raises(ConfigError) as info:
             from_dict(data, "x.yaml")
         assert info.value.key == key and text in info.value.message
+
+
+def test_proxy_in_the_path_gives_identical_training(tmp_path, repo):
+    data = _label_leak(repo, max_steps=8)
+    data["attacks"], data["trace"] = [], {"parties": []}
+    direct = write_config(tmp_path, data, "direct.yaml")
+    data["parties"][1]["via"] = "proxy"  # every call to the active party goes through a proxy process
+    proxied = write_config(tmp_path, data, "proxied.yaml")
+    assert run_local(direct, run_dir=tmp_path / "direct", progress=False) == 0
+    assert run_local(proxied, run_dir=tmp_path / "proxied", progress=False) == 0
+    for party in ("active", "passive-1", "passive-2"):
+        a = torch.load(tmp_path / "direct/checkpoints" / f"{party}.pt")["modules"]
+        b = torch.load(tmp_path / "proxied/checkpoints" / f"{party}.pt")["modules"]
+        for module in a:
+            for key in a[module]:
+                assert torch.equal(a[module][key], b[module][key]), (party, module, key)
+    events = list(read_trace(tmp_path / "proxied/traces/proxy-active.trace"))
+    seen = {(e.short_method, e.direction) for e in events}
+    assert ("ExchangeEmbeddings", "request") in seen and ("RunStep", "request") in seen
+    embeddings = [e for e in events if e.short_method == "ExchangeEmbeddings" and e.direction == "request"]
+    assert embeddings[0].tensors()["values"].shape == (32, 10)  # plaintext: the proxy reads everything

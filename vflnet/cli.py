@@ -79,7 +79,9 @@ def _cmd_party(args: argparse.Namespace) -> int:
     coord = args.coordinator or cfg.coordinator.address
     if not coord:
         raise ConfigError(str(args.config), "parties", "the coordinator has no address: give --coordinator HOST:PORT")
-    advertise = me.via or args.advertise or me.address or listen  # `via`: peers reach this party through a proxy
+    # `via: HOST:PORT`: peers reach this party through a proxy there (`via: proxy` is `vflnet run`'s own proxy)
+    via = me.via if ":" in me.via else ""
+    advertise = via or args.advertise or me.address or listen
     if args.role == "active":
         from vflnet.roles import active
 

@@ -46,10 +46,13 @@ class LocalCluster:
         self.children: dict[str, Child] = {}
 
     def _spawn(self, name: str, role: str, extra: list[str]) -> Child:
+        cmd = ["party", "--role", role, "--config", str(self.config_path), "--name", name, "--run-dir", str(self.run_dir)]
+        return self._spawn_command(name, role, [*cmd, *extra])
+
+    def _spawn_command(self, name: str, role: str, args: list[str]) -> Child:
         log_path = self.run_dir / "logs" / f"{name}.log"
         log_file = log_path.open("ab")
-        cmd = [sys.executable, "-m", "vflnet", "party", "--role", role, "--config", str(self.config_path),
-               "--name", name, "--run-dir", str(self.run_dir), "--listen", "127.0.0.1:0", "--advertise", "127.0.0.1:0", *extra]
+        cmd = [sys.executable, "-m", "vflnet", *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.cfg.runtime.torch_threads))
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, preexec_fn=_die_with_parent)
@@ -59,7 +62,7 @@ class LocalCluster:
 
     def start(self) -> None:
         coord = self.cfg.coordinator
-        child = self._spawn(coord.name, "coordinator", [])
+        child = self._spawn(coord.name, "coordinator", ["--listen", "127.0.0.1:0"])
         addr_file = self.run_dir / "coordinator.addr"
         deadline = time.monotonic() + 60
         while not addr_file.exists():
@@ -70,8 +73,18 @@ class LocalCluster:
             time.sleep(0.05)
         address = addr_file.read_text().strip()
         for party in self.cfg.parties:
-            if party.role != "coordinator":
-                self._spawn(party.name, party.role, ["--coordinator", address])
+            if party.role == "coordinator":
+                continue
+            if party.via == "proxy":
+                # peers reach this party only through a proxy process in front of it
+                own, front = free_port(), free_port()
+                self._spawn_command(f"proxy-{party.name}", "proxy", [
+                    "proxy", "--listen", f"127.0.0.1:{front}", "--upstream", f"127.0.0.1:{own}", "--name", f"proxy-{party.name}",
+                    "--run-id", self.cfg.run.id, "--trace", str(self.run_dir / "traces" / f"proxy-{party.name}.trace")])
+                where = ["--listen", f"127.0.0.1:{own}", "--advertise", f"127.0.0.1:{front}"]
+            else:
+                where = ["--listen", "127.0.0.1:0", "--advertise", "127.0.0.1:0"]
+            self._spawn(party.name, party.role, ["--coordinator", address, *where])
         pids = {c.name: {"pid": c.proc.pid, "role": c.role, "log": str(c.log_path)} for c in self.children.values()}
         (self.run_dir / "processes.json").write_text(json.dumps(pids, indent=2))
 
@@ -97,6 +110,9 @@ class LocalCluster:
             bar.update()
         finally:
             bar.close()
+        for child in self.children.values():
+            if child.role == "proxy":  # proxies serve until told to stop
+                child.proc.terminate()
         deadline = time.monotonic() + 30  # parties exit on their own after the Shutdown RPC
         for child in self.children.values():
             try:
@@ -128,6 +144,15 @@ class LocalCluster:
 
 class ClusterFailure(RuntimeError):
     pass
+
+
+def free_port() -> int:
+    """A currently free loopback port (for processes whose port others must know in advance)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class _Progress:
