@@ -16,6 +16,7 @@ _MODULE_COMMANDS = {
     "proxy": ("vflnet.roles.proxy", "man-in-the-middle proxy between parties (taps, rewrites, TCP relay)"),
     "trace": ("vflnet.interceptors.trace_cli", "list, show and export wire traces"),
     "attack": ("vflnet.attacks.offline", "run an attack offline over a recorded trace"),
+    "reproduce": ("vflnet.reproduce.cli", "paper reproductions whose results docs/attacks.md reports"),
 }
 
 

@@ -40,6 +40,7 @@ class StepSlot:
     command: messages_pb2.StepCommand | None = None
     embeddings: dict[str, tuple[np.ndarray, Any]] = field(default_factory=dict)  # sender -> (ids, values or CipherArray)
     result: StepResult | None = None
+    replies: dict[str, messages_pb2.EmbeddingGradients] = field(default_factory=dict)  # sender -> its answer
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -115,17 +116,7 @@ class ActiveParty(PartyBase):
             raise TimeoutError(f"step {h.step} did not complete within {self.cfg.transport.rpc_timeout_s:.0f} s")
         if slot.error is not None:
             raise RpcFailure(grpc.StatusCode.ABORTED, f"step {h.step} failed at the active party: {slot.error}")
-        assert slot.result is not None and self.local is not None
-        reply = messages_pb2.EmbeddingGradients(
-            header=header(self.cfg, self.name, h.step, h.epoch, h.batch_id, h.phase, self.local.version)
-        )
-        if h.phase == messages_pb2.TRAIN:
-            if self.encrypted_grad is not None:
-                reply.cipher.CopyFrom(self.encrypted_grad[h.step])
-            else:
-                reply.values.CopyFrom(tensors.to_proto(slot.result.grads[self.passives.index(h.sender)]))
-        self.meter.record("ExchangeEmbeddings.reply", reply)
-        return reply
+        return slot.replies[h.sender]
 
     # -------------------------------------------------------------- coordinator -> active
     def run_step(self, cmd: messages_pb2.StepCommand) -> messages_pb2.StepReport:
@@ -160,6 +151,7 @@ class ActiveParty(PartyBase):
             except Exception as exc:  # a failed step must release the waiting passive calls
                 self._fail(slot, f"{type(exc).__name__}: {exc}")
                 raise
+            self._build_replies(slot, cmd.header)
             with self.cond:
                 self.completed_step = step
                 del self.slots[step]
@@ -167,6 +159,22 @@ class ActiveParty(PartyBase):
             r = slot.result
             return self.end_step(cmd, {"loss_sum": r.loss_sum, "correct": r.correct, "count": r.count,
                                        "compute_s": time.perf_counter() - start})
+
+    def _build_replies(self, slot: StepSlot, h: messages_pb2.Header) -> None:
+        """Every passive party's answer, built and metered before the step completes, so the bytes
+        count in this step's report."""
+        assert slot.result is not None and self.local is not None
+        for index, sender in enumerate(self.passives):
+            reply = messages_pb2.EmbeddingGradients(
+                header=header(self.cfg, self.name, h.step, h.epoch, h.batch_id, h.phase, self.local.version)
+            )
+            if h.phase == messages_pb2.TRAIN:
+                if self.encrypted_grad is not None:
+                    reply.cipher.CopyFrom(self.encrypted_grad[h.step])
+                else:
+                    reply.values.CopyFrom(tensors.to_proto(slot.result.grads[index]))
+            self.meter.record("ExchangeEmbeddings.reply", reply)
+            slot.replies[sender] = reply
 
     def _fail(self, slot: StepSlot, error: str) -> None:
         slot.error = error

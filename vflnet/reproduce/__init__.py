@@ -1,0 +1,1 @@
+"""`vflnet reproduce NAME`: longer experiments whose results are written down in docs/attacks.md."""

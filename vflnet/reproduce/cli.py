@@ -1,0 +1,30 @@
+"""`vflnet reproduce NAME`: run a paper reproduction and print its report table."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+EXPERIMENTS = {
+    "label-leak": "direct label inference under split and split-he (paper 004, Lemma 1)",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vflnet reproduce", description=__doc__)
+    parser.add_argument("name", choices=sorted(EXPERIMENTS), help="; ".join(f"{k}: {v}" for k, v in EXPERIMENTS.items()))
+    parser.add_argument("--out-dir", type=Path, default=None, help="default: runs/reproduce-NAME")
+    parser.add_argument("--quick", action="store_true", help="a smaller setting (minutes, not hours)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out_dir = args.out_dir or Path("runs") / f"reproduce-{args.name}"
+    if args.name == "label-leak":
+        from vflnet.reproduce.label_leak import run
+
+        report = run(out_dir, quick=args.quick)
+    print(report)
+    print(f"\nreport written to {out_dir / 'report.md'}")
+    return 0
