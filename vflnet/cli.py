@@ -17,6 +17,7 @@ _MODULE_COMMANDS = {
     "trace": ("vflnet.interceptors.trace_cli", "list, show and export wire traces"),
     "attack": ("vflnet.attacks.offline", "run an attack offline over a recorded trace"),
     "reproduce": ("vflnet.reproduce.cli", "paper reproductions whose results docs/attacks.md reports"),
+    "lab": ("vflnet.lab.cli", "multi-host network lab in Linux network namespaces (root)"),
 }
 
 
