@@ -43,8 +43,9 @@ class HEConfig:
 
 @dataclass
 class ProtocolConfig:
-    kind: Literal["split", "split-he"] = "split"
+    kind: Literal["split", "split-he", "param-server"] = "split"
     aggregation: Literal["concat", "sum"] = "concat"
+    static: bool = False  # param-server: the coordinator never applies updates (CAFE's strongest setting)
     he: HEConfig = field(default_factory=HEConfig)
 
 

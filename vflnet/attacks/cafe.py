@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import ClassVar, Literal, Protocol
 
 import numpy as np
 import torch
@@ -57,6 +57,7 @@ class CafeParams:
     loop: Literal["single", "nested"] = "single"
     nested_iterations: tuple[int, int] = (8000, 8000)
     objective: str = "cafe"
+    run_step3: bool = True
     v_init: float = 8e-4
     h_init: float = 8e-2
     adam_betas: tuple[float, float] = (0.9, 0.999)
@@ -137,9 +138,16 @@ class CafeObjective:
     beta: float
     gamma: float
     xi: float
-    needs_internal: bool = True
+    needs_internal: ClassVar[bool] = True
 
-    def __call__(self, true_grads, fake_grads, images, internal_fake, internal_target) -> Tensor:  # noqa: ANN001
+    def __call__(
+        self,
+        true_grads: Sequence[Tensor],
+        fake_grads: Sequence[Tensor],
+        images: Sequence[Tensor],
+        internal_fake: Sequence[Tensor],
+        internal_target: Sequence[Tensor],
+    ) -> Tensor:
         loss = self.alpha * _sq_distance(true_grads, fake_grads)
         tv = torch.stack([total_variation(x) for x in images]).mean()
         if tv.item() > self.xi:
@@ -152,9 +160,16 @@ class CafeObjective:
 class DlgObjective:
     """DLG (Zhu et al.): the squared l2 gradient distance only."""
 
-    needs_internal: bool = False
+    needs_internal: ClassVar[bool] = False
 
-    def __call__(self, true_grads, fake_grads, images, internal_fake, internal_target) -> Tensor:  # noqa: ANN001
+    def __call__(
+        self,
+        true_grads: Sequence[Tensor],
+        fake_grads: Sequence[Tensor],
+        images: Sequence[Tensor],
+        internal_fake: Sequence[Tensor],
+        internal_target: Sequence[Tensor],
+    ) -> Tensor:
         return _sq_distance(true_grads, fake_grads)
 
 
@@ -163,9 +178,16 @@ class CosineObjective:
     """Inverting Gradients (Geiping et al.): 1 - cos(g, g^) over all parameters + tv_weight * TV."""
 
     tv_weight: float
-    needs_internal: bool = False
+    needs_internal: ClassVar[bool] = False
 
-    def __call__(self, true_grads, fake_grads, images, internal_fake, internal_target) -> Tensor:  # noqa: ANN001
+    def __call__(
+        self,
+        true_grads: Sequence[Tensor],
+        fake_grads: Sequence[Tensor],
+        images: Sequence[Tensor],
+        internal_fake: Sequence[Tensor],
+        internal_target: Sequence[Tensor],
+    ) -> Tensor:
         dot = sum((g * f).sum() for g, f in zip(true_grads, fake_grads, strict=True))
         gn = torch.sqrt(sum((g**2).sum() for g in true_grads))
         fn = torch.sqrt(sum((f**2).sum() for f in fake_grads))
@@ -180,9 +202,16 @@ class SapagObjective:
     The kernel width follows the hint in the CAFE authors' code (the paper does not give it).
     """
 
-    needs_internal: bool = False
+    needs_internal: ClassVar[bool] = False
 
-    def __call__(self, true_grads, fake_grads, images, internal_fake, internal_target) -> Tensor:  # noqa: ANN001
+    def __call__(
+        self,
+        true_grads: Sequence[Tensor],
+        fake_grads: Sequence[Tensor],
+        images: Sequence[Tensor],
+        internal_fake: Sequence[Tensor],
+        internal_target: Sequence[Tensor],
+    ) -> Tensor:
         terms = []
         for g, f in zip(true_grads, fake_grads, strict=True):
             sigma2 = g.var() if g.numel() > 1 else g.pow(2).sum()
@@ -224,9 +253,11 @@ class RowAdam:
 
 @dataclass
 class CafeResult:
-    """The attacker's output: per-worker image regions (clipped to [0, 1]) and dummy-label beliefs."""
+    """The attacker's output: Step III's per-worker image regions (clipped to [0, 1]), Step II's internal
+    representations (for an FC-only model these are the raw regions, flattened) and dummy-label beliefs."""
 
     regions: list[Tensor]
+    internal: list[Tensor]
     label_probs: Tensor
     seen: np.ndarray
     iterations: int
@@ -264,11 +295,12 @@ class CafeAttack:
     def _phase_steps(self) -> tuple[bool, bool, bool]:
         """Which of Steps I, II, III run on the current observation."""
         needs = self.objective.needs_internal
+        step3 = self.params.run_step3
         if self.params.loop == "single":
-            return needs, needs, True
+            return needs, needs, step3
         t1, t2 = self.params.nested_iterations if needs else (0, 0)
         c = self._count
-        return c < t1, t1 <= c < t1 + t2, c >= t1 + t2
+        return c < t1, t1 <= c < t1 + t2, step3 and c >= t1 + t2
 
     def observe(self, obs: ServerObservation) -> None:
         """Consume one iteration of the server's view."""
@@ -297,6 +329,7 @@ class CafeAttack:
     def result(self) -> CafeResult:
         return CafeResult(
             regions=[x.clamp(0, 1).clone() for x in self.X],
+            internal=[h.clone() for h in self.H],
             label_probs=torch.softmax(self.Y, dim=1),
             seen=self._seen.copy(),
             iterations=self._count,

@@ -5,8 +5,12 @@ before the message is encoded (and, under split-he, before it is encrypted)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
+import numpy as np
+
+from vflnet.config import Config
 from vflnet.plugins import Param, validate_params
 
 
@@ -15,6 +19,7 @@ class Defense(ABC):
     description: ClassVar[str]
     roles: ClassVar[frozenset[str]]
     params: ClassVar[dict[str, Param]] = {}
+    acts_on: ClassVar[str] = "labels"  # "labels": active-party label defense; "upload": param-server gradient upload
 
     def __init__(self, **params: Any) -> None:
         self.p = validate_params("defense", self.name, self.params, params)
@@ -22,3 +27,18 @@ class Defense(ABC):
     @abstractmethod
     def build(self, num_classes: int, seed: int) -> Any:
         """The object the host party uses (for active-party label defenses: a LabelDefense)."""
+
+
+def build_upload_defenses(cfg: Config, party: str) -> list[Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]]:
+    """The transforms a party applies to its gradient upload (param-server), in config order."""
+    from vflnet.data.partition import party_seed
+    from vflnet.plugins import DEFENSES
+
+    out = []
+    for entry in cfg.defenses:
+        if entry.party != party:
+            continue
+        defense = DEFENSES.get(entry.name)(**entry.params)
+        if getattr(defense, "acts_on", "") == "upload":
+            out.append(defense.build(0, party_seed(cfg, cfg.party(party))))
+    return out

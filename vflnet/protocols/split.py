@@ -33,13 +33,14 @@ class LocalModel:
     schedule_cfg: LRScheduleConfig
     version: int = 0  # optimizer updates applied: the `model_version` in message headers
     epoch: int = 0
+    central: bool = False  # param-server: the coordinator owns parameters and optimizer; this party uploads gradients
     optimizer: torch.optim.Optimizer | None = field(init=False)
     schedule: Any = field(init=False)
 
     def __post_init__(self) -> None:
         # An active party with no features and no top model ("sum" of passive logits) has no parameters.
         params = [p for m in self.modules.values() for p in m.parameters()]
-        self.optimizer = build_optimizer(params, self.optimizer_cfg) if params else None
+        self.optimizer = build_optimizer(params, self.optimizer_cfg) if params and not self.central else None
         self.schedule = build_schedule(self.optimizer, self.schedule_cfg) if self.optimizer else None
 
     def enter_epoch(self, epoch: int) -> None:
@@ -50,10 +51,33 @@ class LocalModel:
                 self.schedule.step()
 
     def apply_update(self) -> None:
+        """Step the optimizer; in param-server mode keep the gradients for the upload instead."""
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(f"{key}.{name}", p) for key, m in self.modules.items() for name, p in m.named_parameters()]
+
+    def load_params(self, values: dict[str, np.ndarray]) -> None:
+        """Take the parameters the coordinator broadcast (param-server); names and shapes must match."""
+        own = dict(self.named_parameters())
+        if set(values) != set(own):
+            raise ValueError(f"broadcast parameters {sorted(values)} do not match this party's {sorted(own)}")
+        with torch.no_grad():
+            for name, p in own.items():
+                if tuple(values[name].shape) != tuple(p.shape):
+                    raise ValueError(f"broadcast parameter {name} has shape {values[name].shape}, expected {tuple(p.shape)}")
+                p.copy_(torch.from_numpy(values[name]))
+
+    def take_grads(self) -> dict[str, np.ndarray]:
+        """The batch-averaged parameter gradients of the last step (param-server upload), then cleared."""
+        out = {}
+        for name, p in self.named_parameters():
+            out[name] = p.grad.detach().numpy().copy() if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
+            p.grad = None
+        return out
 
     def train(self, mode: bool) -> None:
         for m in self.modules.values():

@@ -66,7 +66,7 @@ class ActiveParty(PartyBase):
             self.protocol = ActiveSplit(self.local, self.cfg.protocol.aggregation, defense)
 
     def _defense(self) -> LabelDefense | None:
-        entries = [d for d in self.cfg.defenses if d.party == self.name]
+        entries = [d for d in self.cfg.defenses if d.party == self.name and DEFENSES.get(d.name).acts_on == "labels"]
         if not entries:
             return None
         if len(entries) > 1:

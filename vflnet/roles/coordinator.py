@@ -22,6 +22,7 @@ from vflnet.crypto.wire import cipher_from_proto
 from vflnet.data.alignment import epoch_batches, eval_batches, intersect, split_train_test
 from vflnet.interceptors.grpc_adapters import ServerChainInterceptor, intercept_channel
 from vflnet.interceptors.setup import party_interception
+from vflnet.protocols.param_server import ParamServer, from_tensor_map
 from vflnet.roles.common import check_run, check_sender, header, wait_for
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.channels import bind, make_server, open_channel
@@ -145,8 +146,9 @@ class MetricsLog:
 class Schedule:
     """Drives the parties through epochs of training steps and evaluation passes."""
 
-    def __init__(self, cfg: Config, stubs: dict[str, services_pb2_grpc.PartyStub], metrics: MetricsLog, reply: messages_pb2.JoinReply) -> None:
-        self.cfg, self.stubs, self.metrics = cfg, stubs, metrics
+    def __init__(self, cfg: Config, stubs: dict[str, services_pb2_grpc.PartyStub], metrics: MetricsLog,
+                 reply: messages_pb2.JoinReply, server: ParamServer | None = None) -> None:
+        self.cfg, self.stubs, self.metrics, self.server = cfg, stubs, metrics, server
         self.train_ids = np.asarray(reply.train_ids, dtype=np.int64)
         self.test_ids = np.asarray(reply.test_ids, dtype=np.int64)
         self.step = 0
@@ -162,10 +164,18 @@ class Schedule:
 
     def _run_step(self, phase: int, epoch: int, batch_id: int, ids: np.ndarray, checkpoint: bool) -> dict[str, messages_pb2.StepReport]:
         self.step += 1
+        version = self.server.updates if self.server else 0
         cmd = messages_pb2.StepCommand(
-            header=header(self.cfg, "coordinator", self.step, epoch, batch_id, phase, 0), sample_ids=ids, checkpoint_after=checkpoint
+            header=header(self.cfg, "coordinator", self.step, epoch, batch_id, phase, version), sample_ids=ids, checkpoint_after=checkpoint
         )
-        calls = {name: stub.RunStep.future(cmd, timeout=self.timeout) for name, stub in self.stubs.items()}
+        commands = {name: cmd for name in self.stubs}
+        if self.server is not None:  # param-server: every step carries each party's current parameters
+            self.server.enter_epoch(epoch)
+            for name in self.stubs:
+                commands[name] = messages_pb2.StepCommand()
+                commands[name].CopyFrom(cmd)
+                commands[name].params.CopyFrom(self.server.broadcast(name))
+        calls = {name: stub.RunStep.future(commands[name], timeout=self.timeout) for name, stub in self.stubs.items()}
         settled = threading.Semaphore(0)
         for call in calls.values():
             call.add_done_callback(lambda _c: settled.release())
@@ -181,6 +191,11 @@ class Schedule:
                 raise RunFailed(f"party {name!r} failed at step {self.step} (epoch {epoch}): {describe_rpc_error(call.exception())}")
         for name, call in calls.items():
             reports[name] = call.result()
+        if self.server is not None and phase == messages_pb2.TRAIN:
+            try:
+                self.server.apply({name: from_tensor_map(r.grads, f"{name}'s gradient") for name, r in reports.items()})
+            except ValueError as exc:
+                raise RunFailed(f"bad gradient upload at step {self.step}: {exc}") from exc
         return reports
 
     def run(self) -> dict[str, Any]:
@@ -284,10 +299,17 @@ def main(cfg: Config, run_dir: Path, listen: str) -> int:
         for info in admission.reply.roster:
             channel = intercept_channel(open_channel(info.address, cfg.transport, name), interception.chain, name, info.address)
             stubs[info.name] = services_pb2_grpc.PartyStub(channel)
-        schedule = Schedule(cfg, stubs, metrics, admission.reply)
+        param_server = None
+        if cfg.protocol.kind == "param-server":
+            initial = {n: from_tensor_map(r.initial_params, f"{n}'s parameter") for n, r in admission.joined.items()}
+            param_server = ParamServer(cfg, initial)
+        schedule = Schedule(cfg, stubs, metrics, admission.reply, param_server)
         write_atomic(run_dir / "plan.json", json.dumps(schedule.plan()))
         result = schedule.run()
         summary.update(result, status="completed")
+        if param_server is not None:
+            param_server.save(run_dir / "checkpoints" / "param-server.pt")
+            summary["param_server"] = {"updates": param_server.updates, "static": param_server.static}
         if decryption is not None:
             summary["decryptions"] = {"requests": decryption.requests, "values": decryption.values}
         summary["checkpoints"] = shutdown_all(cfg, stubs, "run completed", save=True)

@@ -19,9 +19,11 @@ from vflnet.crypto.masking import ints_from_bytes
 from vflnet.crypto.wire import cipher_to_proto
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import PartyData, normalize, party_view
+from vflnet.defenses.base import build_upload_defenses
 from vflnet.interceptors.grpc_adapters import intercept_channel
 from vflnet.interceptors.setup import party_interception
 from vflnet.models.zoo import build_party_modules
+from vflnet.protocols.param_server import from_tensor_map, to_tensor_map
 from vflnet.protocols.split import LocalModel
 from vflnet.roles.common import Liveness, check_run, header, wait_for
 from vflnet.v1 import messages_pb2, services_pb2_grpc
@@ -52,14 +54,19 @@ class PartyBase(ABC):
         self.coordinator: services_pb2_grpc.CoordinatorStub | None = None
         self.public_key: PublicKey | None = None
         self.interception = party_interception(cfg, name, run_dir)
+        self.upload_defenses = build_upload_defenses(cfg, name)
 
     # ------------------------------------------------------------------------------- setup
     def join(self, coordinator: str, advertise: str) -> messages_pb2.JoinReply:
         stub = services_pb2_grpc.CoordinatorStub(self.channel(coordinator))
         self.coordinator = stub
+        self._build_model()
         req = messages_pb2.JoinRequest(
             run_id=self.cfg.run.id, name=self.name, role=self.me.role, address=advertise, sample_ids=self.data.ids
         )
+        if self.central:
+            assert self.local is not None
+            req.initial_params.CopyFrom(to_tensor_map({n: p.detach().numpy() for n, p in self.local.named_parameters()}))
         deadline = time.monotonic() + self.cfg.transport.join_timeout_s
         while True:  # the coordinator may still be starting: retry until the join deadline
             try:
@@ -83,13 +90,22 @@ class PartyBase(ABC):
         """A client channel to a peer, with this party's interceptor chain on it."""
         return intercept_channel(open_channel(address, self.cfg.transport, self.name), self.interception.chain, self.name, address)
 
-    def _prepare(self, train_ids: np.ndarray) -> None:
-        if self.data.x is not None:
-            self.data.x = normalize(self.data.x, self.data.rows(train_ids), self.cfg.data.normalize, self.is_image)
+    @property
+    def central(self) -> bool:
+        """param-server: the coordinator owns this party's parameters and optimizer."""
+        return self.cfg.protocol.kind == "param-server"
+
+    def _build_model(self) -> None:
         input_shape = tuple(self.data.x.shape[1:]) if self.data.x is not None else None
         bottom, top = build_party_modules(self.cfg, self.me, input_shape, self.data.n_classes)
         modules = {k: m for k, m in (("bottom", bottom), ("top", top)) if m is not None}
-        self.local = LocalModel(modules, self.cfg.train.optimizer, self.cfg.train.lr_schedule)
+        self.local = LocalModel(modules, self.cfg.train.optimizer, self.cfg.train.lr_schedule, central=self.central)
+
+    def _prepare(self, train_ids: np.ndarray) -> None:
+        if self.local is None:
+            self._build_model()
+        if self.data.x is not None:
+            self.data.x = normalize(self.data.x, self.data.rows(train_ids), self.cfg.data.normalize, self.is_image)
         self.build_protocol()
 
     @abstractmethod
@@ -111,6 +127,11 @@ class PartyBase(ABC):
         assert self.local is not None
         self.current = cmd.header
         self.local.enter_epoch(cmd.header.epoch)
+        if self.central:
+            try:
+                self.local.load_params(from_tensor_map(cmd.params, "broadcast parameter"))
+            except ValueError as exc:
+                raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         try:
             return self.data.rows(np.asarray(cmd.sample_ids, dtype=np.int64))
         except KeyError as exc:
@@ -120,10 +141,23 @@ class PartyBase(ABC):
         self.last_step = cmd.header.step
         if cmd.checkpoint_after:
             self.save_checkpoint()
-        sent, payload = self.meter.take()
         assert self.local is not None
+        upload = None
+        if self.central and cmd.header.phase == messages_pb2.TRAIN:
+            upload = to_tensor_map(self.outgoing_gradients(self.local.take_grads()))
+            self.meter.record("GradientUpload", upload)
+        sent, payload = self.meter.take()
         hdr = messages_pb2.Header(run_id=self.cfg.run.id, step=cmd.header.step, sender=self.name, model_version=self.local.version)
-        return messages_pb2.StepReport(header=hdr, metrics=metrics, bytes_sent=sent, payload_bytes=payload)
+        report = messages_pb2.StepReport(header=hdr, metrics=metrics, bytes_sent=sent, payload_bytes=payload)
+        if upload is not None:
+            report.grads.CopyFrom(upload)
+        return report
+
+    def outgoing_gradients(self, grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """param-server: the upload as it leaves this party, after its upload defenses (fake gradients, DP)."""
+        for transform in self.upload_defenses:
+            grads = transform(grads)
+        return grads
 
     def decrypt(self, purpose: str, masked: CipherArray) -> np.ndarray:
         """split-he: the coordinator's decryption of masked ciphertexts (exact masked integers)."""

@@ -38,18 +38,20 @@ class Header(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., batch_id: _Optional[int] = ..., sender: _Optional[str] = ..., model_version: _Optional[int] = ..., epoch: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("run_id", "name", "role", "address", "sample_ids")
+    __slots__ = ("run_id", "name", "role", "address", "sample_ids", "initial_params")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_IDS_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_PARAMS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     name: str
     role: str
     address: str
     sample_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., sample_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    initial_params: _tensor_pb2.TensorMap
+    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., sample_ids: _Optional[_Iterable[int]] = ..., initial_params: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ...) -> None: ...
 
 class PartyInfo(_message.Message):
     __slots__ = ("name", "role", "address")
@@ -76,17 +78,19 @@ class JoinReply(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., roster: _Optional[_Iterable[_Union[PartyInfo, _Mapping]]] = ..., train_ids: _Optional[_Iterable[int]] = ..., test_ids: _Optional[_Iterable[int]] = ..., public_key: _Optional[bytes] = ...) -> None: ...
 
 class StepCommand(_message.Message):
-    __slots__ = ("header", "sample_ids", "checkpoint_after")
+    __slots__ = ("header", "sample_ids", "checkpoint_after", "params")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_IDS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_AFTER_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     sample_ids: _containers.RepeatedScalarFieldContainer[int]
     checkpoint_after: bool
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., checkpoint_after: _Optional[bool] = ...) -> None: ...
+    params: _tensor_pb2.TensorMap
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., checkpoint_after: _Optional[bool] = ..., params: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ...) -> None: ...
 
 class StepReport(_message.Message):
-    __slots__ = ("header", "metrics", "bytes_sent", "payload_bytes")
+    __slots__ = ("header", "metrics", "bytes_sent", "payload_bytes", "grads")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -112,11 +116,13 @@ class StepReport(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GRADS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     metrics: _containers.ScalarMap[str, float]
     bytes_sent: _containers.ScalarMap[str, int]
     payload_bytes: _containers.ScalarMap[str, int]
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., bytes_sent: _Optional[_Mapping[str, int]] = ..., payload_bytes: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    grads: _tensor_pb2.TensorMap
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., bytes_sent: _Optional[_Mapping[str, int]] = ..., payload_bytes: _Optional[_Mapping[str, int]] = ..., grads: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ("run_id", "save_checkpoint", "reason")
