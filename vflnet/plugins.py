@@ -79,7 +79,12 @@ def load_plugin_modules(modules: Iterable[str]) -> None:
         importlib.import_module(module)
 
 
-ATTACKS = Registry("attack", ["vflnet.attacks.embedding_recorder", "vflnet.attacks.direct_label", "vflnet.attacks.gradient_scaling"])
+ATTACKS = Registry("attack", [
+    "vflnet.attacks.embedding_recorder",
+    "vflnet.attacks.direct_label",
+    "vflnet.attacks.gradient_scaling",
+    "vflnet.attacks.batch_label",
+])
 DEFENSES = Registry("defense", ["vflnet.defenses.registered"])
 
 

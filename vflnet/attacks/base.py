@@ -47,6 +47,21 @@ class AttackContext:
     knowledge: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class OwnStepView:
+    """The host party's own view of one training step, for attacks whose threat model grants it
+    (paper 004: the passive attacker controls its own training procedure): its rows of the batch, its
+    bottom model as it was in the forward pass, and the batch-level gradient it applied (under
+    split-he: what it got back from the masked decryption, unmasked)."""
+
+    step: int
+    sample_ids: np.ndarray
+    features: np.ndarray
+    model: Any  # torch.nn.Module snapshot, taken before the update
+    param_grads: dict[str, Any]  # parameter name (as in model.named_parameters()) -> torch.Tensor
+    num_classes: int
+
+
 class Attack(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
@@ -54,6 +69,7 @@ class Attack(ABC):
     taps: ClassVar[tuple[Tap, ...]]
     rewrites: ClassVar[tuple[Tap, ...]] = ()
     knowledge: ClassVar[tuple[str, ...]] = ()  # names of what the threat model delivers
+    wants_own_view: ClassVar[bool] = False  # receive an OwnStepView of the host party after each training step
     params: ClassVar[dict[str, Param]] = {}
 
     def __init__(self, context: AttackContext, **params: Any) -> None:
@@ -78,6 +94,9 @@ class Attack(ABC):
     @abstractmethod
     def observe(self, event: WireEvent) -> None:
         """Online hook: one tapped message."""
+
+    def observe_own(self, view: OwnStepView) -> None:  # noqa: B027 - optional hook
+        """The host party's own view of a finished training step (only if `wants_own_view`)."""
 
     def rewrite(self, event: WireEvent) -> Message | None:
         """Return the message to send instead (rewriting attacks), or None."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 import torch
@@ -93,11 +93,11 @@ TABLE9: dict[str, dict[str, float]] = {
 }
 
 
-def table9_params(dataset: str, **overrides: object) -> CafeParams:
+def table9_params(dataset: str, **overrides: Any) -> CafeParams:
     """Table 9's row for ``dataset`` (alpha, beta, gamma = 1e-2, 1e-4, 1e-3 in every row), then overrides."""
     if dataset not in TABLE9:
         raise ValueError(f"dataset must be one of {sorted(TABLE9)}, got {dataset!r}")
-    return replace(CafeParams(**TABLE9[dataset]), **overrides)  # type: ignore[arg-type]
+    return replace(CafeParams(**TABLE9[dataset]), **overrides)
 
 
 def total_variation(images: Tensor) -> Tensor:
@@ -123,7 +123,7 @@ class Step3Objective(Protocol):
 
 
 def _sq_distance(true_grads: Sequence[Tensor], fake_grads: Sequence[Tensor]) -> Tensor:
-    return sum(((g - f) ** 2).sum() for g, f in zip(true_grads, fake_grads, strict=True))  # type: ignore[return-value]
+    return torch.stack([((g - f) ** 2).sum() for g, f in zip(true_grads, fake_grads, strict=True)]).sum()
 
 
 @dataclass(frozen=True)
@@ -152,8 +152,7 @@ class CafeObjective:
         tv = torch.stack([total_variation(x) for x in images]).mean()
         if tv.item() > self.xi:
             loss = loss + self.beta * tv
-        ir = sum(((t - f) ** 2).sum() for t, f in zip(internal_target, internal_fake, strict=True))
-        return loss + self.gamma * ir
+        return loss + self.gamma * _sq_distance(internal_target, internal_fake)
 
 
 @dataclass(frozen=True)
@@ -188,9 +187,9 @@ class CosineObjective:
         internal_fake: Sequence[Tensor],
         internal_target: Sequence[Tensor],
     ) -> Tensor:
-        dot = sum((g * f).sum() for g, f in zip(true_grads, fake_grads, strict=True))
-        gn = torch.sqrt(sum((g**2).sum() for g in true_grads))
-        fn = torch.sqrt(sum((f**2).sum() for f in fake_grads))
+        dot = torch.stack([(g * f).sum() for g, f in zip(true_grads, fake_grads, strict=True)]).sum()
+        gn = torch.stack([(g**2).sum() for g in true_grads]).sum().sqrt()
+        fn = torch.stack([(f**2).sum() for f in fake_grads]).sum().sqrt()
         tv = torch.stack([total_variation(x) for x in images]).mean()
         return 1 - dot / (gn * fn + 1e-12) + self.tv_weight * tv
 
@@ -271,7 +270,9 @@ class CafeResult:
 class CafeAttack:
     """The CAFE attacker at the server: ``observe`` per iteration then ``result``, or ``run`` offline."""
 
-    def __init__(self, params: CafeParams, template: CafeVFL, objective: Step3Objective | None = None) -> None:
+    def __init__(
+        self, params: CafeParams, template: CafeVFL, objective: Step3Objective | None = None
+    ) -> None:
         self.params = params
         self.template = template
         self.objective = objective if objective is not None else objective_from_params(params)
@@ -354,7 +355,11 @@ class CafeAttack:
         self._last["F2"] = total
 
     def _step3(self, obs: ServerObservation, rows: Tensor) -> None:
-        names = [(party, n) for party, mod in self.template.party_modules().items() for n, _ in mod.named_parameters()]
+        names = [
+            (party, n)
+            for party, mod in self.template.party_modules().items()
+            for n, _ in mod.named_parameters()
+        ]
         params = {flat_name(p, n): obs.params[p][n].detach().clone().requires_grad_(True) for p, n in names}
         true_grads = [obs.grads[p][n] for p, n in names]
         xs = [x[rows].clone().requires_grad_(True) for x in self.X]

@@ -23,12 +23,16 @@ class DpGradients:
         if not (math.isfinite(clip_norm) and clip_norm > 0):
             raise ValueError(f"clip_norm must be a positive finite number, got {clip_norm!r}")
         if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
-            raise ValueError(f"noise_multiplier must be a non-negative finite number, got {noise_multiplier!r}")
+            raise ValueError(
+                f"noise_multiplier must be a non-negative finite number, got {noise_multiplier!r}"
+            )
         self.clip_norm, self.noise_multiplier = clip_norm, noise_multiplier
         self._gen = torch.Generator().manual_seed(seed)
 
     @classmethod
-    def from_epsilon(cls, epsilon: float, delta: float = 1e-5, clip_norm: float = 3.0, seed: int = 0) -> DpGradients:
+    def from_epsilon(
+        cls, epsilon: float, delta: float = 1e-5, clip_norm: float = 3.0, seed: int = 0
+    ) -> DpGradients:
         """Gaussian-mechanism calibration for one release at (epsilon, delta)."""
         if not (math.isfinite(epsilon) and epsilon > 0):
             raise ValueError(f"epsilon must be a positive finite number, got {epsilon!r}")

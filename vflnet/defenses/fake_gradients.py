@@ -25,7 +25,6 @@ import math
 import torch
 from torch import Tensor
 
-
 CHUNK_ELEMENTS = 1 << 22  # candidates are drawn in chunks of at most this many entries (16 MiB)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from vflnet.attacks.base import Attack, AttackContext
+from vflnet.attacks.base import Attack, AttackContext, OwnStepView
 from vflnet.config import Config, PluginConfig
 from vflnet.interceptors.chain import Chain
 from vflnet.interceptors.trace import TraceWriter, trace_path
@@ -29,6 +29,15 @@ class PartyInterception:
     attacks: list[tuple[PluginConfig, Attack]] = field(default_factory=list)
     trace: TraceWriter | None = None
     knowledge: dict[str, Any] = field(default_factory=dict)  # filled by the protocol, e.g. the public key
+
+    @property
+    def wants_own_view(self) -> bool:
+        return any(a.wants_own_view for _, a in self.attacks)
+
+    def deliver_own_view(self, view: OwnStepView) -> None:
+        for _, attack in self.attacks:
+            if attack.wants_own_view:
+                attack.observe_own(view)
 
     def finish(self, run_dir: Path) -> list[Path]:
         """Write every attack's output (and close the trace): called when the party shuts down."""

@@ -128,7 +128,9 @@ class CafeVFL(nn.Module):
         mods[TOP] = self.top
         return mods
 
-    def forward(self, xs: Sequence[Tensor], return_internal: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+    def forward(
+        self, xs: Sequence[Tensor], return_internal: bool = False
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
         internals = [b.internal(x) for b, x in zip(self.bottoms, xs, strict=True)]
         outs = [b.head(b.fc1(h)) for b, h in zip(self.bottoms, internals, strict=True)]
         logits = self.top(torch.cat(outs, dim=1))

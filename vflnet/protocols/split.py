@@ -34,6 +34,8 @@ class LocalModel:
     version: int = 0  # optimizer updates applied: the `model_version` in message headers
     epoch: int = 0
     central: bool = False  # param-server: the coordinator owns parameters and optimizer; this party uploads gradients
+    keep_last_grads: bool = False  # keep a copy of each step's gradients (for an attack granted the party's own view)
+    last_grads: dict[str, torch.Tensor] = field(default_factory=dict)
     optimizer: torch.optim.Optimizer | None = field(init=False)
     schedule: Any = field(init=False)
 
@@ -52,6 +54,8 @@ class LocalModel:
 
     def apply_update(self) -> None:
         """Step the optimizer; in param-server mode keep the gradients for the upload instead."""
+        if self.keep_last_grads:
+            self.last_grads = {n: p.grad.detach().clone() for n, p in self.named_parameters() if p.grad is not None}
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)

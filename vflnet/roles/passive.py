@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from pathlib import Path
 
 import grpc
+import numpy as np
 
+from vflnet.attacks.base import OwnStepView
 from vflnet.config import Config
 from vflnet.crypto import CipherArray
 from vflnet.crypto.wire import cipher_to_proto
@@ -42,6 +45,9 @@ class PassiveParty(PartyBase):
             assert self.data.x is not None and self.local is not None
             train = cmd.header.phase == messages_pb2.TRAIN
             start = time.perf_counter()
+            own_view = train and self.interception.wants_own_view
+            snapshot = copy.deepcopy(self.local.modules["bottom"]) if own_view else None
+            self.local.keep_last_grads = own_view
             emb = self.protocol.forward(self.data.x[rows], train)
             h = cmd.header
             msg = messages_pb2.Embeddings(
@@ -68,6 +74,10 @@ class PassiveParty(PartyBase):
             elif train:
                 grad = tensors.from_proto(reply.values, expect_dtype="float32", expect_shape=emb.shape, what="gradients from the active party")
                 self.protocol.backward(grad)
+            if own_view:
+                grads = {n.removeprefix("bottom."): g for n, g in self.local.last_grads.items() if n.startswith("bottom.")}
+                self.interception.deliver_own_view(OwnStepView(
+                    h.step, np.asarray(cmd.sample_ids, dtype=np.int64), self.data.x[rows], snapshot, grads, int(emb.shape[1])))
             return self.end_step(cmd, {"compute_s": time.perf_counter() - start})
 
 

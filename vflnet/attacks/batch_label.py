@@ -1,0 +1,98 @@
+"""Batch-level label inference at a passive party (paper 004, Theorem 1 and Algorithm 2).
+
+Both work from what the passive attacker legitimately has even under split-he: its own rows of the
+batch, its own bottom model as it was in the forward pass, and the batch-averaged gradient of its
+own parameters (delivered by the host party as its own view, `OwnStepView`). Neither needs a
+per-sample gradient.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+import numpy as np
+import torch
+
+from vflnet.attacks.base import Attack, OwnStepView
+from vflnet.attacks.label_inference import (
+    AnalyticLabelRecovery,
+    BatchGradientView,
+    GradientInversionLabelInference,
+    last_layer_view,
+)
+from vflnet.interceptors.events import WireEvent
+from vflnet.plugins import ATTACKS, Param
+
+
+class _BatchLabelAttack(Attack):
+    roles = frozenset({"passive"})
+    taps = ()
+    wants_own_view = True
+    truth_needed = "labels"
+
+    def __init__(self, context, **params: Any) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(context, **params)
+        self.labels: dict[int, int] = {}
+        self.batches = 0
+
+    def observe(self, event: WireEvent) -> None:
+        """Works from the party's own view only."""
+
+    def observe_own(self, view: OwnStepView) -> None:
+        if self.p["max_batches"] and self.batches >= self.p["max_batches"]:
+            return
+        batch = BatchGradientView(
+            sample_ids=torch.from_numpy(view.sample_ids), features=torch.from_numpy(view.features), model=view.model,
+            param_grads=view.param_grads, num_classes=view.num_classes,
+        )
+        inferred = self.infer(batch)
+        for sid, label in zip(view.sample_ids.tolist(), inferred.tolist(), strict=True):
+            self.labels[sid] = int(label)
+        self.batches += 1
+
+    @abstractmethod
+    def infer(self, view: BatchGradientView) -> torch.Tensor:
+        """One inferred label per row of the batch."""
+
+    def output(self) -> dict[str, np.ndarray]:
+        ids = np.array(sorted(self.labels), dtype=np.int64)
+        return {"sample_ids": ids, "labels": np.array([self.labels[i] for i in ids], dtype=np.int64),
+                "batches": np.array(self.batches)}
+
+    @classmethod
+    def score(cls, output: dict[str, np.ndarray], truth: dict[int, int]) -> dict[str, float]:
+        ids = output["sample_ids"]
+        true = np.array([truth[int(i)] for i in ids])
+        return {"label_accuracy": float((output["labels"] == true).mean()) if len(ids) else float("nan"),
+                "samples": int(len(ids)), "batches": int(output["batches"])}
+
+
+_MAX_BATCHES = Param(0, "attack at most this many training batches (0 = all)", lambda v: isinstance(v, int) and v >= 0,
+                     "an integer >= 0")
+
+
+@ATTACKS.register
+class AnalyticBatchLabels(_BatchLabelAttack):
+    name = "analytic-label-recovery"
+    description = "paper 004 Theorem 1: per-sample logit gradients from the last layer's batch gradient (exact when B <= rank)"
+    params = {"max_batches": _MAX_BATCHES}
+
+    def infer(self, view: BatchGradientView) -> torch.Tensor:
+        return AnalyticLabelRecovery().infer(last_layer_view(view))
+
+
+@ATTACKS.register
+class GradientInversionBatchLabels(_BatchLabelAttack):
+    name = "gradient-inversion-label-inference"
+    description = "paper 004 Algorithm 2: dummy labels optimised to reproduce the batch-level parameter gradient"
+    params = {
+        "max_batches": _MAX_BATCHES,
+        "iterations": Param(1500, "optimisation steps per batch", lambda v: isinstance(v, int) and v > 0, "a positive integer"),
+        "lr": Param(0.05, "Adam learning rate", lambda v: isinstance(v, int | float) and v > 0, "a positive number"),
+        "seed": Param(0, "dummy initialisation seed", lambda v: isinstance(v, int), "an integer"),
+    }
+
+    def infer(self, view: BatchGradientView) -> torch.Tensor:
+        attack = GradientInversionLabelInference(iterations=self.p["iterations"], lr=self.p["lr"], seed=self.p["seed"])
+        return attack.infer(view)
