@@ -36,6 +36,9 @@ def test_theorem1_is_exact_and_gradient_inversion_recovers_labels_under_split_he
 
 def _scores_and_accuracy(tmp_path, repo, name, defenses):
     data = yaml.safe_load((repo / "configs/label-leak.yaml").read_text())
+    # paper 004's setting: the active party holds features too (one image half), passive-1 the other
+    passive_2 = data["parties"].pop()
+    data["parties"][1].update(features=passive_2["features"], bottom=passive_2["bottom"])
     data["train"].update(epochs=5, batch_size=64, optimizer={"kind": "adam", "lr": 0.01})
     data["attacks"] = [
         {"name": "analytic-label-recovery", "party": "passive-1", "params": {"max_batches": 3}},

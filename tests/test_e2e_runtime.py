@@ -93,6 +93,27 @@ def test_distributed_run_ends_with_the_reference_parameters(tmp_path, aggregatio
     assert worst <= 1e-5, f"max parameter difference {worst}"
 
 
+@pytest.mark.parametrize("cut", ["cnn", "input-layer"])
+def test_cnn_bottoms_and_input_layer_cut_match_the_reference(tmp_path, cut):
+    data = base_config(n_passive=2, aggregation="concat" if cut == "cnn" else "sum")
+    for p in data["parties"][2:]:
+        if cut == "cnn":  # a small CNN per image region
+            p["bottom"] = {"kind": "cnn", "channels": [4, 8], "out": 16}
+        else:  # paper 000: the first linear layer split by columns; bias and activation at the active party
+            p["bottom"] = {"kind": "linear", "bias": False, "out": 16}
+    if cut == "input-layer":
+        data["model"] = {"top": {"kind": "mlp", "hidden": [16], "input_activation": "relu"}}
+    data["train"].update(max_steps=6, batch_size=128)
+    path = write_config(tmp_path, data)
+    assert run_local(path, run_dir=tmp_path / "run", progress=False) == 0
+    reference = train_reference(from_dict(data), evaluate=False)
+    for party, modules in reference.states.items():
+        ckpt = torch.load(tmp_path / "run/checkpoints" / f"{party}.pt")
+        for module, state in modules.items():
+            for name, expected in state.items():
+                assert torch.equal(ckpt["modules"][module][name], expected), (party, module, name)
+
+
 def _start_long_run(tmp_path: Path, repo: Path) -> tuple[subprocess.Popen, Path]:
     data = base_config(n_passive=2)
     data["train"].update(epochs=500, batch_size=16)

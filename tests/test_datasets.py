@@ -1,0 +1,37 @@
+import numpy as np
+import pytest
+
+from vflnet.data.datasets import available, load_dataset
+
+
+def test_bundled_datasets_load_offline_with_expected_shapes():
+    assert {"digits", "mnist", "breast_cancer", "wine", "iris", "synthetic", "csv", "npz"} <= set(available())
+    digits = load_dataset("digits")
+    assert digits.features.shape == (1797, 8, 8) and digits.is_image and digits.n_classes == 10
+    assert 0.0 <= digits.features.min() and digits.features.max() <= 1.0
+    mnist = load_dataset("mnist")
+    assert mnist.features.shape == (5000, 28, 28) and mnist.n_classes == 10
+    cancer = load_dataset("breast_cancer")
+    assert cancer.features.shape == (569, 30) and cancer.n_classes == 2 and not cancer.is_image
+    synth = load_dataset("synthetic", {"n_samples": 300, "n_features": 12, "n_classes": 3, "seed": 4})
+    assert synth.features.shape == (300, 12) and synth.n_classes == 3
+    np.testing.assert_array_equal(synth.features, load_dataset("synthetic", {"n_samples": 300, "n_features": 12,
+                                                                             "n_classes": 3, "seed": 4}).features)
+
+
+def test_user_csv_and_npz(tmp_path):
+    csv = tmp_path / "d.csv"
+    csv.write_text("uid,a,b,label\n10,1.0,2.0,yes\n11,0.5,-1.0,no\n12,3.0,0.0,yes\n")
+    d = load_dataset("csv", {"path": str(csv), "label_column": "label", "id_column": "uid"})
+    np.testing.assert_array_equal(d.ids, [10, 11, 12])
+    assert d.features.shape == (3, 2) and d.labels.tolist() == [1, 0, 1] and d.n_classes == 2
+    with pytest.raises(KeyError, match="no column 'target'"):
+        load_dataset("csv", {"path": str(csv), "label_column": "target"})
+    npz = tmp_path / "d.npz"
+    np.savez(npz, x=np.ones((4, 3)), y=np.array([0, 1, 2, 1]), ids=np.array([5, 6, 7, 8]))
+    d = load_dataset("npz", {"path": str(npz)})
+    assert d.features.shape == (4, 3) and d.ids.tolist() == [5, 6, 7, 8] and d.n_classes == 3
+    with pytest.raises(KeyError, match="takes no parameter"):
+        load_dataset("digits", {"path": "x"})
+    with pytest.raises(KeyError, match="unknown dataset 'cifar10'"):
+        load_dataset("cifar10")
