@@ -65,7 +65,7 @@ class FeaturesConfig:
 
 @dataclass
 class ModelConfig:
-    kind: Literal["none", "linear", "mlp", "cnn"] = "mlp"
+    kind: Literal["none", "linear", "mlp", "cnn", "cafe-conv", "cafe-fc"] = "mlp"
     hidden: list[int] = field(default_factory=list)
     out: int = 0  # bottom models: embedding size; top models: ignored (number of classes)
     bias: bool = True
@@ -342,8 +342,8 @@ def validate(cfg: Config) -> None:
                 raise ConfigError(src, f"{key}.bottom.kind", "a bottom model cannot be 'none'")
             if p.bottom.out <= 0:
                 raise ConfigError(src, f"{key}.bottom.out", "expected the embedding size (a positive integer)")
-            if p.bottom.kind == "cnn" and p.features.region is None:
-                raise ConfigError(src, f"{key}.bottom.kind", "a cnn bottom needs an image 'region', not 'columns'")
+            if p.bottom.kind in ("cnn", "cafe-conv", "cafe-fc") and p.features.region is None:
+                raise ConfigError(src, f"{key}.bottom.kind", f"a {p.bottom.kind} bottom needs an image 'region', not 'columns'")
         if not 0 < p.sample_fraction <= 1:
             raise ConfigError(src, f"{key}.sample_fraction", f"expected a value in (0, 1], got {p.sample_fraction}")
     if cfg.active.features is None and cfg.active.bottom is not None:

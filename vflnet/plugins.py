@@ -84,6 +84,7 @@ ATTACKS = Registry("attack", [
     "vflnet.attacks.direct_label",
     "vflnet.attacks.gradient_scaling",
     "vflnet.attacks.batch_label",
+    "vflnet.attacks.cafe_tap",
 ])
 DEFENSES = Registry("defense", ["vflnet.defenses.registered"])
 

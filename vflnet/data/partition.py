@@ -10,6 +10,8 @@ import numpy as np
 from vflnet.config import Config, ConfigError, FeaturesConfig, PartyConfig
 from vflnet.data.datasets import Dataset, load_dataset
 
+IMAGE_BOTTOMS = ("cnn", "cafe-conv", "cafe-fc")  # bottoms that take [n, 1, h, w] regions
+
 
 @dataclass
 class PartyData:
@@ -80,7 +82,7 @@ def party_view(cfg: Config, party_name: str, dataset: Dataset | None = None) -> 
     x = None
     if party.features is not None:
         assert party.bottom is not None
-        x = select_features(data, party.features, as_image=party.bottom.kind == "cnn")[order]
+        x = select_features(data, party.features, as_image=party.bottom.kind in IMAGE_BOTTOMS)[order]
     y = data.labels[order] if party.role == "active" else None
     return PartyData(ids=data.ids[order], x=x, y=y, n_classes=data.n_classes)
 
@@ -111,7 +113,7 @@ def check_against_dataset(cfg: Config) -> None:
             continue
         try:
             assert party.bottom is not None
-            select_features(data, party.features, as_image=party.bottom.kind == "cnn")
+            select_features(data, party.features, as_image=party.bottom.kind in IMAGE_BOTTOMS)
         except ValueError as exc:
             raise ConfigError(src, f"parties[{i}].features", str(exc)) from exc
     outs = [p.bottom.out for p in cfg.feature_parties if p.bottom is not None]

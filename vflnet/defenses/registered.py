@@ -128,3 +128,47 @@ class DCAE(Defense):
 
     def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
         return ld.DCAEDefense(_autoencoder(num_classes, seed, self.p), self.p["bins"])
+
+
+def _numpy_transform(transform: Any) -> Any:
+    """Adapt a dict-of-tensors transform to the party's dict-of-arrays gradient upload."""
+    import numpy as np
+    import torch
+
+    def apply(grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = transform({k: torch.from_numpy(v) for k, v in grads.items()})
+        return {k: v.detach().to(torch.float32).numpy() for k, v in out.items()}
+
+    return apply
+
+
+@DEFENSES.register
+class FakeGradientsDefense(Defense):
+    name = "fake-gradients"
+    description = "paper 002 Algorithm 5: upload the nearest of nu sorted Gaussian candidates instead of the true gradient"
+    roles = frozenset({"passive", "active"})
+    acts_on = "upload"
+    params = {
+        "nu": _p(1000, "candidate vectors drawn per round", 1, integer=True),
+        "sigma2": _p(1.1, "variance of the candidates", 1e-12),
+        "max_rounds": _p(100, "rounds before the closest candidate is taken (keeps the loop finite)", 1, integer=True),
+    }
+
+    def build(self, num_classes: int, seed: int) -> Any:
+        from vflnet.defenses.fake_gradients import FakeGradients
+
+        return _numpy_transform(FakeGradients(self.p["nu"], self.p["sigma2"], None, self.p["max_rounds"], seed))
+
+
+@DEFENSES.register
+class DpGradientUpload(Defense):
+    name = "dp-gradients"
+    description = "clip the whole upload to clip_norm and add N(0, (noise_multiplier * clip_norm)^2) noise (DP baseline)"
+    roles = frozenset({"passive", "active"})
+    acts_on = "upload"
+    params = {"clip_norm": _p(3.0, "L2 clip of the upload", 1e-12), "noise_multiplier": _p(1.0, "noise std / clip_norm", 0.0)}
+
+    def build(self, num_classes: int, seed: int) -> Any:
+        from vflnet.defenses.dp_gradients import DpGradients
+
+        return _numpy_transform(DpGradients(self.p["clip_norm"], self.p["noise_multiplier"], seed))

@@ -7,6 +7,8 @@ the sum of the parties' column blocks is exactly the first layer of the joint ne
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -44,6 +46,18 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
+def cafe_config(cfg: ModelConfig, input_shape: tuple[int, ...], n_workers: int = 1, n_classes: int = 10) -> Any:
+    """The CAFE paper's worker model (paper 002) for one image region: `channels` are its two conv
+    widths, `hidden` its [fc1, fc2] widths, `out` the worker output size."""
+    from vflnet.models.cafe_net import CafeNetConfig
+
+    fc1, fc2 = (cfg.hidden + [256, 64])[:2] if len(cfg.hidden) < 2 else cfg.hidden[:2]
+    return CafeNetConfig(
+        kind="conv" if cfg.kind == "cafe-conv" else "fc", n_workers=n_workers, region_shape=tuple(input_shape),
+        n_classes=n_classes, conv_channels=tuple(cfg.channels[:2]), fc1_out=fc1, fc2_out=fc2, worker_out=cfg.out,
+    )
+
+
 def build_bottom(cfg: ModelConfig, input_shape: tuple[int, ...]) -> nn.Module:
     """``input_shape`` excludes the batch axis: (d,) for flat features, (1, h, w) for a cnn."""
     if cfg.kind == "linear":
@@ -52,6 +66,10 @@ def build_bottom(cfg: ModelConfig, input_shape: tuple[int, ...]) -> nn.Module:
         return _mlp(input_shape[0], cfg.hidden, cfg.out, cfg.activation, cfg.bias)
     if cfg.kind == "cnn":
         return SmallCNN(input_shape, cfg.channels, cfg.out)  # type: ignore[arg-type]
+    if cfg.kind in ("cafe-conv", "cafe-fc"):
+        from vflnet.models.cafe_net import CafeBottom
+
+        return CafeBottom(cafe_config(cfg, input_shape))
     raise ValueError(f"unknown bottom model kind {cfg.kind!r}")
 
 

@@ -262,6 +262,25 @@ def shutdown_all(cfg: Config, stubs: dict[str, services_pb2_grpc.PartyStub], rea
     return paths
 
 
+def deliver_server_knowledge(cfg: Config, knowledge: dict[str, Any], reply: messages_pb2.JoinReply,
+                             joined: dict[str, messages_pb2.JoinRequest]) -> None:
+    """What the server knows a priori (paper 002's threat model), handed to its attacks explicitly:
+    the model architecture (from the run config it coordinates), the training-set IDs it scheduled,
+    and which roster address is which party. No data, no labels."""
+    knowledge["train_ids"] = np.asarray(reply.train_ids, dtype=np.int64)
+    knowledge["party_addresses"] = {p.address: p.name for p in reply.roster}
+    knowledge["workers"] = [p.name for p in cfg.passives]
+    knowledge["label_holder"] = cfg.active.name
+    bottoms = [p.bottom for p in cfg.passives]
+    top = joined[cfg.active.name].initial_params.tensors.get("top.net.weight")
+    if all(b is not None and b.kind in ("cafe-conv", "cafe-fc") for b in bottoms) and top is not None:
+        from vflnet.models.zoo import cafe_config
+
+        region = cfg.passives[0].features.region  # type: ignore[union-attr]
+        shape = (1, region[1] - region[0], region[3] - region[2])
+        knowledge["architecture"] = cafe_config(bottoms[0], shape, n_workers=len(bottoms), n_classes=int(top.shape[0]))  # type: ignore[arg-type]
+
+
 def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
@@ -299,6 +318,7 @@ def main(cfg: Config, run_dir: Path, listen: str) -> int:
         for info in admission.reply.roster:
             channel = intercept_channel(open_channel(info.address, cfg.transport, name), interception.chain, name, info.address)
             stubs[info.name] = services_pb2_grpc.PartyStub(channel)
+        deliver_server_knowledge(cfg, interception.knowledge, admission.reply, admission.joined)
         param_server = None
         if cfg.protocol.kind == "param-server":
             initial = {n: from_tensor_map(r.initial_params, f"{n}'s parameter") for n, r in admission.joined.items()}

@@ -147,7 +147,8 @@ class PartyBase(ABC):
             upload = to_tensor_map(self.outgoing_gradients(self.local.take_grads()))
             self.meter.record("GradientUpload", upload)
         sent, payload = self.meter.take()
-        hdr = messages_pb2.Header(run_id=self.cfg.run.id, step=cmd.header.step, sender=self.name, model_version=self.local.version)
+        h = cmd.header
+        hdr = header(self.cfg, self.name, h.step, h.epoch, h.batch_id, h.phase, self.local.version)
         report = messages_pb2.StepReport(header=hdr, metrics=metrics, bytes_sent=sent, payload_bytes=payload)
         if upload is not None:
             report.grads.CopyFrom(upload)

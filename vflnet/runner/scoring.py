@@ -13,14 +13,23 @@ import numpy as np
 
 from vflnet.config import Config
 from vflnet.data.datasets import load_dataset
+from vflnet.data.partition import party_view
 from vflnet.interceptors.setup import attack_output_path
 from vflnet.plugins import ATTACKS, load_plugin_modules
 
 
 def ground_truth(cfg: Config, what: str) -> Any:
-    if what == "labels":
+    if what in ("labels", "images"):
         data = load_dataset(cfg.data.dataset, cfg.data.params)
-        return dict(zip(data.ids.tolist(), data.labels.tolist(), strict=True))
+        labels = dict(zip(data.ids.tolist(), data.labels.tolist(), strict=True))
+        if what == "labels":
+            return labels
+        # each passive party's own region of every image, as that party holds it: {party: (ids, x)}
+        truth: dict[str, Any] = {"labels": labels}
+        for party in cfg.passives:
+            view = party_view(cfg, party.name, data)
+            truth[party.name] = (view.ids, view.x)
+        return truth
     if what == "":
         return None
     raise ValueError(f"no ground truth of kind {what!r}")
@@ -42,6 +51,9 @@ def score_run(cfg: Config, run_dir: Path) -> dict[str, dict[str, float]]:
         with np.load(path) as f:
             output = {k: f[k] for k in f.files}
         scores[f"{entry.name}@{entry.party}"] = score_output(cfg, entry.name, output)
+        cls = ATTACKS.get(entry.name)
+        if hasattr(cls, "pictures"):
+            cls.pictures(output, ground_truth(cfg, cls.truth_needed), run_dir / "attacks")
     if scores:
         (run_dir / "attacks" / "scores.json").write_text(json.dumps(scores, indent=2))
     return scores
