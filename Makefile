@@ -19,11 +19,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m vflnet.wire.codegen --check
-	$(BIN)/ruff check vflnet tests
+	$(BIN)/ruff check vflnet tests scripts
 	$(BIN)/python -m pytest -q -ra
 
 lint: $(STAMP)
-	$(BIN)/ruff check vflnet tests
+	$(BIN)/ruff check vflnet tests scripts
 	$(BIN)/ruff format --check vflnet tests
 
 proto: $(STAMP)
