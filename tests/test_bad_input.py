@@ -6,6 +6,7 @@ coordinator and the passive parties through real stubs."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -132,10 +133,14 @@ def test_mismatched_sample_ids_and_unknown_ids_are_refused(active):
     code, details = _status(party_stub.RunStep, _command(1, [10**9]))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "not held by this party" in details
     ids = train[:4]
-    sender = threading.Thread(target=lambda: stub.ExchangeEmbeddings.future(_emb(sender="passive-1", step=2, ids=train[4:8])))
-    sender.start()
-    sender.join()
+    pending = stub.ExchangeEmbeddings.future(_emb(sender="passive-1", step=2, ids=train[4:8]), timeout=10)
+    for _ in range(100):  # wait (bounded) until the active party holds them, so the order is fixed
+        slot = party.slots.get(2)
+        if slot is not None and "passive-1" in slot.embeddings:
+            break
+        time.sleep(0.05)
     code, details = _status(party_stub.RunStep, _command(2, ids))
+    assert pending.exception() is not None  # the passive call is released with the failure too
     assert code == grpc.StatusCode.ABORTED and "other sample ids" in details
 
 

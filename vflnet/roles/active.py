@@ -40,6 +40,7 @@ class StepSlot:
     command: messages_pb2.StepCommand | None = None
     embeddings: dict[str, tuple[np.ndarray, Any]] = field(default_factory=dict)  # sender -> (ids, values or CipherArray)
     result: StepResult | None = None
+    encrypted_grad: Any = None  # split-he: one fresh encryption of g, shared by every passive party's reply
     replies: dict[str, messages_pb2.EmbeddingGradients] = field(default_factory=dict)  # sender -> its answer
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -53,7 +54,6 @@ class ActiveParty(PartyBase):
         self.cond = threading.Condition()
         self.slots: dict[int, StepSlot] = {}
         self.completed_step = 0
-        self.encrypted_grad: dict[int, Any] | None = {} if cfg.protocol.kind == "split-he" else None
 
     def build_protocol(self) -> None:
         assert self.local is not None
@@ -144,8 +144,8 @@ class ActiveParty(PartyBase):
             try:
                 if isinstance(self.protocol, ActiveHE):
                     grad, slot.result = self.protocol.step(x_own, received, self.data.y[rows], train)
-                    # one fresh encryption of g serves every passive party (they all receive dL/dH)
-                    self.encrypted_grad = {step: cipher_to_proto(grad, workers=self.cfg.protocol.he.workers)} if grad is not None else {}
+                    if grad is not None:  # every passive party receives the same dL/dH
+                        slot.encrypted_grad = cipher_to_proto(grad, workers=self.cfg.protocol.he.workers)
                 else:
                     slot.result = self.protocol.step(x_own, received, self.data.y[rows], train)
             except Exception as exc:  # a failed step must release the waiting passive calls
@@ -169,8 +169,8 @@ class ActiveParty(PartyBase):
                 header=header(self.cfg, self.name, h.step, h.epoch, h.batch_id, h.phase, self.local.version)
             )
             if h.phase == messages_pb2.TRAIN:
-                if self.encrypted_grad is not None:
-                    reply.cipher.CopyFrom(self.encrypted_grad[h.step])
+                if slot.encrypted_grad is not None:
+                    reply.cipher.CopyFrom(slot.encrypted_grad)
                 else:
                     reply.values.CopyFrom(tensors.to_proto(slot.result.grads[index]))
             self.meter.record("ExchangeEmbeddings.reply", reply)
