@@ -41,6 +41,7 @@ def test_direct_label_inference_online_offline_and_trace_cli(tmp_path, repo):
     assert run_local(path, run_dir=run_dir, progress=False) == 0
     score = _scores(run_dir)["direct-label-inference@passive-1"]
     assert score["label_accuracy"] == 1.0 and score["samples"] == 12 * 32 and score["informed_fraction"] == 1.0
+    assert (run_dir / "attacks/direct-label-inference-confusion.png").exists()
 
     # offline over the recorded trace gives the same output as online
     online = dict(np.load(run_dir / "attacks/direct-label-inference@passive-1.npz"))

@@ -120,3 +120,19 @@ class Attack(ABC):
         return {}
 
     truth_needed: ClassVar[str] = ""  # "labels" | "features" | "": what the runner loads for `score`
+
+
+def label_confusion_picture(name: str, output: dict[str, np.ndarray], truth: dict[int, int], out_dir: Any) -> list[Any]:
+    """Confusion matrix (true vs inferred label) of a label-inference attack's output, as a PNG."""
+    from pathlib import Path
+
+    from vflnet.metrics.labels import confusion_matrix, plot_confusion_matrix
+
+    ids = output.get("sample_ids")
+    if ids is None or len(ids) == 0:
+        return []
+    n_classes = len(set(truth.values()))
+    true = np.array([truth[int(i)] for i in ids])
+    counts = confusion_matrix(true, output["labels"], n_classes)
+    path = Path(out_dir) / f"{name}-confusion.png"
+    return [plot_confusion_matrix(counts, path, name)]

@@ -9,12 +9,13 @@ per-sample gradient.
 from __future__ import annotations
 
 from abc import abstractmethod
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from vflnet.attacks.base import Attack, OwnStepView
+from vflnet.attacks.base import Attack, OwnStepView, label_confusion_picture
 from vflnet.attacks.label_inference import (
     AnalyticLabelRecovery,
     BatchGradientView,
@@ -59,6 +60,10 @@ class _BatchLabelAttack(Attack):
         ids = np.array(sorted(self.labels), dtype=np.int64)
         return {"sample_ids": ids, "labels": np.array([self.labels[i] for i in ids], dtype=np.int64),
                 "batches": np.array(self.batches)}
+
+    @classmethod
+    def pictures(cls, output: dict[str, np.ndarray], truth: dict[int, int], out_dir: Path) -> list[Path]:
+        return label_confusion_picture(cls.name, output, truth, out_dir)
 
     @classmethod
     def score(cls, output: dict[str, np.ndarray], truth: dict[int, int]) -> dict[str, float]:

@@ -7,10 +7,12 @@ gradients arrive encrypted: the attack has nothing per sample and can only guess
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
-from vflnet.attacks.base import Attack, Tap
+from vflnet.attacks.base import Attack, Tap, label_confusion_picture
 from vflnet.attacks.label_inference import DirectLabelInference, SampleGradientView
 from vflnet.interceptors.events import WireEvent
 from vflnet.plugins import ATTACKS, Param
@@ -60,6 +62,10 @@ class DirectLabelAttack(Attack):
             "labels": np.array([self.labels[i] for i in ids], dtype=np.int64),
             "informed": np.array([self.informed[i] for i in ids], dtype=bool),
         }
+
+    @classmethod
+    def pictures(cls, output: dict[str, np.ndarray], truth: dict[int, int], out_dir: Path) -> list[Path]:
+        return label_confusion_picture(cls.name, output, truth, out_dir)
 
     @classmethod
     def score(cls, output: dict[str, np.ndarray], truth: dict[int, int]) -> dict[str, float]:
