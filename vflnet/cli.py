@@ -94,6 +94,10 @@ def _cmd_party(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in _MODULE_COMMANDS:  # these parse their own arguments (some pass extras through)
+        rc = importlib.import_module(_MODULE_COMMANDS[argv[0]][0]).main(argv[1:])
+        return 0 if rc is None else int(rc)
     args = build_parser().parse_args(argv)
     from vflnet.config import ConfigError
 
@@ -110,9 +114,6 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load(args.file)
             print(f"{args.file}: OK ({len(cfg.parties)} parties, protocol {cfg.protocol.kind}, dataset {cfg.data.dataset})")
             return 0
-        if args.command in _MODULE_COMMANDS:
-            module = importlib.import_module(_MODULE_COMMANDS[args.command][0])
-            return module.main(sys.argv[2:] if argv is None else argv[1:])
         if args.command in ("attacks", "defenses"):
             from vflnet.plugins import ATTACKS, DEFENSES, describe
 
