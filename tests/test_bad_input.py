@@ -150,3 +150,21 @@ def test_health_service_reports_serving(active):
     party, _, _, _ = active
     reply = health_pb2_grpc.HealthStub(party.test_channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_message_over_the_size_limit_names_the_setting(active):
+    party, stub, party_stub, train = active
+    party.cfg.transport.max_message_mb = 100 / 1024 / 1024  # 100 bytes: the gradient reply cannot fit
+    results = {}
+
+    def send(name):
+        results[name] = _status(stub.ExchangeEmbeddings, _emb(sender=name, step=1, ids=train[:4]))
+
+    threads = [threading.Thread(target=send, args=(n,)) for n in ("passive-1", "passive-2")]
+    for t in threads:
+        t.start()
+    code, details = _status(party_stub.RunStep, _command(1, train[:4]))
+    for t in threads:
+        t.join(10)
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "transport.max_message_mb" in details
+    assert all(c == grpc.StatusCode.ABORTED and "transport.max_message_mb" in d for c, d in results.values())

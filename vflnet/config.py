@@ -129,7 +129,7 @@ class TLSConfig:
 
 @dataclass
 class TransportConfig:
-    max_message_mb: int = 64
+    max_message_mb: float = 64.0
     rpc_timeout_s: float = 60.0
     join_timeout_s: float = 120.0
     idle_timeout_s: float = 600.0  # a party exits if the coordinator is silent this long

@@ -26,6 +26,7 @@ from vflnet.roles.party import PartyBase
 from vflnet.roles.serve import serve_party
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tensors
+from vflnet.wire.channels import MessageTooLarge, check_message_size
 from vflnet.wire.ciphers import cipher_from_proto_checked
 from vflnet.wire.errors import RpcFailure, invalid, servicer_method, stale_step
 
@@ -151,7 +152,11 @@ class ActiveParty(PartyBase):
             except Exception as exc:  # a failed step must release the waiting passive calls
                 self._fail(slot, f"{type(exc).__name__}: {exc}")
                 raise
-            self._build_replies(slot, cmd.header)
+            try:
+                self._build_replies(slot, cmd.header)
+            except MessageTooLarge as exc:  # release the waiting passive calls with the reason
+                self._fail(slot, str(exc))
+                raise
             with self.cond:
                 self.completed_step = step
                 del self.slots[step]
@@ -173,6 +178,7 @@ class ActiveParty(PartyBase):
                     reply.cipher.CopyFrom(slot.encrypted_grad)
                 else:
                     reply.values.CopyFrom(tensors.to_proto(slot.result.grads[index]))
+            check_message_size(reply, self.cfg.transport, f"{self.name}'s gradients for {sender} at step {h.step}")
             self.meter.record("ExchangeEmbeddings.reply", reply)
             slot.replies[sender] = reply
 

@@ -27,7 +27,7 @@ from vflnet.protocols.param_server import from_tensor_map, to_tensor_map
 from vflnet.protocols.split import LocalModel
 from vflnet.roles.common import Liveness, check_run, header, wait_for
 from vflnet.v1 import messages_pb2, services_pb2_grpc
-from vflnet.wire.channels import open_channel
+from vflnet.wire.channels import check_message_size, open_channel
 from vflnet.wire.errors import RpcFailure, describe_rpc_error
 from vflnet.wire.meter import Meter
 
@@ -168,6 +168,7 @@ class PartyBase(ABC):
             header=header(self.cfg, self.name, h.step, h.epoch, h.batch_id, h.phase, self.local.version if self.local else 0),
             purpose=purpose, cipher=cipher_to_proto(masked, workers=self.cfg.protocol.he.workers),
         )
+        check_message_size(req, self.cfg.transport, f"{self.name}'s {purpose} decryption request")
         self.meter.record("Decrypt", req)
         try:
             reply = self.coordinator.Decrypt(req, timeout=self.cfg.transport.rpc_timeout_s)

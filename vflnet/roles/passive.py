@@ -21,6 +21,7 @@ from vflnet.roles.party import PartyBase
 from vflnet.roles.serve import serve_party
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tensors
+from vflnet.wire.channels import check_message_size
 from vflnet.wire.ciphers import cipher_from_proto_checked
 from vflnet.wire.errors import RpcFailure, describe_rpc_error
 
@@ -58,6 +59,7 @@ class PassiveParty(PartyBase):
                 msg.cipher.CopyFrom(cipher_to_proto(emb, workers=self.cfg.protocol.he.workers))
             else:
                 msg.values.CopyFrom(tensors.to_proto(emb))
+            check_message_size(msg, self.cfg.transport, f"{self.name}'s embeddings for step {h.step}")
             self.meter.record("ExchangeEmbeddings", msg)
             try:
                 reply = self.active.ExchangeEmbeddings(msg, timeout=self.cfg.transport.rpc_timeout_s)

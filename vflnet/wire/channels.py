@@ -12,6 +12,7 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+from google.protobuf.message import Message
 
 from vflnet.config import TransportConfig
 
@@ -109,3 +110,19 @@ def open_channel(address: str, transport: TransportConfig, name: str) -> grpc.Ch
     if not is_loopback(address):
         _check_plaintext_allowed(address, transport)
     return grpc.insecure_channel(address, options=grpc_options(transport))
+
+
+def check_message_size(msg: Message, transport: TransportConfig, what: str) -> None:
+    """Fail before sending with an error that names the setting, rather than gRPC's RESOURCE_EXHAUSTED
+    from the far side. (Payloads are not chunked across several messages yet.)"""
+    limit = int(transport.max_message_mb * 1024 * 1024)
+    size = msg.ByteSize()
+    if size > limit:
+        raise MessageTooLarge(
+            f"{what} is {size / 1024 / 1024:.1f} MiB, over transport.max_message_mb = {transport.max_message_mb}; "
+            "raise that setting on every party (or use a smaller batch)"
+        )
+
+
+class MessageTooLarge(ValueError):
+    pass

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from vflnet.wire.channels import MessageTooLarge
 from vflnet.wire.tensors import PayloadError
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,9 @@ def servicer_method(fn: F) -> F:
         except PayloadError as exc:
             log.warning("%s refused a malformed payload: %s", fn.__name__, exc)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except MessageTooLarge as exc:
+            log.warning("%s cannot send: %s", fn.__name__, exc)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except TimeoutError as exc:
             log.warning("%s timed out: %s", fn.__name__, exc)
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
