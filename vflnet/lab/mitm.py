@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 
 import numpy as np
 from google.protobuf.message import Message
@@ -28,7 +25,7 @@ from vflnet.config import TransportConfig, load
 from vflnet.interceptors.chain import Chain, Filter, Mod
 from vflnet.interceptors.events import WireEvent
 from vflnet.interceptors.trace import TraceWriter
-from vflnet.roles.proxy import ByteMod, TcpRelay, run_proxy
+from vflnet.roles.proxy import ByteMod, TcpRelay, run_proxy, wait_for_signal
 from vflnet.wire import tensors
 
 log = logging.getLogger("vflnet.lab.mitm")
@@ -85,17 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _wait_for_signal() -> None:
-    stop = threading.Event()
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, handle)
-    stop.wait()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s mitm %(levelname)s %(name)s: %(message)s")
@@ -103,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         relay = TcpRelay(args.listen, args.upstream, rewrite=bit_flipper(args.flip_after))
         port = relay.start()
         print(f"tampering tcp relay on port {port} -> {args.upstream}", flush=True)
-        _wait_for_signal()
+        wait_for_signal()
         relay.stop()
         s = relay.stats
         print(
@@ -123,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     mods.append(Filter(zero_embeddings, methods=["ExchangeEmbeddings"], directions=["request"]))
     server, port = run_proxy(args.listen, args.upstream, Chain(mods), transport, name="proxy")
     print(f"tampering grpc proxy on port {port} -> {args.upstream}", flush=True)
-    _wait_for_signal()
+    wait_for_signal()
     server.stop(grace=2).wait()
     if writer is not None:
         writer.close()

@@ -445,7 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _wait_for_signal() -> None:
+def wait_for_signal() -> None:
+    """Block until SIGINT or SIGTERM (how the proxy and the lab's tampering relay are stopped)."""
     stop = threading.Event()
 
     def handle(signum: int, frame: FrameType | None) -> None:
@@ -479,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         relay = TcpRelay(args.listen, args.upstream, max_connections=args.max_connections)
         port = relay.start()
         print(f"proxy {args.name} (tcp) on port {port} -> {args.upstream}", flush=True)
-        _wait_for_signal()
+        wait_for_signal()
         relay.stop()
         s = relay.stats
         print(
@@ -491,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     chain = Chain([writer] if writer is not None else [])
     server, port = run_proxy(args.listen, args.upstream, chain, transport, name=args.name)
     print(f"proxy {args.name} (grpc) on port {port} -> {args.upstream}", flush=True)
-    _wait_for_signal()
+    wait_for_signal()
     server.stop(grace=2).wait()
     if writer is not None:
         writer.close()
