@@ -152,9 +152,11 @@ def test_health_service_reports_serving(active):
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_a_message_over_the_size_limit_names_the_setting(active):
+def test_a_message_over_the_payload_ceiling_names_the_setting(active):
+    """Over max_message_mb a message travels in chunks (tests/test_chunking.py); over max_payload_mb
+    it is refused before sending."""
     party, stub, party_stub, train = active
-    party.cfg.transport.max_message_mb = 100 / 1024 / 1024  # 100 bytes: the gradient reply cannot fit
+    party.cfg.transport.max_payload_mb = 100 / 1024 / 1024  # 100 bytes: the gradient reply cannot fit
     results = {}
 
     def send(name):
@@ -166,5 +168,5 @@ def test_a_message_over_the_size_limit_names_the_setting(active):
     code, details = _status(party_stub.RunStep, _command(1, train[:4]))
     for t in threads:
         t.join(10)
-    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "transport.max_message_mb" in details
-    assert all(c == grpc.StatusCode.ABORTED and "transport.max_message_mb" in d for c, d in results.values())
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "transport.max_payload_mb" in details
+    assert all(c == grpc.StatusCode.ABORTED and "transport.max_payload_mb" in d for c, d in results.values())

@@ -1,8 +1,7 @@
-"""Byte/protobuf codecs of CipherArray, validation of received messages, chunking."""
+"""Byte/protobuf codecs of CipherArray, validation of received messages."""
 
 from __future__ import annotations
 
-import random
 import warnings
 
 import numpy as np
@@ -13,8 +12,6 @@ from vflnet.crypto.wire import (
     cipher_from_proto,
     cipher_to_proto,
     from_bytes,
-    join_chunks,
-    split_chunks,
     to_bytes,
 )
 from vflnet.v1 import tensor_pb2
@@ -86,7 +83,6 @@ def test_arithmetic_results_are_rerandomised_on_encode() -> None:
         ("slot_bits", 0, "slot_bits"),
         ("slot_bits", 600, "slot_bits"),
         ("data", b"\x01" * 100, "bytes"),
-        ("chunk_count", 3, "join_chunks"),
     ],
 )
 def test_bad_messages_are_rejected_with_a_clear_error(field: str, value, match: str) -> None:
@@ -99,35 +95,3 @@ def test_bad_messages_are_rejected_with_a_clear_error(field: str, value, match: 
 def test_wrong_receiver_key_is_rejected() -> None:
     with pytest.raises(ValueError, match="does not match the public key"):
         cipher_from_proto(cipher_to_proto(PK.encrypt(X)), OTHER_PK)
-
-
-def test_split_and_join_chunks() -> None:
-    msg = cipher_to_proto(PK.encrypt(np.arange(50.0)))
-    chunks = split_chunks(msg, max_bytes=1000)
-    assert len(chunks) > 5 and all(c.ByteSize() <= 1000 for c in chunks)
-    assert [c.chunk_index for c in chunks] == list(range(len(chunks)))
-    assert all(c.chunk_count == len(chunks) for c in chunks)
-    shuffled = list(chunks)
-    random.Random(0).shuffle(shuffled)
-    joined = join_chunks(shuffled)
-    assert joined.data == msg.data and joined.chunk_count == 0
-    assert np.array_equal(SK.decrypt(cipher_from_proto(joined, PK)), np.arange(50.0))
-    single = split_chunks(msg, max_bytes=10**7)
-    assert len(single) == 1 and join_chunks(single).data == msg.data
-
-
-def test_incomplete_or_inconsistent_chunks_are_rejected() -> None:
-    msg = cipher_to_proto(PK.encrypt(np.arange(20.0)))
-    chunks = split_chunks(msg, max_bytes=600)
-    with pytest.raises(ValueError, match="expected"):
-        join_chunks(chunks[:-1])
-    dup = chunks[:-1] + [chunks[0]]
-    with pytest.raises(ValueError, match="indices"):
-        join_chunks(dup)
-    other = split_chunks(cipher_to_proto(PK.encrypt(np.arange(20.0), frac_bits=16)), max_bytes=600)
-    with pytest.raises(ValueError, match="disagree"):
-        join_chunks(chunks[:1] + other[1:])
-    with pytest.raises(ValueError, match="cannot hold"):
-        split_chunks(msg, max_bytes=100)
-    with pytest.raises(ValueError):
-        join_chunks([])

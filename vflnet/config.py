@@ -129,7 +129,8 @@ class TLSConfig:
 
 @dataclass
 class TransportConfig:
-    max_message_mb: float = 64.0
+    max_message_mb: float = 64.0  # per gRPC message; a larger message travels in chunks
+    max_payload_mb: float = 1024.0  # per logical message, chunked or not
     rpc_timeout_s: float = 60.0
     join_timeout_s: float = 120.0
     idle_timeout_s: float = 600.0  # a party exits if the coordinator is silent this long
@@ -375,6 +376,7 @@ def validate(cfg: Config) -> None:
     _positive(cfg.transport.join_timeout_s, "transport.join_timeout_s", src)
     _positive(cfg.transport.idle_timeout_s, "transport.idle_timeout_s", src)
     _positive(cfg.transport.max_message_mb, "transport.max_message_mb", src)
+    _positive(cfg.transport.max_payload_mb, "transport.max_payload_mb", src)
     tls = cfg.transport.tls
     if tls.enabled:
         for k in ("ca", "cert", "key"):

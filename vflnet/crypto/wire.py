@@ -12,7 +12,8 @@ row-major order of the ciphertext array (for packed arrays: `shape[:-1] + (ceil(
               the receiver keeps tracking (<= the slot width for packed arrays)
   width       bytes per ciphertext
   depth       always 0: frac_bits already carries the scale of products
-  chunk_index, chunk_count   set by `split_chunks`
+
+Messages over the gRPC limit are chunked by the transport (vflnet/wire/chunking.py), not here.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ from vflnet.crypto.cipher import CipherArray
 from vflnet.crypto.keys import PublicKey
 from vflnet.crypto.randomness import object_array
 from vflnet.v1 import tensor_pb2
-
-_HEADER_MARGIN = 32  # bytes for the data field's tag/length and the two chunk fields
 
 
 def to_bytes(ca: CipherArray) -> bytes:
@@ -73,8 +72,6 @@ def cipher_to_proto(ca: CipherArray, obfuscate: bool = True, workers: int = 1) -
         slot_bits=ca.value_bits,
         width=ca.public_key.width,
         data=to_bytes(ca),
-        chunk_index=0,
-        chunk_count=0,
         depth=0,
     )
 
@@ -85,8 +82,6 @@ def cipher_from_proto(msg: tensor_pb2.CipherTensor, public_key: PublicKey) -> Ci
         raise ValueError(
             f"CipherTensor key_id {msg.key_id!r} does not match the public key {public_key.key_id!r}"
         )
-    if msg.chunk_count > 1:
-        raise ValueError(f"CipherTensor is chunk {msg.chunk_index} of {msg.chunk_count}; join_chunks first")
     if msg.width != public_key.width:
         raise ValueError(f"CipherTensor width {msg.width} != {public_key.width} bytes of n^2")
     if msg.depth != 0:
@@ -105,55 +100,3 @@ def cipher_from_proto(msg: tensor_pb2.CipherTensor, public_key: PublicKey) -> Ci
         raise ValueError(f"CipherTensor slot_bits {msg.slot_bits} out of range for this layout")
     bound = min((1 << (msg.slot_bits - 1)) - 1, int(capacity))
     return from_bytes(msg.data, public_key, shape, msg.frac_bits, bound, msg.slots)
-
-
-def split_chunks(msg: tensor_pb2.CipherTensor, max_bytes: int) -> list[tensor_pb2.CipherTensor]:
-    """Split into messages of at most `max_bytes` serialized bytes, on ciphertext boundaries."""
-    if msg.chunk_count > 1:
-        raise ValueError("message is already a chunk")
-    if msg.width <= 0 or len(msg.data) % msg.width:
-        raise ValueError(f"data length {len(msg.data)} is not a multiple of width {msg.width}")
-    header = tensor_pb2.CipherTensor()
-    header.CopyFrom(msg)
-    header.data = b""
-    room = max_bytes - header.ByteSize() - _HEADER_MARGIN
-    per_chunk = room // msg.width
-    if per_chunk < 1:
-        raise ValueError(
-            f"max_bytes={max_bytes} cannot hold even one {msg.width}-byte ciphertext plus header"
-        )
-    total = len(msg.data) // msg.width
-    count = max(1, -(-total // per_chunk))
-    chunks = []
-    for i in range(count):
-        chunk = tensor_pb2.CipherTensor()
-        chunk.CopyFrom(header)
-        chunk.data = msg.data[i * per_chunk * msg.width : (i + 1) * per_chunk * msg.width]
-        chunk.chunk_index = i
-        chunk.chunk_count = count
-        chunks.append(chunk)
-    return chunks
-
-
-def _header(msg: tensor_pb2.CipherTensor) -> tuple:
-    return (msg.key_id, tuple(msg.shape), msg.frac_bits, msg.slots, msg.slot_bits, msg.width, msg.depth)
-
-
-def join_chunks(chunks: list[tensor_pb2.CipherTensor]) -> tensor_pb2.CipherTensor:
-    """Reassemble `split_chunks` output (any order); checks completeness and matching headers."""
-    if not chunks:
-        raise ValueError("no chunks to join")
-    ordered = sorted(chunks, key=lambda c: c.chunk_index)
-    count = max(1, ordered[0].chunk_count)
-    if len(ordered) != count or any(c.chunk_count != ordered[0].chunk_count for c in ordered):
-        raise ValueError(f"expected {count} chunks, got {len(ordered)} (or inconsistent chunk_count)")
-    if [c.chunk_index for c in ordered] != list(range(count)):
-        raise ValueError(f"chunk indices {[c.chunk_index for c in ordered]} are not 0..{count - 1}")
-    if any(_header(c) != _header(ordered[0]) for c in ordered):
-        raise ValueError("chunks disagree on key_id/shape/frac_bits/slots/slot_bits/width/depth")
-    out = tensor_pb2.CipherTensor()
-    out.CopyFrom(ordered[0])
-    out.data = b"".join(c.data for c in ordered)
-    out.chunk_index = 0
-    out.chunk_count = 0
-    return out

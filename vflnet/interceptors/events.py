@@ -29,6 +29,8 @@ def _method_table() -> dict[str, tuple[type[Message], type[Message]]]:
     table: dict[str, tuple[type[Message], type[Message]]] = {}
     for service in services_pb2.DESCRIPTOR.services_by_name.values():
         for method in service.methods:
+            if method.client_streaming or method.server_streaming:
+                continue  # the chunk transport (vflnet/wire/chunking.py): it carries the logical messages
             table[f"/{service.full_name}/{method.name}"] = (
                 message_factory.GetMessageClass(method.input_type),
                 message_factory.GetMessageClass(method.output_type),
@@ -36,7 +38,7 @@ def _method_table() -> dict[str, tuple[type[Message], type[Message]]]:
     return table
 
 
-# Full gRPC method name -> (request class, response class), for every vflnet service.
+# Full gRPC method name -> (request class, response class), for every unary vflnet method.
 METHODS: dict[str, tuple[type[Message], type[Message]]] = _method_table()
 
 

@@ -7,7 +7,9 @@ caller's stub returns the rewritten reply (blocking calls, ``with_call`` and ``f
 
 Errors from the real call pass through unchanged. A mod raising :class:`Refused` fails the call with
 its status code; on the client side the caller sees a ``grpc.RpcError`` like any other failed call.
-Only unary-unary methods run through the chain (all vflnet RPCs are); other arities are left alone.
+Only unary-unary methods run through the chain (every logical vflnet RPC is); other arities are left
+alone. Messages over the size limit are chunked below the client chain (the channel) and above the
+server chain (vflnet/wire/chunking.py), so mods always see whole messages.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from google.protobuf.message import Message
 
 from vflnet.interceptors.chain import Chain, Refused
 from vflnet.interceptors.events import WireEvent
+from vflnet.wire.chunking import FailedCall
 
 
 def _method_name(method: str | bytes) -> str:
@@ -67,58 +70,8 @@ class ServerChainInterceptor(grpc.ServerInterceptor):
         )
 
 
-class RefusedCall(grpc.RpcError, grpc.Call, grpc.Future):
+class RefusedCall(FailedCall):
     """A call a local mod refused: a finished, failed call with the refusal's status."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self._code = code
-        self._details = details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-    def initial_metadata(self) -> tuple:
-        return ()
-
-    def trailing_metadata(self) -> tuple:
-        return ()
-
-    def is_active(self) -> bool:
-        return False
-
-    def time_remaining(self) -> float | None:
-        return None
-
-    def add_callback(self, callback: Callable[[], None]) -> bool:
-        return False
-
-    def cancel(self) -> bool:
-        return False
-
-    def cancelled(self) -> bool:
-        return False
-
-    def running(self) -> bool:
-        return False
-
-    def done(self) -> bool:
-        return True
-
-    def result(self, timeout: float | None = None) -> Any:
-        raise self
-
-    def exception(self, timeout: float | None = None) -> grpc.RpcError:
-        return self
-
-    def traceback(self, timeout: float | None = None) -> TracebackType | None:
-        return self.__traceback__
-
-    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
-        fn(self)
 
 
 class _InterceptedCall(grpc.Call, grpc.Future):

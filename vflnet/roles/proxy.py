@@ -4,6 +4,8 @@
 vflnet ones only to run the mod chain (taps, rewrites, refusals; a rewrite is re-serialized, an
 untouched message is forwarded byte for byte), and forwards the call upstream with the caller's
 deadline and metadata; the upstream's status code and details come back to the caller unchanged.
+Messages over ``transport.max_message_mb`` (``--config``) are reassembled before the chain and
+re-chunked towards the other side (vflnet/wire/chunking.py), so mods see whole messages there too.
 It holds no certificate the parties trust, so between parties that use mutual TLS it is refused:
 a TLS client cannot handshake with it, and the TLS upstream rejects its plaintext connection.
 
@@ -37,12 +39,14 @@ from vflnet.interceptors.chain import Chain, Refused
 from vflnet.interceptors.events import METHODS, WireEvent, message_class
 from vflnet.interceptors.trace import TraceWriter
 from vflnet.wire.channels import bind, grpc_options, make_server, open_channel
+from vflnet.wire.chunking import METHOD_KEY, ChunkingChannel, Limits
 
 log = logging.getLogger("vflnet.proxy")
 
 MODES = ("grpc", "tcp")
-# Metadata gRPC sets itself on every call; forwarding it again would be refused or duplicated.
-_TRANSPORT_METADATA = ("user-agent", "grpc-")
+# Metadata gRPC (or vflnet's chunking) sets itself on every call; forwarding it again would be
+# refused or duplicated.
+_TRANSPORT_METADATA = ("user-agent", "grpc-", METHOD_KEY)
 
 
 def _plaintext(transport: TransportConfig) -> TransportConfig:
@@ -130,7 +134,7 @@ def run_proxy(
     if upstream_credentials is None:
         channel = open_channel(upstream, plain, name)
     else:
-        channel = grpc.secure_channel(upstream, upstream_credentials, options=grpc_options(plain))
+        channel = ChunkingChannel(grpc.secure_channel(upstream, upstream_credentials, options=grpc_options(plain)), Limits.of(plain))
     handler = ForwardingHandler(channel, upstream, chain, name)
     server = make_server(plain, name)
     server.add_generic_rpc_handlers((handler,))

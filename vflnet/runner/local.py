@@ -80,7 +80,7 @@ class LocalCluster:
                 own, front = free_port(), free_port()
                 self._spawn_command(f"proxy-{party.name}", "proxy", [
                     "proxy", "--listen", f"127.0.0.1:{front}", "--upstream", f"127.0.0.1:{own}", "--name", f"proxy-{party.name}",
-                    "--run-id", self.cfg.run.id, "--trace", str(self.run_dir / "traces" / f"proxy-{party.name}.trace")])
+                    "--run-id", self.cfg.run.id, "--config", str(self.config_path), "--trace", str(self.run_dir / "traces" / f"proxy-{party.name}.trace")])
                 where = ["--listen", f"127.0.0.1:{own}", "--advertise", f"127.0.0.1:{front}"]
             else:
                 where = ["--listen", "127.0.0.1:0", "--advertise", "127.0.0.1:0"]

@@ -183,3 +183,19 @@ class DecryptReply(_message.Message):
     integer_width: int
     integers: bytes
     def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., shape: _Optional[_Iterable[int]] = ..., integer_width: _Optional[int] = ..., integers: _Optional[bytes] = ...) -> None: ...
+
+class Chunk(_message.Message):
+    __slots__ = ("data", "index", "count")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    index: int
+    count: int
+    def __init__(self, data: _Optional[bytes] = ..., index: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+
+class ReplyTicket(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    def __init__(self, token: _Optional[str] = ...) -> None: ...

@@ -337,3 +337,129 @@ class Active:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ChunksStub:
+    """The chunk transport (vflnet/wire/chunking.py), served by every vflnet server's first interceptor;
+    never registered as a servicer. See Chunk in messages.proto.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Call = channel.stream_stream(
+                '/vflnet.v1.Chunks/Call',
+                request_serializer=vflnet_dot_v1_dot_messages__pb2.Chunk.SerializeToString,
+                response_deserializer=vflnet_dot_v1_dot_messages__pb2.Chunk.FromString,
+                _registered_method=True)
+        self.FetchReply = channel.unary_stream(
+                '/vflnet.v1.Chunks/FetchReply',
+                request_serializer=vflnet_dot_v1_dot_messages__pb2.ReplyTicket.SerializeToString,
+                response_deserializer=vflnet_dot_v1_dot_messages__pb2.Chunk.FromString,
+                _registered_method=True)
+
+
+class ChunksServicer:
+    """The chunk transport (vflnet/wire/chunking.py), served by every vflnet server's first interceptor;
+    never registered as a servicer. See Chunk in messages.proto.
+    """
+
+    def Call(self, request_iterator, context):
+        """A unary vflnet call whose request is over transport.max_message_mb: the `vflnet-method`
+        metadata names it (e.g. /vflnet.v1.Active/ExchangeEmbeddings); the request goes up as chunks
+        and the reply comes back as chunks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchReply(self, request, context):
+        """A unary reply over transport.max_message_mb: the call failed with RESOURCE_EXHAUSTED and a
+        `vflnet-reply-ticket` trailer; the caller fetches the reply here, once, in chunks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ChunksServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Call': grpc.stream_stream_rpc_method_handler(
+                    servicer.Call,
+                    request_deserializer=vflnet_dot_v1_dot_messages__pb2.Chunk.FromString,
+                    response_serializer=vflnet_dot_v1_dot_messages__pb2.Chunk.SerializeToString,
+            ),
+            'FetchReply': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchReply,
+                    request_deserializer=vflnet_dot_v1_dot_messages__pb2.ReplyTicket.FromString,
+                    response_serializer=vflnet_dot_v1_dot_messages__pb2.Chunk.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'vflnet.v1.Chunks', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('vflnet.v1.Chunks', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Chunks:
+    """The chunk transport (vflnet/wire/chunking.py), served by every vflnet server's first interceptor;
+    never registered as a servicer. See Chunk in messages.proto.
+    """
+
+    @staticmethod
+    def Call(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/vflnet.v1.Chunks/Call',
+            vflnet_dot_v1_dot_messages__pb2.Chunk.SerializeToString,
+            vflnet_dot_v1_dot_messages__pb2.Chunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchReply(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/vflnet.v1.Chunks/FetchReply',
+            vflnet_dot_v1_dot_messages__pb2.ReplyTicket.SerializeToString,
+            vflnet_dot_v1_dot_messages__pb2.Chunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16vflnet/v1/tensor.proto\x12\tvflnet.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xb8\x01\n\x0c\x43ipherTensor\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x11\n\tfrac_bits\x18\x03 \x01(\x05\x12\r\n\x05slots\x18\x04 \x01(\x05\x12\x11\n\tslot_bits\x18\x05 \x01(\x05\x12\r\n\x05width\x18\x06 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\x13\n\x0b\x63hunk_index\x18\x08 \x01(\x05\x12\x13\n\x0b\x63hunk_count\x18\t \x01(\x05\x12\r\n\x05\x64\x65pth\x18\n \x01(\x05\"\x82\x01\n\tTensorMap\x12\x32\n\x07tensors\x18\x01 \x03(\x0b\x32!.vflnet.v1.TensorMap.TensorsEntry\x1a\x41\n\x0cTensorsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.vflnet.v1.Tensor:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16vflnet/v1/tensor.proto\x12\tvflnet.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x9a\x01\n\x0c\x43ipherTensor\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x11\n\tfrac_bits\x18\x03 \x01(\x05\x12\r\n\x05slots\x18\x04 \x01(\x05\x12\x11\n\tslot_bits\x18\x05 \x01(\x05\x12\r\n\x05width\x18\x06 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\r\n\x05\x64\x65pth\x18\n \x01(\x05J\x04\x08\x08\x10\tJ\x04\x08\t\x10\n\"\x82\x01\n\tTensorMap\x12\x32\n\x07tensors\x18\x01 \x03(\x0b\x32!.vflnet.v1.TensorMap.TensorsEntry\x1a\x41\n\x0cTensorsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.vflnet.v1.Tensor:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,9 +36,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TENSOR']._serialized_start=37
   _globals['_TENSOR']._serialized_end=89
   _globals['_CIPHERTENSOR']._serialized_start=92
-  _globals['_CIPHERTENSOR']._serialized_end=276
-  _globals['_TENSORMAP']._serialized_start=279
-  _globals['_TENSORMAP']._serialized_end=409
-  _globals['_TENSORMAP_TENSORSENTRY']._serialized_start=344
-  _globals['_TENSORMAP_TENSORSENTRY']._serialized_end=409
+  _globals['_CIPHERTENSOR']._serialized_end=246
+  _globals['_TENSORMAP']._serialized_start=249
+  _globals['_TENSORMAP']._serialized_end=379
+  _globals['_TENSORMAP_TENSORSENTRY']._serialized_start=314
+  _globals['_TENSORMAP_TENSORSENTRY']._serialized_end=379
 # @@protoc_insertion_point(module_scope)

@@ -17,7 +17,7 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class CipherTensor(_message.Message):
-    __slots__ = ("key_id", "shape", "frac_bits", "slots", "slot_bits", "width", "data", "chunk_index", "chunk_count", "depth")
+    __slots__ = ("key_id", "shape", "frac_bits", "slots", "slot_bits", "width", "data", "depth")
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     FRAC_BITS_FIELD_NUMBER: _ClassVar[int]
@@ -25,8 +25,6 @@ class CipherTensor(_message.Message):
     SLOT_BITS_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
-    CHUNK_INDEX_FIELD_NUMBER: _ClassVar[int]
-    CHUNK_COUNT_FIELD_NUMBER: _ClassVar[int]
     DEPTH_FIELD_NUMBER: _ClassVar[int]
     key_id: str
     shape: _containers.RepeatedScalarFieldContainer[int]
@@ -35,10 +33,8 @@ class CipherTensor(_message.Message):
     slot_bits: int
     width: int
     data: bytes
-    chunk_index: int
-    chunk_count: int
     depth: int
-    def __init__(self, key_id: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., frac_bits: _Optional[int] = ..., slots: _Optional[int] = ..., slot_bits: _Optional[int] = ..., width: _Optional[int] = ..., data: _Optional[bytes] = ..., chunk_index: _Optional[int] = ..., chunk_count: _Optional[int] = ..., depth: _Optional[int] = ...) -> None: ...
+    def __init__(self, key_id: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., frac_bits: _Optional[int] = ..., slots: _Optional[int] = ..., slot_bits: _Optional[int] = ..., width: _Optional[int] = ..., data: _Optional[bytes] = ..., depth: _Optional[int] = ...) -> None: ...
 
 class TensorMap(_message.Message):
     __slots__ = ("tensors",)

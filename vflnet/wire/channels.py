@@ -1,5 +1,8 @@
 """gRPC servers and channels with the project's limits, and TLS when the config turns it on.
 
+Messages over ``transport.max_message_mb`` travel in chunks (vflnet/wire/chunking.py): every server
+made here and every channel opened here do that on their own.
+
 Plaintext is allowed on loopback; to any other address it needs ``transport.allow_plaintext_remote``
 and logs a warning, because everything on such a channel can be read and rewritten by anyone on the path.
 """
@@ -15,6 +18,7 @@ import grpc
 from google.protobuf.message import Message
 
 from vflnet.config import TransportConfig
+from vflnet.wire.chunking import ChunkingChannel, ChunkingInterceptor, Limits, payload_error
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +59,7 @@ def make_server(
         from vflnet.wire.tls import ROLE_PERMISSIONS, RoleAuthorizer
 
         chain.insert(0, RoleAuthorizer(ROLE_PERMISSIONS))  # identity first, before any tap or attack
+    chain.insert(0, ChunkingInterceptor(Limits.of(transport)))  # outermost: the rest sees whole messages
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{name}-rpc"),
         interceptors=chain,
@@ -106,22 +111,20 @@ def open_channel(address: str, transport: TransportConfig, name: str) -> grpc.Ch
     if transport.tls.enabled:
         from vflnet.wire.tls import channel_credentials
 
-        return grpc.secure_channel(address, channel_credentials(*_tls_files(transport, name)), options=grpc_options(transport))
-    if not is_loopback(address):
-        _check_plaintext_allowed(address, transport)
-    return grpc.insecure_channel(address, options=grpc_options(transport))
+        channel = grpc.secure_channel(address, channel_credentials(*_tls_files(transport, name)), options=grpc_options(transport))
+    else:
+        if not is_loopback(address):
+            _check_plaintext_allowed(address, transport)
+        channel = grpc.insecure_channel(address, options=grpc_options(transport))
+    return ChunkingChannel(channel, Limits.of(transport))
 
 
 def check_message_size(msg: Message, transport: TransportConfig, what: str) -> None:
-    """Fail before sending with an error that names the setting, rather than gRPC's RESOURCE_EXHAUSTED
-    from the far side. (Payloads are not chunked across several messages yet.)"""
-    limit = int(transport.max_message_mb * 1024 * 1024)
-    size = msg.ByteSize()
-    if size > limit:
-        raise MessageTooLarge(
-            f"{what} is {size / 1024 / 1024:.1f} MiB, over transport.max_message_mb = {transport.max_message_mb}; "
-            "raise that setting on every party (or use a smaller batch)"
-        )
+    """Fail before sending a message over ``transport.max_payload_mb``, with an error that names the
+    setting (a message over ``max_message_mb`` but under this travels in chunks)."""
+    error = payload_error(msg.ByteSize(), Limits.of(transport), what)
+    if error:
+        raise MessageTooLarge(f"{error} (or use a smaller batch)")
 
 
 class MessageTooLarge(ValueError):

@@ -1,0 +1,508 @@
+"""Messages over ``transport.max_message_mb`` travel in chunks, unseen by the code above the channel.
+
+Client (:class:`ChunkingChannel`, under the mod chain's interceptor, so taps see whole messages):
+a call whose serialized request is over the limit goes over the ``Chunks/Call`` stream as ``Chunk``
+messages, with the real method in the ``vflnet-method`` metadata; the reply comes back on that
+stream. A plain unary call whose *reply* is over the limit fails on the server with
+RESOURCE_EXHAUSTED and a ``vflnet-reply-ticket`` trailer; the channel then fetches the parked reply
+once with ``Chunks/FetchReply``. Messages that fit travel as plain unary calls, as without chunking.
+
+Server (:class:`ChunkingInterceptor`, first of the server's interceptors): for ``Chunks/Call`` it
+takes the named method's full handler from the rest of the pipeline (role check, mod chain,
+servicer), reassembles the request, calls that handler and streams the reply back; for a unary
+vflnet method it parks a reply over the limit. ``Chunks`` is never registered as a servicer: gRPC
+then resolves the named method through the generic handlers, which honour the name we pass.
+No logical message may exceed ``transport.max_payload_mb``, chunked or not.
+"""
+
+from __future__ import annotations
+
+import functools
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from vflnet.config import TransportConfig
+from vflnet.v1 import messages_pb2, services_pb2
+
+MIB = 1024 * 1024
+CHUNK_OVERHEAD = 24  # bytes of a Chunk around its data: three field tags, a length and two varints
+METHOD_KEY = "vflnet-method"  # metadata of a Chunks/Call: the unary method it stands for
+TICKET_KEY = "vflnet-reply-ticket"  # trailer of a unary call whose reply waits to be fetched
+CALL_METHOD = "/vflnet.v1.Chunks/Call"
+FETCH_METHOD = "/vflnet.v1.Chunks/FetchReply"
+
+# Every unary vflnet method: each may travel in chunks.
+CHUNKABLE: frozenset[str] = frozenset(
+    f"/{service.full_name}/{m.name}"
+    for service in services_pb2.DESCRIPTOR.services_by_name.values()
+    for m in service.methods
+    if not (m.client_streaming or m.server_streaming)
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    message: int  # bytes of one gRPC message (transport.max_message_mb)
+    payload: int  # bytes of one logical message after reassembly (transport.max_payload_mb)
+    ticket_ttl_s: float  # how long a parked reply waits for its fetch (transport.rpc_timeout_s)
+
+    @classmethod
+    def of(cls, transport: TransportConfig) -> Limits:
+        return cls(int(transport.max_message_mb * MIB), int(transport.max_payload_mb * MIB), transport.rpc_timeout_s)
+
+    @property
+    def chunk(self) -> int:
+        return max(1, self.message - CHUNK_OVERHEAD)
+
+
+class ChunkError(ValueError):
+    """A chunk stream that does not reassemble; ``code`` is the status to answer with."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def split(data: bytes, limits: Limits) -> Iterator[messages_pb2.Chunk]:
+    size = limits.chunk
+    count = max(1, -(-len(data) // size))
+    for i in range(count):
+        yield messages_pb2.Chunk(data=data[i * size : (i + 1) * size], index=i, count=count)
+
+
+def join(chunks: Iterable[messages_pb2.Chunk], limits: Limits, what: str) -> bytes:
+    """Reassemble a whole stream: chunks 0..count-1 in order, none empty unless it is the only one,
+    at most ``limits.payload`` bytes in all."""
+    parts: list[bytes] = []
+    total, count = 0, 0
+    for c in chunks:
+        count = count or c.count
+        if c.count != count or c.index != len(parts) or c.index >= count:
+            raise ChunkError(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"{what}: got chunk {c.index} of {c.count}, expected chunk {len(parts)} of {count or '?'}")
+        if not c.data and count > 1:
+            raise ChunkError(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: chunk {c.index} of {count} is empty")
+        total += len(c.data)
+        if total > limits.payload:
+            raise ChunkError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"{what} is over transport.max_payload_mb ({limits.payload} bytes)")
+        parts.append(c.data)
+    if not count or len(parts) != count:
+        raise ChunkError(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: the stream ended after {len(parts)} of {count or '?'} chunks")
+    return b"".join(parts)
+
+
+def payload_error(size: int, limits: Limits, what: str) -> str | None:
+    if size <= limits.payload:
+        return None
+    return (f"{what} is {size / MIB:.1f} MiB, over transport.max_payload_mb = {limits.payload / MIB:g}; messages "
+            "over transport.max_message_mb travel in chunks, but none may exceed this: raise it on every party")
+
+
+# ------------------------------------------------------------------------------------------ server
+@dataclass(frozen=True)
+class _CallDetails(grpc.HandlerCallDetails):
+    method: str
+    invocation_metadata: Any
+
+
+class _ReplyStash:
+    """Unary replies too large to send, each under a one-time random ticket until fetched or expired."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._items: dict[str, tuple[float, bytes]] = {}
+
+    def put(self, data: bytes) -> str:
+        now = time.monotonic()
+        token = secrets.token_urlsafe(16)
+        with self._lock:
+            self._items = {k: v for k, v in self._items.items() if v[0] > now}  # drop unfetched ones
+            self._items[token] = (now + self.ttl_s, data)
+        return token
+
+    def take(self, token: str) -> bytes | None:
+        with self._lock:
+            item = self._items.pop(token, None)
+        return item[1] if item is not None and item[0] > time.monotonic() else None
+
+
+class ChunkingInterceptor(grpc.ServerInterceptor):
+    """Serves ``Chunks/Call`` and ``Chunks/FetchReply``; parks unary replies over the limit.
+
+    Place it first: the rest of the pipeline then only ever sees whole logical messages under their
+    own method name (the role check of a chunked ExchangeEmbeddings is ExchangeEmbeddings')."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.stash = _ReplyStash(limits.ticket_ttl_s)
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        method = handler_call_details.method
+        method = method.decode() if isinstance(method, bytes) else method
+        if method == FETCH_METHOD:
+            return grpc.unary_stream_rpc_method_handler(
+                self._fetch, request_deserializer=messages_pb2.ReplyTicket.FromString,
+                response_serializer=messages_pb2.Chunk.SerializeToString)
+        if method == CALL_METHOD:
+            metadata = handler_call_details.invocation_metadata or ()
+            base = next((value for key, value in metadata if key == METHOD_KEY), "")
+            handler = continuation(_CallDetails(base, metadata)) if base in CHUNKABLE else None
+            if handler is None or handler.unary_unary is None:
+                return None  # UNIMPLEMENTED, as for a unary call to a method this server lacks
+            return grpc.stream_stream_rpc_method_handler(
+                functools.partial(self._serve_chunked, base, handler),
+                request_deserializer=messages_pb2.Chunk.FromString, response_serializer=messages_pb2.Chunk.SerializeToString)
+        handler = continuation(handler_call_details)
+        if method not in CHUNKABLE or handler is None or handler.unary_unary is None:
+            return handler
+        return grpc.unary_unary_rpc_method_handler(
+            functools.partial(self._serve_unary, method, handler), request_deserializer=handler.request_deserializer)
+
+    def _reply_bytes(self, method: str, handler: grpc.RpcMethodHandler, reply: Any, context: grpc.ServicerContext) -> bytes:
+        data = handler.response_serializer(reply) if handler.response_serializer else reply
+        error = payload_error(len(data), self.limits, f"the {method} reply")
+        if error:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, error)
+        return data
+
+    def _serve_unary(self, method: str, handler: grpc.RpcMethodHandler, request: Any, context: grpc.ServicerContext) -> bytes | None:
+        reply = handler.unary_unary(request, context)
+        if reply is None:  # the servicer set an error status itself
+            return None
+        data = self._reply_bytes(method, handler, reply, context)
+        if len(data) > self.limits.message:
+            context.set_trailing_metadata(((TICKET_KEY, self.stash.put(data)),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"the {method} reply is {len(data)} bytes, over transport.max_message_mb "
+                          f"({self.limits.message} bytes): fetch it with {FETCH_METHOD} and the {TICKET_KEY} trailer")
+        return data
+
+    def _serve_chunked(
+        self, method: str, handler: grpc.RpcMethodHandler, chunks: Iterator[messages_pb2.Chunk], context: grpc.ServicerContext
+    ) -> Iterator[messages_pb2.Chunk]:
+        try:
+            data = join(chunks, self.limits, f"chunked {method} request")
+            request = handler.request_deserializer(data) if handler.request_deserializer else data
+        except ChunkError as exc:
+            context.abort(exc.code, str(exc))
+        except DecodeError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"chunked {method} request does not decode: {exc}")
+        reply = handler.unary_unary(request, context)
+        if reply is not None:
+            yield from split(self._reply_bytes(method, handler, reply, context), self.limits)
+
+    def _fetch(self, ticket: messages_pb2.ReplyTicket, context: grpc.ServicerContext) -> Iterator[messages_pb2.Chunk]:
+        data = self.stash.take(ticket.token)
+        if data is None:
+            context.abort(grpc.StatusCode.NOT_FOUND,
+                          f"no reply waits under this ticket (fetched already, or older than {self.limits.ticket_ttl_s:g} s)")
+        yield from split(data, self.limits)
+
+
+# ------------------------------------------------------------------------------------------ client
+class FailedCall(grpc.RpcError, grpc.Call, grpc.Future):
+    """A call that failed on this side of the wire: a finished call with this status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self._code = code
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def initial_metadata(self) -> tuple:
+        return ()
+
+    def trailing_metadata(self) -> tuple:
+        return ()
+
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        return False
+
+    def cancel(self) -> bool:
+        return False
+
+    def cancelled(self) -> bool:
+        return False
+
+    def running(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        raise self
+
+    def exception(self, timeout: float | None = None) -> grpc.RpcError:
+        return self
+
+    def traceback(self, timeout: float | None = None) -> TracebackType | None:
+        return self.__traceback__
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        fn(self)
+
+
+@dataclass(frozen=True)
+class _CallOptions:
+    deadline: float | None  # time.monotonic() based
+    metadata: Any
+    credentials: Any
+    wait_for_ready: bool | None
+    compression: Any
+
+    def kwargs(self) -> dict[str, Any]:
+        timeout = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+        return {"timeout": timeout, "metadata": self.metadata, "credentials": self.credentials,
+                "wait_for_ready": self.wait_for_ready, "compression": self.compression}
+
+
+def _ticket(call: grpc.Call) -> str | None:
+    if call.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    return next((value for key, value in call.trailing_metadata() or () if key == TICKET_KEY), None)
+
+
+class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
+    """One vflnet method: unary when the request fits, ``Chunks/Call`` when not, a ticket fetch
+    when the server parked the reply."""
+
+    def __init__(self, channel: grpc.Channel, method: str, serializer: Callable | None, deserializer: Callable | None,
+                 limits: Limits) -> None:
+        self.method = method
+        self.limits = limits
+        self._method_metadata = ((METHOD_KEY, method),)
+        self._serialize = serializer or (lambda data: data)
+        self._deserialize = deserializer or (lambda data: data)
+        self._unary = channel.unary_unary(method)  # bytes both ways: the sizes are checked here
+        chunk = {"request_serializer": messages_pb2.Chunk.SerializeToString, "response_deserializer": messages_pb2.Chunk.FromString}
+        self._stream = channel.stream_stream(CALL_METHOD, **chunk)
+        self._fetch = channel.unary_stream(
+            FETCH_METHOD, request_serializer=messages_pb2.ReplyTicket.SerializeToString, response_deserializer=messages_pb2.Chunk.FromString)
+
+    def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
+                 wait_for_ready: bool | None = None, compression: Any = None) -> Any:
+        return self.with_call(request, timeout, metadata, credentials, wait_for_ready, compression)[0]
+
+    def with_call(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
+                  wait_for_ready: bool | None = None, compression: Any = None) -> tuple[Any, grpc.Call]:
+        options = _CallOptions(None if timeout is None else time.monotonic() + timeout, metadata, credentials, wait_for_ready, compression)
+        return self._invoke(request, options, lambda call: None)
+
+    def future(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
+               wait_for_ready: bool | None = None, compression: Any = None) -> grpc.Future:
+        options = _CallOptions(None if timeout is None else time.monotonic() + timeout, metadata, credentials, wait_for_ready, compression)
+        return _ThreadedCall(functools.partial(self._invoke, request, options))
+
+    def _invoke(self, request: Any, options: _CallOptions, track: Callable[[Any], None]) -> tuple[Any, grpc.Call]:
+        """The whole call; ``track`` is told each underlying gRPC call so a future can cancel it."""
+        data = self._serialize(request)
+        error = payload_error(len(data), self.limits, f"the {self.method} request")
+        if error:
+            raise FailedCall(grpc.StatusCode.RESOURCE_EXHAUSTED, error)
+        if len(data) <= self.limits.message:
+            call = self._unary.future(data, **options.kwargs())
+            track(call)
+            try:
+                return self._decode(call.result()), call
+            except grpc.RpcError:
+                ticket = _ticket(call)
+                if ticket is None:
+                    raise
+            responses = self._fetch(messages_pb2.ReplyTicket(token=ticket), **options.kwargs())
+        else:
+            kwargs = options.kwargs()
+            kwargs["metadata"] = (*(kwargs["metadata"] or ()), *self._method_metadata)
+            responses = self._stream(split(data, self.limits), **kwargs)
+        track(responses)
+        try:
+            reply = join(responses, self.limits, f"the chunked {self.method} reply")
+        except ChunkError as exc:
+            raise FailedCall(exc.code, str(exc)) from exc
+        return self._decode(reply), responses
+
+    def _decode(self, data: bytes) -> Any:
+        try:
+            return self._deserialize(data)
+        except DecodeError as exc:
+            raise FailedCall(grpc.StatusCode.INTERNAL, f"the {self.method} reply does not decode: {exc}") from exc
+
+
+class _ThreadedCall(grpc.Call, grpc.Future):
+    """``future()`` of a chunking call: the call runs on its own thread (a chunked call is several
+    gRPC calls in a row); cancel() cancels whichever of them is in flight."""
+
+    def __init__(self, invoke: Callable[[Callable[[Any], None]], tuple[Any, grpc.Call]]) -> None:
+        self._lock = threading.Lock()
+        self._finished = threading.Event()
+        self._callbacks: list[Callable[[Any], None]] = []
+        self._current: Any = None
+        self._cancelled = False
+        self._response: Any = None
+        self._call: Any = None  # the last underlying call, once it succeeded
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(invoke,), daemon=True).start()
+
+    def _track(self, call: Any) -> None:
+        with self._lock:
+            self._current = call
+            cancel = self._cancelled
+        if cancel:
+            call.cancel()
+
+    def _run(self, invoke: Callable[[Callable[[Any], None]], tuple[Any, grpc.Call]]) -> None:
+        try:
+            self._response, self._call = invoke(self._track)
+        except Exception as exc:  # an RpcError is the failed call itself; anything else is kept for result()
+            self._error = exc
+        with self._lock:
+            self._finished.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
+
+    def _wait(self, timeout: float | None) -> None:
+        if not self._finished.wait(timeout):
+            raise grpc.FutureTimeoutError()
+        if self._cancelled:
+            raise grpc.FutureCancelledError()
+
+    def _status_source(self) -> Any:
+        self._finished.wait()
+        return self._error if isinstance(self._error, grpc.Call) else self._call
+
+    # grpc.Future
+    def result(self, timeout: float | None = None) -> Any:
+        self._wait(timeout)
+        if self._error is not None:
+            raise self._error
+        return self._response
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait(timeout)
+        return self._error
+
+    def traceback(self, timeout: float | None = None) -> TracebackType | None:
+        error = self.exception(timeout)
+        return None if error is None else error.__traceback__
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        with self._lock:
+            if not self._finished.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def cancel(self) -> bool:
+        with self._lock:
+            if self._finished.is_set():
+                return False
+            self._cancelled = True
+            current = self._current
+        if current is not None:
+            current.cancel()
+        return True
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def running(self) -> bool:
+        return not self._finished.is_set()
+
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    # grpc.Call / grpc.RpcContext
+    def code(self) -> grpc.StatusCode:
+        source = self._status_source()
+        return grpc.StatusCode.UNKNOWN if source is None else source.code()
+
+    def details(self) -> str | None:
+        source = self._status_source()
+        return repr(self._error) if source is None else source.details()
+
+    def initial_metadata(self) -> Any:
+        source = self._status_source()
+        return () if source is None else source.initial_metadata()
+
+    def trailing_metadata(self) -> Any:
+        source = self._status_source()
+        return () if source is None else source.trailing_metadata()
+
+    def is_active(self) -> bool:
+        return not self._finished.is_set()
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        self.add_done_callback(lambda _: callback())
+        return True
+
+
+class ChunkingChannel(grpc.Channel):
+    """``channel`` with chunking on every unary vflnet method; all else passes through."""
+
+    def __init__(self, channel: grpc.Channel, limits: Limits) -> None:
+        self.inner = channel
+        self.limits = limits
+
+    def unary_unary(self, method: str, request_serializer: Callable | None = None,
+                    response_deserializer: Callable | None = None, _registered_method: bool | None = False) -> Any:
+        name = method.decode() if isinstance(method, bytes) else method
+        if name not in CHUNKABLE:
+            return self.inner.unary_unary(method, request_serializer, response_deserializer, _registered_method)
+        return _ChunkingMultiCallable(self.inner, name, request_serializer, response_deserializer, self.limits)
+
+    def unary_stream(self, method: str, request_serializer: Callable | None = None,
+                     response_deserializer: Callable | None = None, _registered_method: bool | None = False) -> Any:
+        return self.inner.unary_stream(method, request_serializer, response_deserializer, _registered_method)
+
+    def stream_unary(self, method: str, request_serializer: Callable | None = None,
+                     response_deserializer: Callable | None = None, _registered_method: bool | None = False) -> Any:
+        return self.inner.stream_unary(method, request_serializer, response_deserializer, _registered_method)
+
+    def stream_stream(self, method: str, request_serializer: Callable | None = None,
+                      response_deserializer: Callable | None = None, _registered_method: bool | None = False) -> Any:
+        return self.inner.stream_stream(method, request_serializer, response_deserializer, _registered_method)
+
+    def subscribe(self, callback: Callable, try_to_connect: bool = False) -> None:
+        self.inner.subscribe(callback, try_to_connect)
+
+    def unsubscribe(self, callback: Callable) -> None:
+        self.inner.unsubscribe(callback)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __enter__(self) -> ChunkingChannel:
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        self.close()
+        return False
