@@ -27,6 +27,7 @@ import functools
 import io
 import json
 import operator
+import os
 import secrets
 import statistics
 import tempfile
@@ -45,21 +46,26 @@ from torch.nn import functional as F
 
 from vflnet.config import HEConfig, ModelConfig
 from vflnet.crypto import (
-    DEFAULT_MUL_FRAC_BITS,
     CipherArray,
     PrivateKey,
     PublicKey,
-    concatenate,
     generate_keypair,
 )
-from vflnet.crypto.masking import STATISTICAL_BITS, mask, unmask
+from vflnet.crypto.masking import HEADROOM_BITS, STATISTICAL_BITS, mask, unmask
+from vflnet.crypto.parallel import shutdown_pools
 from vflnet.data.datasets import load_dataset
 from vflnet.models.zoo import build_bottom
-from vflnet.protocols.he_backprop import ForwardCache, encrypted_param_grads, forward_with_cache
+from vflnet.protocols.he_backprop import (
+    MULTIPLIER_BITS,
+    ForwardCache,
+    forward_with_cache,
+    multiplier_frac_bits,
+    packed_param_grads,
+)
+from vflnet.protocols.split_he import logit_slots
 from vflnet.runner.local import run_local
 
 FRAC_BITS = HEConfig().frac_bits  # fixed-point scale of the encrypted logits and of [[g]]
-MUL_FRAC_BITS = DEFAULT_MUL_FRAC_BITS  # scale of float plaintext multipliers (weights, activations)
 PHE_VALUE_BITS = 32  # phe tracks no bounds: masks assume |value| < 2^32 (the engine uses its tracked bound)
 HIDDEN, LOGITS, HALF = 32, 10, 32
 BATCH_STAGES = ("encrypt logits", "aggregate", "encrypt g", "backprop")  # work linear in the batch size
@@ -151,36 +157,47 @@ def loss_gradient(aggregate: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 @dataclass
 class StepOutcome:
-    """Decrypted parameter gradients per passive party and seconds spent per stage."""
+    """Decrypted parameter gradients per passive party and seconds spent per stage.
+
+    `seconds` is wall time; `cpu_seconds` is this process's CPU time, which other processes on a
+    loaded machine barely change (it leaves out the engine's worker processes, if any).
+    """
 
     grads: list[dict[str, np.ndarray]]
     seconds: dict[str, float] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            self.cpu_seconds[name] = self.cpu_seconds.get(name, 0.0) + time.process_time() - cpu_start
 
     @property
     def total(self) -> float:
         return sum(self.seconds.values())
 
-    def scaled(self, rows: int, batch: int) -> float:
+    @property
+    def cpu_total(self) -> float:
+        return sum(self.cpu_seconds.values())
+
+    def scaled(self, rows: int, batch: int, cpu: bool = False) -> float:
         """Step seconds at `batch` rows from a run on `rows`: batch stages scale linearly, the gradient stage does not."""
-        linear = sum(self.seconds.get(s, 0.0) for s in BATCH_STAGES)
-        return linear * batch / rows + self.seconds.get(GRADIENT_STAGE, 0.0)
+        seconds = self.cpu_seconds if cpu else self.seconds
+        linear = sum(seconds.get(s, 0.0) for s in BATCH_STAGES)
+        return linear * batch / rows + seconds.get(GRADIENT_STAGE, 0.0)
 
 
 # ------------------------------------------------------------------------------- vflnet engine
-def _sendable(ca: CipherArray) -> CipherArray:
+def _sendable(ca: CipherArray, workers: int) -> CipherArray:
     """What `cipher_to_proto` does before anything leaves a party: re-randomise computed ciphertexts."""
-    return ca if ca.fresh else ca.rerandomize()
+    return ca if ca.fresh else ca.rerandomize(workers)
 
 
-def engine_step(inputs: StepInputs, public_key: PublicKey, private_key: PrivateKey) -> StepOutcome:
+def engine_step(inputs: StepInputs, public_key: PublicKey, private_key: PrivateKey, workers: int = 1) -> StepOutcome:
     """One split-he training step (protocols/split_he.py) in one process with the vflnet engine."""
     out = StepOutcome([])
     caches: list[ForwardCache] = []
@@ -189,21 +206,22 @@ def engine_step(inputs: StepInputs, public_key: PublicKey, private_key: PrivateK
         for bottom, x in zip(inputs.bottoms, inputs.xs, strict=True):
             logits, cache = forward_with_cache(bottom, torch.from_numpy(x))
             caches.append(cache)
-            received.append(public_key.encrypt(logits.double().numpy(), FRAC_BITS))
+            values = logits.double().numpy()
+            slots = logit_slots(public_key, FRAC_BITS, values.shape[-1])
+            received.append(public_key.encrypt(values, FRAC_BITS, slots=slots, workers=workers))
     with out.stage("aggregate"):
         total = functools.reduce(operator.add, received)
-        masked, r = mask(total)
-        aggregate = unmask(private_key.decrypt_encoded(_sendable(masked)), r, masked.frac_bits)
+        masked, r = mask(total, workers=workers)
+        aggregate = unmask(private_key.decrypt_encoded(_sendable(masked, workers), workers), r, masked.frac_bits)
     with out.stage("encrypt g"):
-        grad = public_key.encrypt(loss_gradient(aggregate, inputs.y), FRAC_BITS)
+        grad = public_key.encrypt(loss_gradient(aggregate, inputs.y), FRAC_BITS, workers=workers)
     for bottom, cache in zip(inputs.bottoms, caches, strict=True):
         with out.stage("backprop"):
-            enc = encrypted_param_grads(bottom, cache, grad)
+            packed, layout = packed_param_grads(bottom, cache, grad, HEADROOM_BITS, workers)
         with out.stage(GRADIENT_STAGE):
-            flat = concatenate([g.reshape(-1) for g in enc.values()])
-            masked, r = mask(flat)
-            values = unmask(private_key.decrypt_encoded(_sendable(masked)), r, masked.frac_bits)
-        out.grads.append(_split(values, bottom))
+            masked, r = mask(packed, workers=workers)
+            ints = private_key.decrypt_encoded(_sendable(masked, workers), workers)
+            out.grads.append(layout.split(unmask(ints, r, masked.frac_bits)))
     return out
 
 
@@ -216,23 +234,20 @@ def _split(values: np.ndarray, bottom: nn.Module) -> dict[str, np.ndarray]:
 
 
 # ------------------------------------------------------------------------------ python-paillier
-def _exponent(frac_bits: int) -> int:
-    """phe stores value = encoding * 16^exponent: frac_bits must be a multiple of 4."""
-    if frac_bits % 4:
-        raise ValueError(f"phe's base-16 exponents need frac_bits divisible by 4, got {frac_bits}")
-    return -(frac_bits // 4)
-
-
 def _phe_encode(pk: phe.PaillierPublicKey, values: np.ndarray, frac_bits: int) -> np.ndarray:
-    """EncodedNumbers with the engine's fixed point: round(v * 2^frac_bits) (integers: frac_bits 0)."""
-    exponent = _exponent(frac_bits)
+    """EncodedNumbers with the engine's fixed point: round(v * 2^frac_bits) (integers: frac_bits 0).
+
+    The exponent holds -frac_bits in base 2, not phe's base 16: the stages below only add exponents
+    (products) or combine equal ones (sums, masks), and the bench decodes values itself, so any
+    fractional bit count works and phe multiplies by exactly the engine's integers.
+    """
     ints = (
         values.astype(np.int64)
         if values.dtype.kind in "iub"
         else np.rint(np.ldexp(values.astype(np.float64), frac_bits))
     )
     out = np.empty(values.shape, dtype=object)
-    out.reshape(-1)[:] = [phe.EncodedNumber(pk, int(v) % pk.n, exponent) for v in ints.reshape(-1)]
+    out.reshape(-1)[:] = [phe.EncodedNumber(pk, int(v) % pk.n, -frac_bits) for v in ints.reshape(-1)]
     return out
 
 
@@ -251,13 +266,13 @@ def _phe_decrypt_masked(pk: phe.PaillierPublicKey, sk: phe.PaillierPrivateKey, e
     out = np.empty(enc.shape, dtype=np.float64)
     flat = out.reshape(-1)
     for i, c in enumerate(enc.reshape(-1)):
-        span = 1 << (PHE_VALUE_BITS - 4 * c.exponent + STATISTICAL_BITS)
+        span = 1 << (PHE_VALUE_BITS - c.exponent + STATISTICAL_BITS)
         r = secrets.randbelow(2 * span + 1) - span
         masked = c + phe.EncodedNumber(pk, r % pk.n, c.exponent)
         sent = phe.EncryptedNumber(pk, masked.ciphertext(be_secure=True), masked.exponent)
         seen = sk.decrypt_encoded(sent).encoding
         signed = seen - pk.n if seen > pk.n // 2 else seen
-        flat[i] = (signed - r) / (1 << (-4 * c.exponent))
+        flat[i] = (signed - r) / (1 << -c.exponent)
     return out
 
 
@@ -270,7 +285,7 @@ def _phe_param_grads(
     delta = grad  # [B, out] EncryptedNumbers
     for index in range(len(linears) - 1, -1, -1):
         name, layer = linears[index]
-        a = _phe_encode(pk, cache.inputs[index], MUL_FRAC_BITS)  # [B, in]
+        a = _phe_encode(pk, cache.inputs[index], multiplier_frac_bits(cache.inputs[index]))  # [B, in]
         batch, width = delta.shape
         weight = np.empty((width, a.shape[1]), dtype=object)
         for o in range(width):
@@ -282,14 +297,18 @@ def _phe_param_grads(
             bias[:] = [_phe_sum(delta[:, o]) for o in range(width)]
             out[f"{name}.bias"] = bias
         if index > 0:
-            w = _phe_encode(pk, layer.weight.detach().double().numpy(), MUL_FRAC_BITS)  # [out, in]
+            weights = layer.weight.detach().double().numpy()
+            w = _phe_encode(pk, weights, multiplier_frac_bits(weights))  # [out, in]
+            derivative = cache.derivatives[index]
+            relu = derivative is not None and derivative.dtype == np.bool_  # skip inactive units, as the engine does
+            zero = phe.EncryptedNumber(pk, 1, delta[0, 0].exponent + w[0, 0].exponent)  # Enc(0), no randomness
             back = np.empty((batch, w.shape[1]), dtype=object)
             for b in range(batch):
                 for i in range(w.shape[1]):
-                    back[b, i] = _phe_sum(delta[b, o] * w[o, i] for o in range(width))
-            derivative = cache.derivatives[index]
-            if derivative is not None:
-                d = _phe_encode(pk, derivative, 0 if derivative.dtype.kind in "iub" else MUL_FRAC_BITS)
+                    active = not relu or derivative[b, i]
+                    back[b, i] = _phe_sum(delta[b, o] * w[o, i] for o in range(width)) if active else zero
+            if derivative is not None and not relu:
+                d = _phe_encode(pk, derivative, multiplier_frac_bits(derivative))
                 back.reshape(-1)[:] = [c * e for c, e in zip(back.reshape(-1), d.reshape(-1), strict=True)]
             delta = back
     return {name: out[name] for name, _ in module.named_parameters()}
@@ -369,50 +388,67 @@ class Row:
     batch: int
     split: Distributed
     split_he: Distributed
-    engine: StepOutcome
+    engine: StepOutcome  # 1 crypto worker
+    engine_n: StepOutcome | None  # `workers` crypto workers (None when workers == 1)
     phe: StepOutcome
     phe_rows: int
+    load: float  # 1-minute load average when the row's in-process runs ended
 
     @property
     def phe_s(self) -> float:
         return self.phe.scaled(self.phe_rows, self.batch)
 
+    @property
+    def cpu_ratio(self) -> float:
+        """phe / engine (1 worker) in CPU seconds of the measuring process."""
+        return self.phe.scaled(self.phe_rows, self.batch, cpu=True) / self.engine.cpu_total
+
 
 def _stage_line(label: str, outcome: StepOutcome) -> str:
     cells = " | ".join(f"{outcome.seconds.get(s, 0.0):.3f}" for s in STAGES)
-    return f"  {label}: {cells} | {outcome.total:.3f}"
+    return f"  {label}: {cells} | {outcome.total:.3f} (cpu {outcome.cpu_total:.3f})"
 
 
 def _fmt_bytes(n: float) -> str:
     return f"{n / 1024:,.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):,.2f} MiB"
 
 
-def _print_table(rows: list[Row], steps: int) -> None:
+def _print_table(rows: list[Row], steps: int, workers: int) -> None:
+    nw = f"{workers}w"
     header = (
-        f"{'bits':>5} {'batch':>5} {'split s/step':>12} {'split-he s/step':>15} {'engine s':>9} "
-        f"{'phe s':>9} {'phe':>8} {'phe/engine':>10} {'phe/split-he':>12} {'split B/step':>13} {'split-he B/step':>15}"
+        f"{'bits':>5} {'batch':>5} {'split s/step':>12} {'split-he s/step':>15} {'engine s':>9} {'engine ' + nw + ' s':>12} "
+        f"{'phe s':>9} {'phe':>8} {'phe/engine':>10} {'phe/engine ' + nw:>13} {'cpu phe/engine':>14} {'phe/split-he':>12} "
+        f"{'split B/step':>13} {'split-he B/step':>15} {'load':>5}"
     )
     print(header)
     print("-" * len(header))
     for r in rows:
         how = "measured" if r.phe_rows == r.batch else f"scaled {r.phe_rows}"
+        n_s = f"{r.engine_n.total:12.3f}" if r.engine_n else f"{'-':>12}"
+        n_x = f"{r.phe_s / r.engine_n.total:12.1f}x" if r.engine_n else f"{'-':>13}"
         print(
-            f"{r.bits:>5} {r.batch:>5} {r.split.step_s:12.3f} {r.split_he.step_s:15.3f} {r.engine.total:9.3f} "
-            f"{r.phe_s:9.2f} {how:>8} {r.phe_s / r.engine.total:9.1f}x {r.phe_s / r.split_he.step_s:11.1f}x "
-            f"{_fmt_bytes(r.split.bytes_per_step):>13} {_fmt_bytes(r.split_he.bytes_per_step):>15}"
+            f"{r.bits:>5} {r.batch:>5} {r.split.step_s:12.3f} {r.split_he.step_s:15.3f} {r.engine.total:9.3f} {n_s} "
+            f"{r.phe_s:9.2f} {how:>8} {r.phe_s / r.engine.total:9.1f}x {n_x} {r.cpu_ratio:13.1f}x {r.phe_s / r.split_he.step_s:11.1f}x "
+            f"{_fmt_bytes(r.split.bytes_per_step):>13} {_fmt_bytes(r.split_he.bytes_per_step):>15} {r.load:5.1f}"
         )
     print(f"""
 split, split-he: distributed runs (4 processes over gRPC on loopback, 1 torch thread and 1 crypto worker
   each), mean coordinator-timed step wall time over training steps 2..{steps} (step 1 also builds every
   party's encryption table; key generation happens before step 1), bytes: every party message of a step.
 engine, phe: the same split-he step's cryptographic work in one process, both passive parties one after the
-  other (the distributed step runs them in parallel). phe: python-paillier {phe.__version__} objects
-  (gmpy2), fixed point as the engine's (logits and g 2^-{FRAC_BITS}, multipliers 2^-{MUL_FRAC_BITS}), every
-  value masked, obfuscated and decrypted on its own; the engine packs masked values before decryption.
+  other (the distributed step runs them in parallel), measured back to back for every row. engine: 1 crypto
+  worker; engine {nw}: a pool of {workers} worker processes (warmed up before timing). phe: python-paillier
+  {phe.__version__} objects (gmpy2) in one process, fixed point as the engine's (logits and g 2^-{FRAC_BITS},
+  multipliers {MULTIPLIER_BITS} significant bits or exact, ReLU-inactive units skipped), every value encrypted,
+  masked, obfuscated and decrypted on its own. The engine encrypts logits packed, packs [[g]] for the last
+  layer's weight gradient and decrypts packed masked values (phe objects cannot be packed).
 "scaled k": phe ran on the first k rows of the batch; its batch stages ({", ".join(BATCH_STAGES)})
   were multiplied by batch/k and its gradient stage (mask + decrypt the {_n_params()} parameter
   gradients of each passive party, independent of the batch) was measured at full size.
-phe/engine: in-process speed-up of the engine; phe/split-he: phe step against the distributed step.""")
+phe/engine: in-process speed-up of the engine (wall time); cpu phe/engine: the same for 1 worker in CPU
+  seconds of the measuring process, which load from other processes on the machine barely changes;
+  phe/split-he: phe step against the distributed step.
+load: 1-minute load average of this machine after the row's in-process runs.""")
 
 
 def _n_params() -> int:
@@ -431,10 +467,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--phe-rows", type=int, default=8, help="batch rows phe runs on (scaled up to the batch)"
     )
+    parser.add_argument(
+        "--workers", type=int, default=2, help="crypto worker processes of the second engine run (1: no second run)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if args.steps < 2 or args.phe_rows < 1 or min(args.batch) < 1:
-        parser.error("--steps must be >= 2, --phe-rows and --batch >= 1")
+    if args.steps < 2 or args.phe_rows < 1 or min(args.batch) < 1 or args.workers < 1:
+        parser.error("--steps must be >= 2, --phe-rows, --batch and --workers >= 1")
 
     print(
         f"paper 004 digits MLP: 2 passive parties x (32 -> {HIDDEN} -> ReLU -> {LOGITS}), sum, top none; "
@@ -450,18 +489,24 @@ def main(argv: list[str] | None = None) -> int:
     for bits in args.bits:
         public_key, private_key = generate_keypair(bits)
         public_key.randomness  # noqa: B018 - build the engine's fixed-base table outside the timing
+        if args.workers > 1:  # start the pool and build every worker's table outside the timing
+            engine_step(make_inputs(2, args.seed), public_key, private_key, args.workers)
         pk, sk = public_key.to_phe(), private_key.to_phe()
-        phe_runs: dict[int, StepOutcome] = {}
         for batch in args.batch:
             dist = run_distributed("split-he", bits, batch, args.steps, args.seed)
             print(f"{bits} bits batch {batch}: split-he distributed {dist.step_s:.3f} s/step", flush=True)
-            engine = engine_step(make_inputs(batch, args.seed), public_key, private_key)
+            inputs = make_inputs(batch, args.seed)
+            engine = engine_step(inputs, public_key, private_key)
             print(_stage_line(f"engine {bits} bits, {batch} rows", engine), flush=True)
+            engine_n = None
+            if args.workers > 1:
+                engine_n = engine_step(inputs, public_key, private_key, args.workers)
+                print(_stage_line(f"engine {args.workers} workers", engine_n), flush=True)
             n = min(args.phe_rows, batch)
-            if n not in phe_runs:
-                phe_runs[n] = phe_step(make_inputs(n, args.seed), pk, sk)
-                print(_stage_line(f"phe {bits} bits, {n} rows", phe_runs[n]), flush=True)
-            rows.append(Row(bits, batch, split[batch], dist, engine, phe_runs[n], n))
+            reference = phe_step(make_inputs(n, args.seed), pk, sk)
+            print(_stage_line(f"phe {bits} bits, {n} rows", reference), flush=True)
+            rows.append(Row(bits, batch, split[batch], dist, engine, engine_n, reference, n, os.getloadavg()[0]))
+    shutdown_pools()
     print()
-    _print_table(rows, args.steps)
+    _print_table(rows, args.steps, args.workers)
     return 0

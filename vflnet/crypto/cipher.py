@@ -250,8 +250,14 @@ class CipherArray:
             out = _chunked_pairs(_powmod_elementwise_chunk, data, exps, n2, workers)
         return self._like(out, shape, self.frac_bits + frac, bound)
 
-    def matmul_plain(self, matrix: Any, frac_bits: int | None = None, workers: int = 1) -> CipherArray:
-        """C @ P for this (unpacked) array C of shape (K,) or (M, K) and a plaintext P of (K,) or (K, J)."""
+    def matmul_plain(
+        self, matrix: Any, frac_bits: int | None = None, workers: int = 1, where: Any = None
+    ) -> CipherArray:
+        """C @ P for this (unpacked) array C of shape (K,) or (M, K) and a plaintext P of (K,) or (K, J).
+
+        `where` (bool, the result's shape) computes only those outputs and leaves the others exact
+        zeros: (C @ P) * where, at the cost of the computed outputs only (e.g. a ReLU mask).
+        """
         if self.packed:
             raise ValueError(
                 "C @ P needs one multiplier per slot; pack C.T instead and use rmatmul_plain (P.T @ C.T)"
@@ -262,9 +268,15 @@ class CipherArray:
             raise ValueError(f"matmul_plain shapes do not match: {self.shape} @ {ints.shape}")
         bases = self.data.reshape(-1, self.shape[-1])
         exps = ints.reshape(ints.shape[0], -1)
-        bound = self._check_bound("matmul", self.bound * _max_col_abs_sum(exps))
-        out = multi_exp(bases, exps, self.public_key.nsquare, workers)
         shape = self.shape[:-1] + ints.shape[1:]
+        keep = None
+        if where is not None:
+            keep = np.asarray(where, dtype=bool)
+            if keep.shape != shape:
+                raise ValueError(f"where has shape {keep.shape}, the product {shape}")
+            keep = keep.reshape(bases.shape[0], exps.shape[1])
+        bound = self._check_bound("matmul", self.bound * _max_col_abs_sum(exps))
+        out = multi_exp(bases, exps, self.public_key.nsquare, workers, keep)
         return self._like(out.reshape(shape), shape, self.frac_bits + frac, bound)
 
     def rmatmul_plain(self, matrix: Any, frac_bits: int | None = None, workers: int = 1) -> CipherArray:
@@ -375,8 +387,9 @@ class CipherArray:
             pad.reshape(-1)[:] = [mpz(1)] * pad.size  # Enc(0) without randomness; padding stays 0
             padded = np.concatenate([self.data, pad], axis=-1)
         grouped = padded.reshape(self.shape[:-1] + (groups, k))
-        acc = grouped[..., k - 1].copy()
-        for j in range(k - 2, -1, -1):
+        top = min(k, length) - 1  # one group: start at its last value, not at padding (zeros cost squarings too)
+        acc = grouped[..., top].copy()
+        for j in range(top - 1, -1, -1):
             acc = _chunked(_powmod_scalar_chunk, acc, (1 << width, n2), workers) * grouped[..., j] % n2
         return CipherArray(self.public_key, acc, self.shape, self.frac_bits, self.bound, k, fresh=False)
 

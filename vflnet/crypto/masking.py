@@ -18,19 +18,25 @@ from vflnet.crypto import encoding
 from vflnet.crypto.cipher import CipherArray
 
 STATISTICAL_BITS = 40
+HEADROOM_BITS = STATISTICAL_BITS + 2  # slot room `mask` needs above the values of a packed array
 
 
-def mask(ca: CipherArray, statistical_bits: int = STATISTICAL_BITS) -> tuple[CipherArray, np.ndarray]:
-    """Return ([[v + R]] packed for decryption, R). R stays with the caller."""
-    if ca.packed:
-        raise ValueError("mask an unpacked array; packing happens after masking")
+def mask(
+    ca: CipherArray, statistical_bits: int = STATISTICAL_BITS, workers: int = 1
+) -> tuple[CipherArray, np.ndarray]:
+    """Return ([[v + R]] packed for decryption, R). R stays with the caller.
+
+    An unpacked array is packed after masking; an array that is already packed is masked slot by
+    slot, so its slots must have room for the mask: `statistical_bits` + 2 bits above its values
+    (`HEADROOM_BITS` with the default).
+    """
     span = 1 << (ca.value_bits + statistical_bits)
     flat = [secrets.randbelow(2 * span + 1) - span for _ in range(ca.size)]
     r = np.empty(ca.shape, dtype=object)
     r.reshape(-1)[:] = flat
     masked = ca.add_encoded(r)
-    if masked.ndim >= 1 and masked.shape[-1] > 1:
-        masked = masked.pack(headroom_bits=0)
+    if not masked.packed and masked.ndim >= 1 and masked.shape[-1] > 1:
+        masked = masked.pack(headroom_bits=0, workers=workers)
     return masked, r
 
 

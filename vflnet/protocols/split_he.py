@@ -1,8 +1,9 @@
 """Paillier split learning, paper 004 Algorithm 1, per role.
 
-Passive k: encrypt its logits [[H_k]] under the coordinator's key and send them; on the reply
-[[g]] = [[dL/dH]] (per sample, encrypted) backpropagate over ciphertexts to [[grad theta_k]],
-mask it, have the coordinator decrypt the masked values, unmask, update. It never sees a
+Passive k: encrypt its logits [[H_k]] under the coordinator's key (packed, `logit_slots` per
+ciphertext) and send them; on the reply [[g]] = [[dL/dH]] (per sample, encrypted) backpropagate
+over ciphertexts to [[grad theta_k]] (packed, `packed_param_grads`), mask it, have the coordinator
+decrypt the masked values, unmask, update. It never sees a
 per-sample gradient in plaintext, only its own batch-level parameter gradient.
 
 Active: add the received ciphertexts homomorphically, have the coordinator decrypt the *masked*
@@ -18,16 +19,33 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from vflnet.crypto import CipherArray, PublicKey, concatenate
-from vflnet.crypto.masking import mask, unmask
+from vflnet.crypto import CipherArray, PublicKey, encoding
+from vflnet.crypto.masking import HEADROOM_BITS, mask, unmask
 from vflnet.defenses.label_defenses import LabelDefense
 from vflnet.protocols.he_backprop import (
     ForwardCache,
     check_supported,
-    encrypted_param_grads,
     forward_with_cache,
+    packed_param_grads,
 )
 from vflnet.protocols.split import LocalModel, StepResult, label_loss, predict
+
+LOGIT_BITS = 16  # packed logits have room for |logit| < 2^16 ...
+PARTY_BITS = 8  # ... summed over up to 2^8 passive parties, plus the active party's decryption mask
+
+
+def logit_slots(public_key: PublicKey, frac_bits: int, width: int) -> int:
+    """Logits per ciphertext when a passive party encrypts its [B, width] logits.
+
+    Packing at encryption costs nothing and divides the encryptions, the active party's additions
+    and its masked decryption by the slot count. Every party must pick the same layout (the active
+    party adds the arrays slot by slot), so it depends on the key and the scale only; logits too
+    large for it make the encryption or the active party's mask raise PaillierOverflowError
+    instead of wrapping.
+    """
+    value_bits = frac_bits + LOGIT_BITS + 1 + PARTY_BITS + HEADROOM_BITS
+    return min(width, encoding.max_slots(public_key.bits, value_bits))
+
 
 # (purpose, masked ciphertexts) -> the exact masked integers the coordinator decrypted
 Decryptor = Callable[[str, CipherArray], np.ndarray]
@@ -46,23 +64,22 @@ class PassiveHE:
         self.local.train(train)
         logits, cache = forward_with_cache(self.bottom, torch.from_numpy(x))
         self._cache = cache if train else None
-        return self.public_key.encrypt(logits.double().numpy(), self.frac_bits, workers=self.workers)
+        values = logits.double().numpy()
+        slots = logit_slots(self.public_key, self.frac_bits, values.shape[-1])
+        return self.public_key.encrypt(values, self.frac_bits, slots=slots, workers=self.workers)
 
     def backward(self, grad: CipherArray) -> np.ndarray:
         """Apply one update from [[dL/dH]]; returns the plaintext batch-level gradient it learned."""
         if self._cache is None:
             raise RuntimeError("backward without a training forward pass")
         cache, self._cache = self._cache, None
-        grads = encrypted_param_grads(self.bottom, cache, grad, workers=self.workers)
-        flat = concatenate([g.reshape(-1) for g in grads.values()])
-        masked, r = mask(flat)
-        values = unmask(self.decrypt("masked_gradient", masked), r, masked.frac_bits)
-        offset = 0
-        for _, p in self.bottom.named_parameters():
-            p.grad = torch.from_numpy(values[offset : offset + p.numel()].reshape(p.shape)).to(p.dtype)
-            offset += p.numel()
+        packed, layout = packed_param_grads(self.bottom, cache, grad, HEADROOM_BITS, self.workers)
+        masked, r = mask(packed, workers=self.workers)
+        grads = layout.split(unmask(self.decrypt("masked_gradient", masked), r, masked.frac_bits))
+        for name, p in self.bottom.named_parameters():
+            p.grad = torch.from_numpy(grads[name]).to(p.dtype)
         self.local.apply_update()
-        return values
+        return np.concatenate([g.reshape(-1) for g in grads.values()])
 
 
 class ActiveHE:
@@ -78,7 +95,7 @@ class ActiveHE:
         total = received[0]
         for c in received[1:]:
             total = total + c
-        masked, r = mask(total)
+        masked, r = mask(total, workers=self.workers)
         passive_sum = unmask(self.decrypt("aggregate_logits", masked), r, masked.frac_bits).astype(np.float32)
         self.local.train(train)
         with torch.set_grad_enabled(train):
