@@ -32,33 +32,3 @@ def test_theorem1_is_exact_and_gradient_inversion_recovers_labels_under_split_he
     assert analytic["samples"] == 96 and analytic["label_accuracy"] == 1.0
     assert inversion["samples"] == 96 and inversion["label_accuracy"] >= 0.9
     assert scores["direct-label-inference@passive-1"]["informed_fraction"] == 0.0  # no per-sample gradient seen
-
-
-def _scores_and_accuracy(tmp_path, repo, name, defenses):
-    data = yaml.safe_load((repo / "configs/label-leak.yaml").read_text())
-    # paper 004's setting: the active party holds features too (one image half), passive-1 the other
-    passive_2 = data["parties"].pop()
-    data["parties"][1].update(features=passive_2["features"], bottom=passive_2["bottom"])
-    data["train"].update(epochs=5, batch_size=64, optimizer={"kind": "adam", "lr": 0.01})
-    data["attacks"] = [
-        {"name": "analytic-label-recovery", "party": "passive-1", "params": {"max_batches": 3}},
-        {"name": "gradient-inversion-label-inference", "party": "passive-1", "params": {"max_batches": 3}},
-    ]
-    data["defenses"] = defenses
-    data["trace"] = {"parties": []}
-    path = write_config(tmp_path, data, f"{name}.yaml")
-    assert run_local(path, run_dir=tmp_path / name, progress=False) == 0
-    scores = json.loads((tmp_path / name / "attacks/scores.json").read_text())
-    accuracy = json.loads((tmp_path / name / "summary.json").read_text())["final"]["test_accuracy"]
-    return scores, accuracy
-
-
-def test_dcae_drops_batch_label_recovery_to_chance_and_the_model_still_learns(tmp_path, repo):
-    # Issue 7 asks for MTA within 5 points of undefended; on digits we measure 0.947 -> 0.880 (-6.7,
-    # docs/attacks.md), so that criterion is reported there, not asserted here.
-    plain, plain_acc = _scores_and_accuracy(tmp_path, repo, "undefended", [])
-    dcae, dcae_acc = _scores_and_accuracy(tmp_path, repo, "dcae", [{"name": "dcae", "party": "active", "params": {"lambda_2": 1.0}}])
-    for attack in ("analytic-label-recovery@passive-1", "gradient-inversion-label-inference@passive-1"):
-        assert plain[attack]["label_accuracy"] >= 0.85, (attack, plain[attack])
-        assert dcae[attack]["label_accuracy"] <= 0.25, (attack, dcae[attack])  # chance is 0.10
-    assert plain_acc >= 0.9 and dcae_acc >= 0.8, (plain_acc, dcae_acc)

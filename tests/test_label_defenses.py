@@ -271,3 +271,20 @@ def test_registry_lists_every_defense_by_name() -> None:
         "cae",
         "dcae",
     }
+
+
+def test_reproduction_sweeps_build_valid_runs_with_accepted_parameters() -> None:
+    from vflnet.config import from_dict
+    from vflnet.plugins import DEFENSES
+    from vflnet.reproduce.label_inference import BREAST_CANCER, DIGITS, SWEEPS, batch_attacks, config
+
+    # every label defense of the active party has a sweep
+    assert set(SWEEPS) == {name for name, cls in DEFENSES.all().items() if cls.acts_on == "labels"}
+    for name, (param, values) in SWEEPS.items():
+        task = BREAST_CANCER if name == "marvell" else DIGITS
+        for value in values:
+            DEFENSES.get(name)(**{param: value})  # raises ValueError naming a parameter it does not accept
+            defense = [{"name": name, "party": "active", "params": {param: value}}]
+            cfg = from_dict(config(task, batch=64, epochs=1, max_steps=0, attacks=batch_attacks(3, 10), defenses=defense))
+            assert [d.name for d in cfg.defenses] == [name]
+            assert [a.name for a in cfg.attacks] == ["analytic-label-recovery", "gradient-inversion-label-inference"]

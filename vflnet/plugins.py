@@ -84,6 +84,8 @@ ATTACKS = Registry("attack", [
     "vflnet.attacks.direct_label",
     "vflnet.attacks.gradient_scaling",
     "vflnet.attacks.batch_label",
+    "vflnet.attacks.backdoor",
+    "vflnet.attacks.split_label_scoring",
     "vflnet.attacks.cafe_tap",
 ])
 DEFENSES = Registry("defense", ["vflnet.defenses.registered"])

@@ -70,6 +70,7 @@ class Attack(ABC):
     rewrites: ClassVar[tuple[Tap, ...]] = ()
     knowledge: ClassVar[tuple[str, ...]] = ()  # names of what the threat model delivers
     wants_own_view: ClassVar[bool] = False  # receive an OwnStepView of the host party after each training step
+    changes_own_data: ClassVar[bool] = False  # rewrites the host party's own feature rows (`own_data`)
     params: ClassVar[dict[str, Param]] = {}
 
     def __init__(self, context: AttackContext, **params: Any) -> None:
@@ -101,6 +102,11 @@ class Attack(ABC):
     def rewrite(self, event: WireEvent) -> Message | None:
         """Return the message to send instead (rewriting attacks), or None."""
         return None
+
+    def own_data(self, ids: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """The host party's own feature rows as its (malicious) training procedure uses them, from
+        the time it has joined (only if `changes_own_data`; paper 004's backdoor trigger)."""
+        return x
 
     @abstractmethod
     def output(self) -> dict[str, np.ndarray]:

@@ -73,6 +73,9 @@ class _BatchLabelAttack(Attack):
                 "samples": int(len(ids)), "batches": int(output["batches"])}
 
 
+# Past ~2M entries (16 MiB of float64) building and multiplying the Jacobian costs more than double backprop.
+_JACOBIAN_ENTRIES = 2**21
+
 _MAX_BATCHES = Param(0, "attack at most this many training batches (0 = all)", lambda v: isinstance(v, int) and v >= 0,
                      "an integer >= 0")
 
@@ -96,8 +99,17 @@ class GradientInversionBatchLabels(_BatchLabelAttack):
         "iterations": Param(1500, "optimisation steps per batch", lambda v: isinstance(v, int) and v > 0, "a positive integer"),
         "lr": Param(0.05, "Adam learning rate", lambda v: isinstance(v, int | float) and v > 0, "a positive number"),
         "seed": Param(0, "dummy initialisation seed", lambda v: isinstance(v, int), "an integer"),
+        "method": Param("auto", "dummy-gradient computation: jacobian (fast for small batches), double_backprop "
+                        "(no B*C x P Jacobian in memory), or auto (jacobian while it has <= 2^21 entries)",
+                        lambda v: v in ("auto", *GradientInversionLabelInference.methods),
+                        "auto, jacobian or double_backprop"),
     }
 
     def infer(self, view: BatchGradientView) -> torch.Tensor:
-        attack = GradientInversionLabelInference(iterations=self.p["iterations"], lr=self.p["lr"], seed=self.p["seed"])
+        method = self.p["method"]
+        if method == "auto":
+            entries = view.features.shape[0] * view.num_classes * sum(g.numel() for g in view.param_grads.values())
+            method = "jacobian" if entries <= _JACOBIAN_ENTRIES else "double_backprop"
+        attack = GradientInversionLabelInference(iterations=self.p["iterations"], lr=self.p["lr"], seed=self.p["seed"],
+                                                 method=method)
         return attack.infer(view)

@@ -310,7 +310,7 @@ def _output_jacobian(
 class NormScoring(LabelInferenceAttack):
     """Li et al.'s norm-based scoring for binary tasks: the rarer positive class is predicted with less
     confidence, so its per-sample gradients are larger. `scores` is the attack's raw output (score AUC with
-    `vflnet.metrics.labels.binary_auc`); `infer` labels the `positive_fraction` highest-norm rows positive."""
+    `vflnet.metrics.labels.binary_auc`, or per batch with `mean_batch_auc`); `infer` labels the `positive_fraction` highest-norm rows positive."""
 
     name = "norm_scoring"
     view_type = SampleGradientView
@@ -344,8 +344,15 @@ class DirectionScoring(LabelInferenceAttack):
         self._check_view(view)
         if not 0 <= known_position < view.grad_logits.shape[0]:
             raise ValueError(f"known_position {known_position} is outside the batch")
-        reference = view.grad_logits[known_position].unsqueeze(0)
-        return torch.nn.functional.cosine_similarity(view.grad_logits, reference, dim=1)
+        return self.similarity(view, view.grad_logits[known_position])
+
+    def similarity(self, view: SampleGradientView, reference: Tensor) -> Tensor:
+        """Cosine similarity of every row to a reference gradient of a known-label sample (which an online
+        attacker may have received in another batch)."""
+        self._check_view(view)
+        if reference.shape != view.grad_logits.shape[1:]:
+            raise ValueError(f"reference has shape {tuple(reference.shape)}, rows have {tuple(view.grad_logits.shape[1:])}")
+        return torch.nn.functional.cosine_similarity(view.grad_logits, reference.unsqueeze(0), dim=1)
 
     def infer(self, view: SampleGradientView, known_position: int, known_label: int) -> Tensor:
         if known_label not in (0, 1):

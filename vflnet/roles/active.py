@@ -13,13 +13,14 @@ from typing import Any
 
 import grpc
 import numpy as np
+import torch
 
 from vflnet.config import Config
 from vflnet.crypto.wire import cipher_to_proto
 from vflnet.data.partition import party_seed
 from vflnet.defenses.label_defenses import LabelDefense
 from vflnet.plugins import DEFENSES
-from vflnet.protocols.split import ActiveSplit, StepResult
+from vflnet.protocols.split import ActiveSplit, StepResult, predict
 from vflnet.protocols.split_he import ActiveHE
 from vflnet.roles.common import check_run, check_sender, header, wait_for
 from vflnet.roles.party import PartyBase
@@ -55,6 +56,7 @@ class ActiveParty(PartyBase):
         self.cond = threading.Condition()
         self.slots: dict[int, StepSlot] = {}
         self.completed_step = 0
+        self.test_predictions: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}  # eval epoch -> (ids, predicted class)
 
     def build_protocol(self) -> None:
         assert self.local is not None
@@ -162,6 +164,8 @@ class ActiveParty(PartyBase):
                 del self.slots[step]
                 slot.done.set()
             r = slot.result
+            if not train:
+                self._record_predictions(cmd, r)
             return self.end_step(cmd, {"loss_sum": r.loss_sum, "correct": r.correct, "count": r.count,
                                        "compute_s": time.perf_counter() - start})
 
@@ -182,6 +186,19 @@ class ActiveParty(PartyBase):
             self.meter.record("ExchangeEmbeddings.reply", reply)
             slot.replies[sender] = reply
 
+    def _record_predictions(self, cmd: messages_pb2.StepCommand, result: StepResult) -> None:
+        """Per-sample test predictions (CAE: the decoded class), for scoring that needs them (backdoor ASR)."""
+        predicted = predict(torch.from_numpy(result.logits), self.protocol.defense).numpy()
+        self.test_predictions.setdefault(cmd.header.epoch, []).append((np.asarray(cmd.sample_ids, dtype=np.int64), predicted))
+
+    def save_predictions(self) -> None:
+        """<run>/predictions/test-epoch-NNN.npz per evaluation: sample_ids, predicted."""
+        out = self.run_dir / "predictions"
+        for epoch, parts in self.test_predictions.items():
+            out.mkdir(parents=True, exist_ok=True)
+            np.savez(out / f"test-epoch-{epoch:03d}.npz", sample_ids=np.concatenate([p[0] for p in parts]),
+                     predicted=np.concatenate([p[1] for p in parts]))
+
     def _fail(self, slot: StepSlot, error: str) -> None:
         slot.error = error
         slot.done.set()
@@ -192,6 +209,8 @@ class ActiveParty(PartyBase):
             for slot in list(self.slots.values()):
                 self._fail(slot, f"run is shutting down: {req.reason}")
             self.cond.notify_all()
+        with self.step_lock:
+            self.save_predictions()
         return super().shutdown(req)
 
 

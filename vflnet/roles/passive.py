@@ -29,6 +29,11 @@ log = logging.getLogger("vflnet.passive")
 
 
 class PassiveParty(PartyBase):
+    def _prepare(self, train_ids: np.ndarray) -> None:
+        if self.data.x is not None:  # an attack controlling this party's raw data (backdoor trigger), before normalising
+            self.data.x = self.interception.own_data(self.data.ids, self.data.x)
+        super()._prepare(train_ids)
+
     def build_protocol(self) -> None:
         assert self.local is not None and self.join_reply is not None
         he = self.cfg.protocol.he

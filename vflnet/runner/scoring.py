@@ -18,7 +18,20 @@ from vflnet.interceptors.setup import attack_output_path
 from vflnet.plugins import ATTACKS, load_plugin_modules
 
 
-def ground_truth(cfg: Config, what: str) -> Any:
+def final_test_predictions(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The active party's predictions at the last evaluation: (sample_ids, predicted class)."""
+    files = sorted((run_dir / "predictions").glob("test-epoch-*.npz"))
+    if not files:
+        raise FileNotFoundError(f"no test predictions in {run_dir / 'predictions'} (did the run evaluate?)")
+    with np.load(files[-1]) as f:
+        return f["sample_ids"], f["predicted"]
+
+
+def ground_truth(cfg: Config, what: str, run_dir: Path | None = None) -> Any:
+    if what == "labels+predictions":  # labels, and the active party's per-sample test predictions
+        if run_dir is None:
+            raise FileNotFoundError("scoring against the active party's predictions needs the run directory")
+        return {"labels": ground_truth(cfg, "labels"), "predictions": final_test_predictions(run_dir)}
     if what in ("labels", "images"):
         data = load_dataset(cfg.data.dataset, cfg.data.params)
         labels = dict(zip(data.ids.tolist(), data.labels.tolist(), strict=True))
@@ -35,9 +48,9 @@ def ground_truth(cfg: Config, what: str) -> Any:
     raise ValueError(f"no ground truth of kind {what!r}")
 
 
-def score_output(cfg: Config, attack_name: str, output: dict[str, np.ndarray]) -> dict[str, float]:
+def score_output(cfg: Config, attack_name: str, output: dict[str, np.ndarray], run_dir: Path | None = None) -> dict[str, float]:
     cls = ATTACKS.get(attack_name)
-    return cls.score(output, ground_truth(cfg, cls.truth_needed))
+    return cls.score(output, ground_truth(cfg, cls.truth_needed, run_dir))
 
 
 def score_run(cfg: Config, run_dir: Path) -> dict[str, dict[str, float]]:
@@ -50,10 +63,10 @@ def score_run(cfg: Config, run_dir: Path) -> dict[str, dict[str, float]]:
             continue
         with np.load(path) as f:
             output = {k: f[k] for k in f.files}
-        scores[f"{entry.name}@{entry.party}"] = score_output(cfg, entry.name, output)
+        scores[f"{entry.name}@{entry.party}"] = score_output(cfg, entry.name, output, run_dir)
         cls = ATTACKS.get(entry.name)
         if hasattr(cls, "pictures"):
-            cls.pictures(output, ground_truth(cfg, cls.truth_needed), run_dir / "attacks")
+            cls.pictures(output, ground_truth(cfg, cls.truth_needed, run_dir), run_dir / "attacks")
     if scores:
         (run_dir / "attacks" / "scores.json").write_text(json.dumps(scores, indent=2))
     return scores
