@@ -142,3 +142,14 @@ def label_confusion_picture(name: str, output: dict[str, np.ndarray], truth: dic
     counts = confusion_matrix(true, output["labels"], n_classes)
     path = Path(out_dir) / f"{name}-confusion.png"
     return [plot_confusion_matrix(counts, path, name)]
+
+
+class LabelAttack(Attack):
+    """An attack whose output is inferred labels (``sample_ids``, ``labels``): the runner scores it
+    against the true labels and saves the confusion matrix of its output."""
+
+    truth_needed: ClassVar[str] = "labels"
+
+    @classmethod
+    def pictures(cls, output: dict[str, np.ndarray], truth: dict[int, int], out_dir: Any) -> list[Any]:
+        return label_confusion_picture(cls.name, output, truth, out_dir)

@@ -9,13 +9,12 @@ per-sample gradient.
 from __future__ import annotations
 
 from abc import abstractmethod
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from vflnet.attacks.base import Attack, OwnStepView, label_confusion_picture
+from vflnet.attacks.base import LabelAttack, OwnStepView
 from vflnet.attacks.label_inference import (
     AnalyticLabelRecovery,
     BatchGradientView,
@@ -26,11 +25,10 @@ from vflnet.interceptors.events import WireEvent
 from vflnet.plugins import ATTACKS, Param
 
 
-class _BatchLabelAttack(Attack):
+class _BatchLabelAttack(LabelAttack):
     roles = frozenset({"passive"})
     taps = ()
     wants_own_view = True
-    truth_needed = "labels"
 
     def __init__(self, context, **params: Any) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context, **params)
@@ -60,10 +58,6 @@ class _BatchLabelAttack(Attack):
         ids = np.array(sorted(self.labels), dtype=np.int64)
         return {"sample_ids": ids, "labels": np.array([self.labels[i] for i in ids], dtype=np.int64),
                 "batches": np.array(self.batches)}
-
-    @classmethod
-    def pictures(cls, output: dict[str, np.ndarray], truth: dict[int, int], out_dir: Path) -> list[Path]:
-        return label_confusion_picture(cls.name, output, truth, out_dir)
 
     @classmethod
     def score(cls, output: dict[str, np.ndarray], truth: dict[int, int]) -> dict[str, float]:

@@ -7,12 +7,10 @@ gradients arrive encrypted: the attack has nothing per sample and can only guess
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 
-from vflnet.attacks.base import Attack, Tap, label_confusion_picture
+from vflnet.attacks.base import LabelAttack, Tap
 from vflnet.attacks.label_inference import DirectLabelInference, SampleGradientView
 from vflnet.interceptors.events import WireEvent
 from vflnet.plugins import ATTACKS, Param
@@ -20,13 +18,12 @@ from vflnet.v1 import messages_pb2
 
 
 @ATTACKS.register
-class DirectLabelAttack(Attack):
+class DirectLabelAttack(LabelAttack):
     name = "direct-label-inference"
     description = "paper 004 Lemma 1: label = argmin of the per-sample gradient a passive party receives"
     roles = frozenset({"passive"})
     taps = (Tap("ExchangeEmbeddings", "request", "client"), Tap("ExchangeEmbeddings", "response", "client"))
     params = {"seed": Param(0, "seed of the guesses made when gradients are encrypted", lambda v: isinstance(v, int), "an integer")}
-    truth_needed = "labels"
 
     def __init__(self, context, **params) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context, **params)
@@ -62,10 +59,6 @@ class DirectLabelAttack(Attack):
             "labels": np.array([self.labels[i] for i in ids], dtype=np.int64),
             "informed": np.array([self.informed[i] for i in ids], dtype=bool),
         }
-
-    @classmethod
-    def pictures(cls, output: dict[str, np.ndarray], truth: dict[int, int], out_dir: Path) -> list[Path]:
-        return label_confusion_picture(cls.name, output, truth, out_dir)
 
     @classmethod
     def score(cls, output: dict[str, np.ndarray], truth: dict[int, int]) -> dict[str, float]:

@@ -20,13 +20,12 @@ AUC, the ROC AUC within each training step averaged over the steps.
 from __future__ import annotations
 
 from abc import abstractmethod
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from vflnet.attacks.base import Attack, OwnStepView, Tap, label_confusion_picture
+from vflnet.attacks.base import LabelAttack, OwnStepView, Tap
 from vflnet.attacks.label_inference import (
     DirectionScoring,
     ModelCompletionView,
@@ -51,13 +50,12 @@ _POSITIVE = Param(
 )
 
 
-class _GradientScoring(Attack):
+class _GradientScoring(LabelAttack):
     """Collects (step, sample ids, per-sample gradient or None when encrypted) per training batch;
     scores them when the output is asked for (direction scoring needs a reference from any step)."""
 
     roles = _PASSIVE
     taps = (Tap("ExchangeEmbeddings", "request", "client"), Tap("ExchangeEmbeddings", "response", "client"))
-    truth_needed = "labels"
 
     def __init__(self, context, **params: Any) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context, **params)
@@ -123,10 +121,6 @@ class _GradientScoring(Attack):
     def scored_rows(self, ids: np.ndarray) -> np.ndarray:
         """Rows reported (all but those whose label the attacker was given)."""
         return np.ones(len(ids), dtype=bool)
-
-    @classmethod
-    def pictures(cls, output: dict[str, np.ndarray], truth: dict[int, int], out_dir: Path) -> list[Path]:
-        return label_confusion_picture(cls.name, output, truth, out_dir)
 
     @classmethod
     def score(cls, output: dict[str, np.ndarray], truth: dict[int, int]) -> dict[str, float]:
@@ -232,14 +226,13 @@ class DirectionScoringAttack(_GradientScoring):
 
 
 @ATTACKS.register
-class PassiveModelCompletionAttack(Attack):
+class PassiveModelCompletionAttack(LabelAttack):
     name = "passive-model-completion"
     description = "Fu et al.: fine-tune a completion head on the own bottom model with a few labelled samples"
     roles = _PASSIVE
     taps = ()
     wants_own_view = True
     knowledge = ("aux_labels",)
-    truth_needed = "labels"
     params = {
         "aux_labels_per_class": Param(
             4,
@@ -309,10 +302,6 @@ class PassiveModelCompletionAttack(Attack):
 
     def _rows(self, ids: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.stack([self.features[int(i)] for i in ids]))
-
-    @classmethod
-    def pictures(cls, output: dict[str, np.ndarray], truth: dict[int, int], out_dir: Path) -> list[Path]:
-        return label_confusion_picture(cls.name, output, truth, out_dir)
 
     @classmethod
     def score(cls, output: dict[str, np.ndarray], truth: dict[int, int]) -> dict[str, float]:
