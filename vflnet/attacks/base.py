@@ -22,6 +22,7 @@ from google.protobuf.message import Message
 
 from vflnet.interceptors.events import WireEvent
 from vflnet.plugins import Param, validate_params
+from vflnet.v1 import messages_pb2
 
 
 @dataclass(frozen=True)
@@ -153,3 +154,29 @@ class LabelAttack(Attack):
     @classmethod
     def pictures(cls, output: dict[str, np.ndarray], truth: dict[int, int], out_dir: Any) -> list[Any]:
         return label_confusion_picture(cls.name, output, truth, out_dir)
+
+
+class PerSampleGradientAttack(LabelAttack):
+    """A label attack on a passive party's wire that pairs the sample IDs of each training
+    ``ExchangeEmbeddings`` request it sends with the gradients in the reply it gets."""
+
+    roles = frozenset({"passive"})
+    taps = (Tap("ExchangeEmbeddings", "request", "client"), Tap("ExchangeEmbeddings", "response", "client"))
+
+    def __init__(self, context: AttackContext, **params: Any) -> None:
+        super().__init__(context, **params)
+        self.pending: dict[int, np.ndarray] = {}  # step -> sample ids sent
+
+    def observe(self, event: WireEvent) -> None:
+        if event.phase != messages_pb2.TRAIN:
+            return
+        if event.direction == "request":
+            self.pending[int(event.step)] = event.sample_ids
+            return
+        ids = self.pending.pop(int(event.step), None)
+        if ids is not None:
+            self.observe_batch(int(event.step), ids, event)
+
+    @abstractmethod
+    def observe_batch(self, step: int, ids: np.ndarray, reply: WireEvent) -> None:
+        """One training batch: the IDs this party sent and the reply event (plaintext or encrypted gradients)."""

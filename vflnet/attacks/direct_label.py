@@ -10,43 +10,31 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vflnet.attacks.base import LabelAttack, Tap
+from vflnet.attacks.base import PerSampleGradientAttack
 from vflnet.attacks.label_inference import DirectLabelInference, SampleGradientView
 from vflnet.interceptors.events import WireEvent
 from vflnet.plugins import ATTACKS, Param
-from vflnet.v1 import messages_pb2
 
 
 @ATTACKS.register
-class DirectLabelAttack(LabelAttack):
+class DirectLabelAttack(PerSampleGradientAttack):
     name = "direct-label-inference"
     description = "paper 004 Lemma 1: label = argmin of the per-sample gradient a passive party receives"
-    roles = frozenset({"passive"})
-    taps = (Tap("ExchangeEmbeddings", "request", "client"), Tap("ExchangeEmbeddings", "response", "client"))
     params = {"seed": Param(0, "seed of the guesses made when gradients are encrypted", lambda v: isinstance(v, int), "an integer")}
 
     def __init__(self, context, **params) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context, **params)
-        self.pending: dict[int, np.ndarray] = {}  # step -> sample ids sent
         self.labels: dict[int, int] = {}
         self.informed: dict[int, bool] = {}
         self.rng = np.random.default_rng(self.p["seed"])
 
-    def observe(self, event: WireEvent) -> None:
-        if event.phase != messages_pb2.TRAIN:
-            return
-        if event.direction == "request":
-            self.pending[int(event.step)] = event.sample_ids
-            return
-        ids = self.pending.pop(int(event.step), None)
-        if ids is None:
-            return
-        grad = event.tensors().get("values")
+    def observe_batch(self, step: int, ids: np.ndarray, reply: WireEvent) -> None:
+        grad = reply.tensors().get("values")
         if grad is not None:
             view = SampleGradientView(torch.from_numpy(ids), torch.from_numpy(grad))
             guesses, informed = DirectLabelInference().infer(view).numpy(), True
         else:
-            cipher = event.ciphertexts()["cipher"]
+            cipher = reply.ciphertexts()["cipher"]
             n_classes = int(cipher.shape[1])
             guesses, informed = self.rng.integers(0, n_classes, size=len(ids)), False
         for sid, label in zip(ids.tolist(), guesses.tolist(), strict=True):

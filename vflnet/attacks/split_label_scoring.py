@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vflnet.attacks.base import LabelAttack, OwnStepView, Tap
+from vflnet.attacks.base import LabelAttack, OwnStepView, PerSampleGradientAttack
 from vflnet.attacks.label_inference import (
     DirectionScoring,
     ModelCompletionView,
@@ -36,9 +36,7 @@ from vflnet.attacks.label_inference import (
 from vflnet.interceptors.events import WireEvent
 from vflnet.metrics.labels import mean_batch_auc
 from vflnet.plugins import ATTACKS, Param
-from vflnet.v1 import messages_pb2
 
-_PASSIVE = frozenset({"passive"})
 _SEED = Param(
     0, "seed of the guesses made when gradients are encrypted", lambda v: isinstance(v, int), "an integer"
 )
@@ -50,27 +48,16 @@ _POSITIVE = Param(
 )
 
 
-class _GradientScoring(LabelAttack):
+class _GradientScoring(PerSampleGradientAttack):
     """Collects (step, sample ids, per-sample gradient or None when encrypted) per training batch;
     scores them when the output is asked for (direction scoring needs a reference from any step)."""
 
-    roles = _PASSIVE
-    taps = (Tap("ExchangeEmbeddings", "request", "client"), Tap("ExchangeEmbeddings", "response", "client"))
-
     def __init__(self, context, **params: Any) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context, **params)
-        self.pending: dict[int, np.ndarray] = {}  # step -> sample ids sent
         self.batches: list[tuple[int, np.ndarray, np.ndarray | None]] = []
 
-    def observe(self, event: WireEvent) -> None:
-        if event.phase != messages_pb2.TRAIN:
-            return
-        if event.direction == "request":
-            self.pending[int(event.step)] = event.sample_ids
-            return
-        ids = self.pending.pop(int(event.step), None)
-        if ids is not None:
-            self.batches.append((int(event.step), ids, event.tensors().get("values")))
+    def observe_batch(self, step: int, ids: np.ndarray, reply: WireEvent) -> None:
+        self.batches.append((step, ids, reply.tensors().get("values")))
 
     def output(self) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(self.p["seed"])
@@ -229,7 +216,7 @@ class DirectionScoringAttack(_GradientScoring):
 class PassiveModelCompletionAttack(LabelAttack):
     name = "passive-model-completion"
     description = "Fu et al.: fine-tune a completion head on the own bottom model with a few labelled samples"
-    roles = _PASSIVE
+    roles = frozenset({"passive"})
     taps = ()
     wants_own_view = True
     knowledge = ("aux_labels",)

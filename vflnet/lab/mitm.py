@@ -25,7 +25,7 @@ from vflnet.config import TransportConfig, load
 from vflnet.interceptors.chain import Chain, Filter, Mod
 from vflnet.interceptors.events import WireEvent
 from vflnet.interceptors.trace import TraceWriter
-from vflnet.roles.proxy import ByteMod, TcpRelay, run_proxy, wait_for_signal
+from vflnet.roles.proxy import ByteMod, TcpRelay, run_proxy, serve_until_signal, wait_for_signal
 from vflnet.wire import tensors
 
 log = logging.getLogger("vflnet.lab.mitm")
@@ -109,10 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     mods.append(Filter(zero_embeddings, methods=["ExchangeEmbeddings"], directions=["request"]))
     server, port = run_proxy(args.listen, args.upstream, Chain(mods), transport, name="proxy")
     print(f"tampering grpc proxy on port {port} -> {args.upstream}", flush=True)
-    wait_for_signal()
-    server.stop(grace=2).wait()
-    if writer is not None:
-        writer.close()
+    serve_until_signal(server, writer)
     return 0
 
 

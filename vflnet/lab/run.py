@@ -23,6 +23,7 @@ from typing import IO, Any
 
 from vflnet.interceptors.trace import trace_path
 from vflnet.lab.netlab import Host, Lab, LabError, in_netns, lab_config, lab_processes, write_yaml
+from vflnet.runner.local import stop_processes
 from vflnet.runner.report import print_summary
 from vflnet.wire import tls as tls_files
 
@@ -184,16 +185,7 @@ class LabRun:
             )
 
     def teardown(self) -> None:
-        live = [p for p in self.procs.values() if p.popen.poll() is None]
-        for p in live:
-            p.popen.terminate()
-        deadline = time.monotonic() + 5
-        for p in live:
-            try:
-                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.popen.kill()
-                p.popen.wait()
+        stop_processes([p.popen for p in self.procs.values()])
         for p in self.procs.values():
             p.log_file.close()
 

@@ -461,6 +461,14 @@ def wait_for_signal() -> None:
     stop.wait()
 
 
+def serve_until_signal(server: grpc.Server, writer: TraceWriter | None) -> None:
+    """Serve until SIGINT/SIGTERM, then stop the server and close the trace (durable on close)."""
+    wait_for_signal()
+    server.stop(grace=2).wait()
+    if writer is not None:
+        writer.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -496,10 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     chain = Chain([writer] if writer is not None else [])
     server, port = run_proxy(args.listen, args.upstream, chain, transport, name=args.name)
     print(f"proxy {args.name} (grpc) on port {port} -> {args.upstream}", flush=True)
-    wait_for_signal()
-    server.stop(grace=2).wait()
-    if writer is not None:
-        writer.close()
+    serve_until_signal(server, writer)
     return 0
 
 

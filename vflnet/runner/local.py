@@ -128,18 +128,23 @@ class LocalCluster:
         return 0
 
     def teardown(self) -> None:
-        live = [c for c in self.children.values() if c.proc.poll() is None]
-        for c in live:
-            c.proc.terminate()
-        deadline = time.monotonic() + 5
-        for c in live:
-            try:
-                c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                c.proc.kill()
-                c.proc.wait()
+        stop_processes([c.proc for c in self.children.values()])
         for c in self.children.values():
             c.log_file.close()
+
+
+def stop_processes(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    """SIGTERM every process still running, SIGKILL those still alive ``grace_s`` later."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in live:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 class ClusterFailure(RuntimeError):

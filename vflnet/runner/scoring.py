@@ -63,10 +63,11 @@ def score_run(cfg: Config, run_dir: Path) -> dict[str, dict[str, float]]:
             continue
         with np.load(path) as f:
             output = {k: f[k] for k in f.files}
-        scores[f"{entry.name}@{entry.party}"] = score_output(cfg, entry.name, output, run_dir)
         cls = ATTACKS.get(entry.name)
+        truth = ground_truth(cfg, cls.truth_needed, run_dir)  # loaded once for the score and the pictures
+        scores[f"{entry.name}@{entry.party}"] = cls.score(output, truth)
         if hasattr(cls, "pictures"):
-            cls.pictures(output, ground_truth(cfg, cls.truth_needed, run_dir), run_dir / "attacks")
+            cls.pictures(output, truth, run_dir / "attacks")
     if scores:
         (run_dir / "attacks" / "scores.json").write_text(json.dumps(scores, indent=2))
     return scores
