@@ -74,23 +74,22 @@ def _cmd_party(args: argparse.Namespace) -> int:
     setup_logging(args.name, cfg.runtime.log_level)
     setup_torch(cfg)
     listen = args.listen or me.address or "127.0.0.1:0"
+    from vflnet.wire.bridge import GrpcBridge
+
+    bridge = GrpcBridge(cfg.transport)  # a party process always talks real gRPC
     if args.role == "coordinator":
         from vflnet.roles import coordinator
 
-        return coordinator.main(cfg, run_dir, listen)
+        return coordinator.main(cfg, run_dir, listen, bridge)
     coord = args.coordinator or cfg.coordinator.address
     if not coord:
         raise ConfigError(str(args.config), "parties", "the coordinator has no address: give --coordinator HOST:PORT")
     # `via: HOST:PORT`: peers reach this party through a proxy there (`via: proxy` is `vflnet run`'s own proxy)
     via = me.via if ":" in me.via else ""
     advertise = via or args.advertise or me.address or listen
-    if args.role == "active":
-        from vflnet.roles import active
+    from vflnet.roles.party import PartyHost, serve
 
-        return active.main(cfg, args.name, run_dir, listen, coord, advertise)
-    from vflnet.roles import passive
-
-    return passive.main(cfg, args.name, run_dir, listen, coord, advertise)
+    return serve(PartyHost(cfg, args.name, run_dir, bridge), listen, coord, advertise)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,10 +43,11 @@ class HEConfig:
 
 @dataclass
 class ProtocolConfig:
-    kind: Literal["split", "split-he", "param-server"] = "split"
+    kind: str = "split"
     aggregation: Literal["concat", "sum"] = "concat"
     static: bool = False  # param-server: the coordinator never applies updates (CAFE's strongest setting)
     he: HEConfig = field(default_factory=HEConfig)
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -136,6 +137,7 @@ class TransportConfig:
     idle_timeout_s: float = 600.0  # a party exits if the coordinator is silent this long
     tls: TLSConfig = field(default_factory=TLSConfig)
     allow_plaintext_remote: bool = False  # plaintext gRPC to a non-loopback address needs this
+    bridge: Literal["grpc", "loopback"] = "grpc"
 
 
 @dataclass
@@ -158,6 +160,22 @@ class TraceConfig:
 
 
 @dataclass
+class PredictConfig:
+    set: Literal["none", "test", "train"] = "none"
+    count: int = 0
+    batch_size: int = 256
+    when: Literal["end", "every_epoch"] = "end"
+
+
+@dataclass
+class ReleaseConfig:
+    owner: str = ""
+    recipient: str = ""
+    modules: list[str] = field(default_factory=list)
+    when: Literal["end", "start"] = "end"
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
@@ -171,6 +189,8 @@ class Config:
     defenses: list[PluginConfig] = field(default_factory=list)
     trace: TraceConfig = field(default_factory=TraceConfig)
     plugins: list[str] = field(default_factory=list)  # extra modules that register attacks/defenses
+    predict: PredictConfig = field(default_factory=PredictConfig)
+    model_release: list[ReleaseConfig] = field(default_factory=list)
     source: str = field(default="", metadata={"internal": True})
 
     # --------------------------------------------------------------------------- convenience
@@ -352,15 +372,6 @@ def validate(cfg: Config) -> None:
     outs = [p.bottom.out for p in cfg.feature_parties if p.bottom is not None]
     if cfg.protocol.aggregation == "sum" and len(set(outs)) > 1:
         raise ConfigError(src, "protocol.aggregation", f"'sum' needs equal bottom output sizes, got {outs}")
-    if cfg.protocol.kind == "split-he":
-        if cfg.protocol.aggregation != "sum" or cfg.model.top.kind != "none":
-            raise ConfigError(
-                src, "protocol.kind", "split-he follows paper 004: aggregation 'sum' with model.top.kind 'none'"
-            )
-        if cfg.protocol.he.key_bits < 1024 and not cfg.protocol.he.allow_insecure_keys:
-            raise ConfigError(
-                src, "protocol.he.key_bits", "keys under 1024 bits are insecure; set allow_insecure_keys: true (tests only)"
-            )
     t = cfg.train
     for key, value in [("train.epochs", t.epochs), ("train.batch_size", t.batch_size), ("train.eval_every", t.eval_every),
                        ("train.eval_batch_size", t.eval_batch_size), ("train.checkpoint_every", t.checkpoint_every)]:
@@ -388,12 +399,23 @@ def validate(cfg: Config) -> None:
 
 def _validate_plugins(cfg: Config) -> None:
     from vflnet.plugins import ATTACKS, DEFENSES, load_plugin_modules, validate_params
+    from vflnet.protocols.base import PROTOCOLS
 
     src = cfg.source
     try:
         load_plugin_modules(cfg.plugins)
     except ImportError as exc:
         raise ConfigError(src, "plugins", f"cannot import: {exc}") from exc
+    try:
+        protocol = PROTOCOLS.get(cfg.protocol.kind)
+    except KeyError as exc:
+        raise ConfigError(src, "protocol.kind", str(exc).strip('"')) from exc
+    try:
+        cfg.protocol.params = validate_params("protocol", protocol.name, protocol.params, cfg.protocol.params)
+    except ValueError as exc:
+        raise ConfigError(src, "protocol.params", str(exc)) from exc
+    for key, message in protocol.check_config(cfg):
+        raise ConfigError(src, key, message)
     roles = {p.name: p.role for p in cfg.parties}
     for section, registry in (("attacks", ATTACKS), ("defenses", DEFENSES)):
         for i, entry in enumerate(getattr(cfg, section)):
@@ -411,6 +433,11 @@ def _validate_plugins(cfg: Config) -> None:
                 validate_params(registry.kind, entry.name, cls.params, entry.params)
             except ValueError as exc:
                 raise ConfigError(src, f"{key}.params", str(exc)) from exc
+            if section == "attacks":
+                from vflnet.attacks.knowledge import missing_knowledge
+
+                for problem in missing_knowledge(cfg, entry.party, cls):
+                    raise ConfigError(src, f"{key}.name", f"attack {entry.name!r} at {entry.party!r} {problem}")
     for name in cfg.trace.parties:
         if name != "all" and name not in roles:
             raise ConfigError(src, "trace.parties", f"no party {name!r} in the roster")

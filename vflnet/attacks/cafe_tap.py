@@ -21,7 +21,7 @@ from vflnet.attacks.cafe import CafeAttack, CafeParams, ServerObservation
 from vflnet.interceptors.events import WireEvent
 from vflnet.models.cafe_net import TOP, CafeVFL, worker_name
 from vflnet.plugins import ATTACKS, Param
-from vflnet.protocols.param_server import from_tensor_map
+from vflnet.wire.tensors import from_tensor_map
 from vflnet.v1 import messages_pb2
 
 

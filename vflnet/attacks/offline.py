@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     attack = ATTACKS.get(args.name)(AttackContext(party, role, run_id), **json.loads(args.params))
     if cfg is not None:  # what the threat model grants, as online (e.g. the few labels an attacker knows)
-        from vflnet.interceptors.setup import threat_model_knowledge
+        from vflnet.attacks.knowledge import threat_model_knowledge
 
         attack.context.knowledge.update(threat_model_knowledge(cfg, party, attack))
     output = attack.run(events)

@@ -14,10 +14,8 @@ from typing import Any
 import numpy as np
 
 from vflnet.attacks.base import Attack, AttackContext, OwnStepView
+from vflnet.attacks.knowledge import threat_model_knowledge
 from vflnet.config import Config, PluginConfig
-from vflnet.data.alignment import intersect, split_train_test
-from vflnet.data.datasets import Dataset, load_dataset
-from vflnet.data.partition import party_view
 from vflnet.interceptors.chain import Chain
 from vflnet.interceptors.trace import TraceWriter, trace_path
 from vflnet.plugins import ATTACKS, load_plugin_modules
@@ -91,48 +89,3 @@ def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyIntercepti
             mods.append(attack)
             log.info("%s hosts attack %s (%s)", name, entry.name, ", ".join(f"{k}={v}" for k, v in attack.p.items()))
     return PartyInterception(name, Chain(mods), attacks, trace, knowledge)
-
-
-def run_split(cfg: Config, data: Dataset) -> tuple[np.ndarray, np.ndarray]:
-    """The run's train/test IDs, computed as the coordinator will (alignment of every party's IDs)."""
-    common = intersect([party_view(cfg, p.name, data).ids for p in cfg.parties if p.role != "coordinator"])
-    return split_train_test(common, cfg.data.test_fraction, cfg.run.seed)
-
-
-def threat_model_knowledge(cfg: Config, name: str, attack: Attack) -> dict[str, Any]:
-    """What an attack's threat model grants beyond the wire and that its party cannot derive itself.
-
-    - ``feature_region``: the party's own image region [r0, r1, c0, c1] (its own config).
-    - ``target_ids``: paper 004's D_target, ``n_target`` training samples of ``target_class`` the
-      attacker knows (ground truth by assumption), seeded by the attack's ``seed`` so colluding
-      parties with the same parameters know the same samples.
-    """
-    out: dict[str, Any] = {}
-    if "feature_region" in attack.knowledge:
-        features = cfg.party(name).features
-        out["feature_region"] = None if features is None or features.region is None else list(features.region)
-    if "target_ids" in attack.knowledge:
-        label_of, _ = train_labels(cfg)
-        pool = np.array([i for i, y in label_of.items() if y == attack.p["target_class"]], dtype=np.int64)
-        n = min(int(attack.p["n_target"]), len(pool))
-        out["target_ids"] = np.sort(np.random.default_rng([int(attack.p["seed"]), 7]).choice(pool, size=n, replace=False))
-    if "aux_labels" in attack.knowledge:
-        # {sample id: label}: a few labelled training samples (model completion's auxiliary set, MARVELL's
-        # known positive). Drawn in a fixed order per class, so a party whose attacks ask for k and k' > k
-        # samples of a class knows the first k' of them; the attacks of one party share what it knows.
-        label_of, n_classes = train_labels(cfg)
-        known = dict(attack.context.knowledge.get("aux_labels", {}))
-        for label, count in attack.aux_quota(n_classes).items():  # type: ignore[attr-defined]
-            pool = np.array(sorted(i for i, y in label_of.items() if y == label), dtype=np.int64)
-            known.update((int(i), label) for i in np.random.default_rng([cfg.run.seed, 8, label]).permutation(pool)[:count])
-        out["aux_labels"] = known
-    return out
-
-
-def train_labels(cfg: Config) -> tuple[dict[int, int], int]:
-    """Ground-truth labels of the run's training samples and the number of classes: only for what a threat
-    model grants an attacker by assumption (never handed to an attack as such)."""
-    data = load_dataset(cfg.data.dataset, cfg.data.params)
-    train, _ = run_split(cfg, data)
-    label_of = dict(zip(data.ids.tolist(), data.labels.tolist(), strict=True))
-    return {i: label_of[i] for i in train.tolist()}, data.n_classes

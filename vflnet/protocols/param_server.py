@@ -11,28 +11,26 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
+import grpc
 import numpy as np
 import torch
 
 from vflnet.config import Config
+from vflnet.defenses.base import build_upload_defenses
+from vflnet.models.local import LocalModel
 from vflnet.models.optim import build_optimizer, build_schedule
-from vflnet.v1 import tensor_pb2
-from vflnet.wire import tensors
-
-
-def to_tensor_map(values: dict[str, np.ndarray]) -> tensor_pb2.TensorMap:
-    out = tensor_pb2.TensorMap()
-    for name, value in values.items():
-        out.tensors[name].CopyFrom(tensors.to_proto(value))
-    return out
-
-
-def from_tensor_map(msg: tensor_pb2.TensorMap, what: str) -> dict[str, np.ndarray]:
-    return {name: tensors.from_proto(t, expect_dtype="float32", what=f"{what} {name}") for name, t in msg.tensors.items()}
+from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, Protocol, RunFailed
+from vflnet.protocols.split import SplitActive, SplitPassive
+from vflnet.v1 import messages_pb2, tensor_pb2
+from vflnet.wire.errors import RpcFailure
+from vflnet.wire.tensors import from_tensor_map, to_tensor_map
 
 
 class ParamServer:
+    """Every party's parameters and optimizer, held by the coordinator."""
+
     def __init__(self, cfg: Config, initial: dict[str, dict[str, np.ndarray]]) -> None:
         self.static = cfg.protocol.static
         self.params = {party: {n: torch.nn.Parameter(torch.from_numpy(v.copy())) for n, v in named.items()}
@@ -79,3 +77,83 @@ class ParamServer:
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({party: {n: p.detach().clone() for n, p in named.items()} for party, named in self.params.items()}, tmp)
         os.replace(tmp, path)
+
+
+class ParamServerCoordinator(CoordinatorSide):
+    def start(self, joined: dict[str, messages_pb2.JoinRequest]) -> None:
+        initial = {n: from_tensor_map(r.initial_params, f"{n}'s parameter") for n, r in joined.items()}
+        self.server = ParamServer(self.cfg, initial)
+
+    def command(self, party: str, cmd: messages_pb2.StepCommand) -> messages_pb2.StepCommand:
+        """Every step carries each party's current parameters."""
+        self.server.enter_epoch(cmd.header.epoch)
+        out = messages_pb2.StepCommand()
+        out.CopyFrom(cmd)
+        out.params.CopyFrom(self.server.broadcast(party))
+        return out
+
+    def after_step(self, phase: int, reports: dict[str, messages_pb2.StepReport]) -> None:
+        if phase != messages_pb2.TRAIN:
+            return
+        try:
+            self.server.apply({name: from_tensor_map(r.grads, f"{name}'s gradient") for name, r in reports.items()})
+        except ValueError as exc:
+            raise RunFailed(f"bad gradient upload: {exc}") from exc
+
+    @property
+    def model_version(self) -> int:
+        return self.server.updates if hasattr(self, "server") else 0
+
+    def finish(self) -> dict[str, Any]:
+        if self.host.run_dir is not None:
+            self.server.save(self.host.run_dir / "checkpoints" / "param-server.pt")
+        return {"param_server": {"updates": self.server.updates, "static": self.server.static}}
+
+
+class CentralParams:
+    """A party side whose parameters and optimizer the coordinator holds: it joins with its initial
+    parameters, loads the broadcast ones each step and uploads its gradients (after its upload
+    defenses: fake gradients, DP) instead of updating."""
+
+    host: Any
+    cfg: Config
+
+    def make_local(self, modules: dict[str, Any]) -> LocalModel:
+        self.upload_defenses = build_upload_defenses(self.cfg, self.host.name)
+        return LocalModel(modules, self.cfg.train.optimizer, self.cfg.train.lr_schedule, own_optimizer=False)
+
+    def join_request(self, req: messages_pb2.JoinRequest) -> None:
+        req.initial_params.CopyFrom(to_tensor_map({n: p.detach().numpy() for n, p in self.host.local.named_parameters()}))
+
+    def step(self, cmd: messages_pb2.StepCommand, rows: np.ndarray) -> dict[str, float]:
+        try:
+            self.host.local.load_params(from_tensor_map(cmd.params, "broadcast parameter"))
+        except ValueError as exc:
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        return super().step(cmd, rows)  # type: ignore[misc]
+
+    def report(self, cmd: messages_pb2.StepCommand, report: messages_pb2.StepReport) -> None:
+        if cmd.header.phase != messages_pb2.TRAIN:
+            return
+        grads = self.host.local.take_grads()
+        for transform in self.upload_defenses:
+            grads = transform(grads)
+        report.grads.CopyFrom(to_tensor_map(grads))
+        self.host.meter.record("GradientUpload", report.grads)
+
+
+class ParamServerPassive(CentralParams, SplitPassive):
+    pass
+
+
+class ParamServerActive(CentralParams, SplitActive):
+    pass
+
+
+@PROTOCOLS.register
+class ParamServerProtocol(Protocol):
+    name = "param-server"
+    description = "paper 002's setting: the coordinator broadcasts parameters and applies the uploaded gradients (or keeps them static)"
+    coordinator = ParamServerCoordinator
+    active = ParamServerActive
+    passive = ParamServerPassive

@@ -1,108 +1,49 @@
-"""Plaintext split learning, per role, with no transport in sight.
+"""Plaintext split learning: the `split` protocol.
 
-Passive: ``forward`` its bottom model on the batch, keep the graph, later ``backward`` the gradient
-the active party returned and step its optimizer. Active: aggregate its own embedding (if any) with
-the received ones, run the top model and the loss, step its optimizer, and return the gradient of
-the loss w.r.t. each received embedding.
+Per step the coordinator sends every party the batch IDs. Each passive party runs its bottom model and
+sends its embeddings to the active party (``Active/ExchangeEmbeddings``); the active party waits for
+all of them, aggregates them with its own embedding (if any), runs the top model and the loss, steps
+its optimizer and answers each passive party with the gradient of the loss w.r.t. that party's
+embeddings; each passive party backpropagates it and steps its own optimizer. Evaluation and
+prediction steps run the same exchange forward only (prediction without labels: the active party
+keeps the model output, the confidence vector, per sample).
+
+The compute of each role (``PassiveSplit``, ``ActiveSplit``) knows no transport; the sides
+(``SplitPassive``, ``SplitActive``) carry it over the wire. split-he and param-server reuse the sides.
 """
 
 from __future__ import annotations
 
-import os
+import copy
+import threading
+import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from vflnet.config import LRScheduleConfig, OptimizerConfig
+from vflnet.attacks.base import OwnStepView
+from vflnet.data.partition import party_seed
 from vflnet.defenses.label_defenses import LabelDefense, soft_cross_entropy
-from vflnet.models.optim import build_optimizer, build_schedule
+from vflnet.models.local import LocalModel
 from vflnet.models.zoo import TopModel, aggregate
+from vflnet.plugins import DEFENSES
+from vflnet.protocols.base import PROTOCOLS, PartySide, Protocol
+from vflnet.roles.common import check_run, check_sender, wait_for
+from vflnet.v1 import messages_pb2, services_pb2_grpc
+from vflnet.wire import tensors
+from vflnet.wire.bridge import add_handlers
+from vflnet.wire.channels import MessageTooLarge, check_message_size
+from vflnet.wire.errors import RpcFailure, describe_rpc_error, invalid, stale_step
+
+EXCHANGE = "/vflnet.v1.Active/ExchangeEmbeddings"
 
 
-@dataclass
-class LocalModel:
-    """The modules one party trains, its optimizer and LR schedule, and its update counter."""
-
-    modules: dict[str, nn.Module]
-    optimizer_cfg: OptimizerConfig
-    schedule_cfg: LRScheduleConfig
-    version: int = 0  # optimizer updates applied: the `model_version` in message headers
-    epoch: int = 0
-    central: bool = False  # param-server: the coordinator owns parameters and optimizer; this party uploads gradients
-    keep_last_grads: bool = False  # keep a copy of each step's gradients (for an attack granted the party's own view)
-    last_grads: dict[str, torch.Tensor] = field(default_factory=dict)
-    optimizer: torch.optim.Optimizer | None = field(init=False)
-    schedule: Any = field(init=False)
-
-    def __post_init__(self) -> None:
-        # An active party with no features and no top model ("sum" of passive logits) has no parameters.
-        params = [p for m in self.modules.values() for p in m.parameters()]
-        self.optimizer = build_optimizer(params, self.optimizer_cfg) if params and not self.central else None
-        self.schedule = build_schedule(self.optimizer, self.schedule_cfg) if self.optimizer else None
-
-    def enter_epoch(self, epoch: int) -> None:
-        """Advance the LR schedule once per epoch boundary the coordinator announces."""
-        while self.epoch < epoch:
-            self.epoch += 1
-            if self.schedule is not None:
-                self.schedule.step()
-
-    def apply_update(self) -> None:
-        """Step the optimizer; in param-server mode keep the gradients for the upload instead."""
-        if self.keep_last_grads:
-            self.last_grads = {n: p.grad.detach().clone() for n, p in self.named_parameters() if p.grad is not None}
-        if self.optimizer is not None:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        self.version += 1
-
-    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        return [(f"{key}.{name}", p) for key, m in self.modules.items() for name, p in m.named_parameters()]
-
-    def load_params(self, values: dict[str, np.ndarray]) -> None:
-        """Take the parameters the coordinator broadcast (param-server); names and shapes must match."""
-        own = dict(self.named_parameters())
-        if set(values) != set(own):
-            raise ValueError(f"broadcast parameters {sorted(values)} do not match this party's {sorted(own)}")
-        with torch.no_grad():
-            for name, p in own.items():
-                if tuple(values[name].shape) != tuple(p.shape):
-                    raise ValueError(f"broadcast parameter {name} has shape {values[name].shape}, expected {tuple(p.shape)}")
-                p.copy_(torch.from_numpy(values[name]))
-
-    def take_grads(self) -> dict[str, np.ndarray]:
-        """The batch-averaged parameter gradients of the last step (param-server upload), then cleared."""
-        out = {}
-        for name, p in self.named_parameters():
-            out[name] = p.grad.detach().numpy().copy() if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
-            p.grad = None
-        return out
-
-    def train(self, mode: bool) -> None:
-        for m in self.modules.values():
-            m.train(mode)
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "modules": {k: m.state_dict() for k, m in self.modules.items()},
-            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
-            "version": self.version,
-            "epoch": self.epoch,
-        }
-
-    def save(self, path: Path) -> None:
-        """Atomic: a crash mid-write never leaves a truncated checkpoint."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        torch.save(self.state(), tmp)
-        os.replace(tmp, path)
-
-
+# ------------------------------------------------------------------------------- compute
 class PassiveSplit:
     def __init__(self, local: LocalModel) -> None:
         self.local = local
@@ -144,6 +85,16 @@ def predict(logits: torch.Tensor, defense: LabelDefense | None) -> torch.Tensor:
     return logits.argmax(dim=1) if defense is None else defense.predict(logits)
 
 
+def outcome(logits: torch.Tensor, loss: torch.Tensor | None, y: np.ndarray | None, defense: LabelDefense | None,
+            grads: list[np.ndarray]) -> StepResult:
+    """A step's result; without labels (prediction) it only carries the logits."""
+    n = logits.shape[0]
+    if y is None or loss is None:
+        return StepResult(grads, 0.0, 0, n, logits.detach().numpy())
+    correct = int((predict(logits.detach(), defense) == torch.from_numpy(y)).sum())
+    return StepResult(grads, float(loss.detach()) * n, correct, n, logits.detach().numpy())
+
+
 class ActiveSplit:
     def __init__(self, local: LocalModel, aggregation: str, defense: LabelDefense | None = None) -> None:
         self.local = local
@@ -152,7 +103,9 @@ class ActiveSplit:
         self.top: TopModel = local.modules["top"]  # type: ignore[assignment]
         self.aggregation = aggregation
 
-    def step(self, x_own: np.ndarray | None, received: list[np.ndarray], y: np.ndarray, train: bool) -> StepResult:
+    def step(self, x_own: np.ndarray | None, received: list[np.ndarray], y: np.ndarray | None, train: bool) -> StepResult:
+        """One step; ``y`` is None in a prediction step (no loss, no update)."""
+        train = train and y is not None
         self.local.train(train)
         with torch.set_grad_enabled(train):
             inputs = [torch.from_numpy(e).requires_grad_(train) for e in received]
@@ -161,16 +114,14 @@ class ActiveSplit:
                 assert x_own is not None
                 parts.insert(0, self.bottom(torch.from_numpy(x_own)))
             logits = self.top(aggregate(parts, self.aggregation))
-            target = torch.from_numpy(y)
-            loss = label_loss(logits, target, self.defense)
+            loss = None if y is None else label_loss(logits, torch.from_numpy(y), self.defense)
+            grads = []
             if train:
+                assert loss is not None and y is not None
                 loss.backward()
-                grads = [self._outgoing(t.grad, target) for t in inputs]
+                grads = [self._outgoing(t.grad, torch.from_numpy(y)) for t in inputs]
                 self.local.apply_update()
-            else:
-                grads = []
-        correct = int((predict(logits.detach(), self.defense) == target).sum())
-        return StepResult(grads, float(loss.detach()) * len(y), correct, len(y), logits.detach().numpy())
+        return outcome(logits, loss, y, self.defense, grads)
 
     def _outgoing(self, grad: torch.Tensor | None, target: torch.Tensor) -> np.ndarray:
         """The gradient as it leaves this party: after the defense's transform, if any."""
@@ -178,3 +129,229 @@ class ActiveSplit:
         if self.defense is not None:
             grad = self.defense.transform(grad, target).to(torch.float32)
         return grad.numpy()
+
+
+# --------------------------------------------------------------------------------- sides
+class SplitPassive(PartySide):
+    """Send embeddings, backpropagate the gradient the active party returns."""
+
+    def joined(self, reply: messages_pb2.JoinReply) -> None:
+        self.compute = self.make_compute()
+        active = next(p for p in reply.roster if p.role == "active")
+        self.active = services_pb2_grpc.ActiveStub(self.host.channel(active.address))
+
+    def make_compute(self) -> Any:
+        return PassiveSplit(self.host.local)
+
+    def encode(self, msg: messages_pb2.Embeddings, emb: Any) -> None:
+        msg.values.CopyFrom(tensors.to_proto(emb))
+
+    def decode_gradient(self, reply: messages_pb2.EmbeddingGradients, shape: tuple[int, ...]) -> Any:
+        if reply.WhichOneof("payload") != "values":
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "split expects plaintext gradients from the active party")
+        return tensors.from_proto(reply.values, expect_dtype="float32", expect_shape=shape, what="gradients from the active party")
+
+    def step(self, cmd: messages_pb2.StepCommand, rows: np.ndarray) -> dict[str, float]:
+        host, h = self.host, cmd.header
+        assert host.data.x is not None
+        train = h.phase == messages_pb2.TRAIN
+        start = time.perf_counter()
+        own_view = train and host.interception.wants_own_view
+        snapshot = copy.deepcopy(host.local.modules["bottom"]) if own_view else None
+        host.local.keep_last_grads = own_view
+        emb = self.compute.forward(host.data.x[rows], train)
+        msg = messages_pb2.Embeddings(header=host.header(h), sample_ids=cmd.sample_ids)
+        self.encode(msg, emb)
+        check_message_size(msg, self.cfg.transport, f"{host.name}'s embeddings for step {h.step}")
+        host.meter.record("ExchangeEmbeddings", msg)
+        try:
+            reply = self.active.ExchangeEmbeddings(msg, timeout=self.cfg.transport.rpc_timeout_s)
+        except grpc.RpcError as exc:
+            raise RpcFailure(grpc.StatusCode.ABORTED, f"active party refused embeddings: {describe_rpc_error(exc)}") from exc
+        if reply.header.step != h.step:
+            raise RpcFailure(grpc.StatusCode.DATA_LOSS, f"gradients for step {reply.header.step}, expected {h.step}")
+        if train:
+            self.compute.backward(self.decode_gradient(reply, tuple(emb.shape)))
+        if own_view:
+            grads = {n.removeprefix("bottom."): g for n, g in host.local.last_grads.items() if n.startswith("bottom.")}
+            host.interception.deliver_own_view(OwnStepView(
+                h.step, np.asarray(cmd.sample_ids, dtype=np.int64), host.data.x[rows], snapshot, grads, int(emb.shape[1])))
+        return {"compute_s": time.perf_counter() - start}
+
+
+@dataclass
+class StepSlot:
+    """Everything the active party gathers for one step, whichever message arrives first."""
+
+    step: int
+    command: messages_pb2.StepCommand | None = None
+    embeddings: dict[str, tuple[np.ndarray, Any]] = field(default_factory=dict)  # sender -> (ids, values)
+    result: StepResult | None = None
+    replies: dict[str, messages_pb2.EmbeddingGradients] = field(default_factory=dict)
+    error: str | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class SplitActive(PartySide):
+    """Gather every passive party's embeddings for the step the coordinator announced, run the top
+    model, answer each passive party with its gradient; keep per-sample predictions."""
+
+    def __init__(self, host: Any) -> None:
+        super().__init__(host)
+        cfg = self.cfg
+        self.passives = [p.name for p in cfg.passives]
+        self.embedding_dims = {p.name: p.bottom.out for p in cfg.passives if p.bottom is not None}
+        self.cond = threading.Condition()
+        self.slots: dict[int, StepSlot] = {}
+        self.completed_step = 0
+        # (phase, epoch) -> [(ids, predicted class, confidence vector)]
+        self.predictions: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        self.defense = self._defense()
+
+    def _defense(self) -> LabelDefense | None:
+        host = self.host
+        entries = [d for d in self.cfg.defenses if d.party == host.name and DEFENSES.get(d.name).acts_on == "labels"]
+        if not entries:
+            return None
+        if len(entries) > 1:
+            raise ValueError(f"{host.name}: one label defense at a time, got {[d.name for d in entries]}")
+        entry = entries[0]
+        built = DEFENSES.get(entry.name)(**entry.params).build(host.data.n_classes, party_seed(self.cfg, host.me))
+        host.log.info("%s defends with %s (%s)", host.name, entry.name, entry.params)
+        return built
+
+    def add_services(self, server: Any) -> None:
+        add_handlers(server, {EXCHANGE: self.receive})
+
+    def joined(self, reply: messages_pb2.JoinReply) -> None:
+        self.compute = self.make_compute()
+
+    def make_compute(self) -> Any:
+        return ActiveSplit(self.host.local, self.cfg.protocol.aggregation, self.defense)
+
+    # ------------------------------------------------------------ hooks for split-he
+    def decode(self, msg: messages_pb2.Embeddings, expect: tuple[int, int], what: str) -> Any:
+        if msg.WhichOneof("payload") != "values":
+            raise invalid(f"split protocol expects plaintext embeddings, got {msg.WhichOneof('payload')}")
+        return tensors.from_proto(msg.values, expect_dtype="float32", expect_shape=expect, what=what)
+
+    def run(self, x_own: np.ndarray | None, received: list[Any], y: np.ndarray | None, train: bool) -> StepResult:
+        return self.compute.step(x_own, received, y, train)
+
+    def fill_reply(self, reply: messages_pb2.EmbeddingGradients, index: int, result: StepResult) -> None:
+        reply.values.CopyFrom(tensors.to_proto(result.grads[index]))
+
+    # ------------------------------------------------------------------ passive -> active
+    def _slot(self, step: int) -> StepSlot:
+        if step <= self.completed_step:
+            raise stale_step(f"step {step} is not current: step {self.completed_step} is already done")
+        if step not in self.slots:
+            self.slots[step] = StepSlot(step)
+        return self.slots[step]
+
+    def receive(self, msg: messages_pb2.Embeddings, context: Any) -> messages_pb2.EmbeddingGradients:
+        h, cfg = msg.header, self.cfg
+        check_run(cfg, h.run_id)
+        check_sender(cfg, h.sender, {"passive"}, context)
+        ids = np.asarray(msg.sample_ids, dtype=np.int64)
+        wait_for(self.host.ready, cfg.transport.rpc_timeout_s, f"{self.host.name} to finish joining")
+        values = self.decode(msg, (len(ids), self.embedding_dims[h.sender]), f"embeddings from {h.sender}")
+        with self.cond:
+            slot = self._slot(h.step)
+            if h.sender in slot.embeddings:
+                raise RpcFailure(grpc.StatusCode.ALREADY_EXISTS, f"{h.sender} already sent embeddings for step {h.step}")
+            if slot.command is not None and not np.array_equal(ids, slot.command.sample_ids):
+                raise invalid(f"{h.sender} sent embeddings for other sample ids than step {h.step} schedules")
+            slot.embeddings[h.sender] = (ids, values)
+            self.cond.notify_all()
+        if not slot.done.wait(cfg.transport.rpc_timeout_s):
+            raise TimeoutError(f"step {h.step} did not complete within {cfg.transport.rpc_timeout_s:.0f} s")
+        if slot.error is not None:
+            raise RpcFailure(grpc.StatusCode.ABORTED, f"step {h.step} failed at the active party: {slot.error}")
+        return slot.replies[h.sender]
+
+    # -------------------------------------------------------------- coordinator -> active
+    def step(self, cmd: messages_pb2.StepCommand, rows: np.ndarray) -> dict[str, float]:
+        host, step, timeout = self.host, cmd.header.step, self.cfg.transport.rpc_timeout_s
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            slot = self._slot(step)
+            slot.command = cmd
+            for sender, (ids, _) in slot.embeddings.items():
+                if not np.array_equal(ids, cmd.sample_ids):
+                    self._fail(slot, f"{sender} sent embeddings for other sample ids than step {step} schedules")
+            while slot.error is None and len(slot.embeddings) < len(self.passives):
+                if not self.cond.wait(timeout=max(0.0, deadline - time.monotonic())):
+                    missing = [p for p in self.passives if p not in slot.embeddings]
+                    self._fail(slot, f"no embeddings from {', '.join(missing)} within {timeout:.0f} s")
+        if slot.error is not None:
+            raise RpcFailure(grpc.StatusCode.ABORTED, slot.error)
+        start = time.perf_counter()
+        phase = cmd.header.phase
+        assert host.data.y is not None
+        x_own = host.data.x[rows] if host.data.x is not None else None
+        y = None if phase == messages_pb2.PREDICT else host.data.y[rows]
+        try:
+            slot.result = self.run(x_own, [slot.embeddings[p][1] for p in self.passives], y, phase == messages_pb2.TRAIN)
+            self._build_replies(slot, cmd.header)
+        except Exception as exc:  # a failed step must release the waiting passive calls, with the reason
+            self._fail(slot, str(exc) if isinstance(exc, MessageTooLarge) else f"{type(exc).__name__}: {exc}")
+            raise
+        with self.cond:
+            self.completed_step = step
+            del self.slots[step]
+            slot.done.set()
+        r = slot.result
+        if phase != messages_pb2.TRAIN:
+            self._record_predictions(cmd, r)
+        return {"loss_sum": r.loss_sum, "correct": r.correct, "count": r.count, "compute_s": time.perf_counter() - start}
+
+    def _build_replies(self, slot: StepSlot, h: messages_pb2.Header) -> None:
+        """Every passive party's answer, built and metered before the step completes, so the bytes
+        count in this step's report."""
+        assert slot.result is not None
+        for index, sender in enumerate(self.passives):
+            reply = messages_pb2.EmbeddingGradients(header=self.host.header(h))
+            if h.phase == messages_pb2.TRAIN:
+                self.fill_reply(reply, index, slot.result)
+            check_message_size(reply, self.cfg.transport, f"{self.host.name}'s gradients for {sender} at step {h.step}")
+            self.host.meter.record("ExchangeEmbeddings.reply", reply)
+            slot.replies[sender] = reply
+
+    def _record_predictions(self, cmd: messages_pb2.StepCommand, result: StepResult) -> None:
+        """Per-sample outputs of an evaluation or prediction step: the predicted class (CAE: decoded)
+        and the confidence vector (softmax of the logits), as a deployed model returns them."""
+        logits = torch.from_numpy(result.logits)
+        predicted = predict(logits, self.defense).numpy()
+        confidence = torch.softmax(logits.double(), dim=1).numpy()
+        key = (cmd.header.phase, cmd.header.epoch)
+        self.predictions.setdefault(key, []).append((np.asarray(cmd.sample_ids, dtype=np.int64), predicted, confidence))
+
+    def _fail(self, slot: StepSlot, error: str) -> None:
+        slot.error = error
+        slot.done.set()
+        self.slots.pop(slot.step, None)
+
+    def stop(self, reason: str) -> None:
+        with self.cond:  # release any step still waiting, so shutdown is not held up by a dead peer
+            for slot in list(self.slots.values()):
+                self._fail(slot, f"run is shutting down: {reason}")
+            self.cond.notify_all()
+
+    def finish(self) -> None:
+        """<run>/predictions/: test-epoch-NNN.npz per evaluation and predict-epoch-NNN.npz per
+        prediction pass, each with sample_ids, predicted and confidence."""
+        out = self.host.run_dir / "predictions"
+        for (phase, epoch), parts in self.predictions.items():
+            out.mkdir(parents=True, exist_ok=True)
+            kind = "test" if phase == messages_pb2.EVAL else "predict"
+            np.savez(out / f"{kind}-epoch-{epoch:03d}.npz", sample_ids=np.concatenate([p[0] for p in parts]),
+                     predicted=np.concatenate([p[1] for p in parts]), confidence=np.concatenate([p[2] for p in parts]))
+
+
+@PROTOCOLS.register
+class Split(Protocol):
+    name = "split"
+    description = "plaintext split learning: embeddings up, gradients down (concat + top model, or sum of logits)"
+    active = SplitActive
+    passive = SplitPassive

@@ -14,21 +14,40 @@ and answer every passive party with [[g]].
 
 from __future__ import annotations
 
+import json
+import logging
+import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
+import grpc
 import numpy as np
 import torch
 
-from vflnet.crypto import CipherArray, PublicKey, encoding
-from vflnet.crypto.masking import HEADROOM_BITS, mask, unmask
+from vflnet.config import Config
+from vflnet.crypto import CipherArray, PublicKey, encoding, generate_keypair, save_public_key
+from vflnet.crypto.masking import HEADROOM_BITS, ints_from_bytes, ints_to_bytes, mask, unmask
+from vflnet.crypto.wire import cipher_from_proto, cipher_to_proto
 from vflnet.defenses.label_defenses import LabelDefense
+from vflnet.models.local import LocalModel
+from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, Protocol
 from vflnet.protocols.he_backprop import (
     ForwardCache,
     check_supported,
     forward_with_cache,
     packed_param_grads,
 )
-from vflnet.protocols.split import LocalModel, StepResult, label_loss, predict
+from vflnet.protocols.split import SplitActive, SplitPassive, StepResult, label_loss, outcome
+from vflnet.roles.common import check_run, check_sender, header
+from vflnet.v1 import messages_pb2, services_pb2_grpc
+from vflnet.wire.bridge import add_handlers
+from vflnet.wire.channels import check_message_size
+from vflnet.wire.ciphers import cipher_from_proto_checked
+from vflnet.wire.errors import RpcFailure, describe_rpc_error, invalid
+
+log = logging.getLogger("vflnet.split_he")
+DECRYPT = "/vflnet.v1.Coordinator/Decrypt"
 
 LOGIT_BITS = 16  # packed logits have room for |logit| < 2^16 ...
 PARTY_BITS = 8  # ... summed over up to 2^8 passive parties, plus the active party's decryption mask
@@ -91,7 +110,10 @@ class ActiveHE:
         self.top = local.modules["top"]
         self.public_key, self.frac_bits, self.decrypt, self.workers = public_key, frac_bits, decrypt, workers
 
-    def step(self, x_own: np.ndarray | None, received: list[CipherArray], y: np.ndarray, train: bool) -> tuple[CipherArray | None, StepResult]:
+    def step(self, x_own: np.ndarray | None, received: list[CipherArray], y: np.ndarray | None,
+             train: bool) -> tuple[CipherArray | None, StepResult]:
+        """One step; ``y`` is None in a prediction step (no loss, no update, no gradient)."""
+        train = train and y is not None
         total = received[0]
         for c in received[1:]:
             total = total + c
@@ -102,14 +124,146 @@ class ActiveHE:
             h = torch.from_numpy(passive_sum).requires_grad_(train)
             aggregate = h + self.bottom(torch.from_numpy(x_own)) if self.bottom is not None else h
             logits = self.top(aggregate)
-            target = torch.from_numpy(y)
-            loss = label_loss(logits, target, self.defense)
+            loss = None if y is None else label_loss(logits, torch.from_numpy(y), self.defense)
             encrypted_grad = None
             if train:
+                assert loss is not None and y is not None
                 loss.backward()
                 assert h.grad is not None
+                target = torch.from_numpy(y)
                 g = h.grad if self.defense is None else self.defense.transform(h.grad, target)  # defend, then encrypt
                 encrypted_grad = self.public_key.encrypt(g.double().numpy(), self.frac_bits, workers=self.workers)
                 self.local.apply_update()
-        correct = int((predict(logits.detach(), self.defense) == target).sum())
-        return encrypted_grad, StepResult([], float(loss.detach()) * len(y), correct, len(y), logits.detach().numpy())
+        return encrypted_grad, outcome(logits, loss, y, self.defense, [])
+
+
+# --------------------------------------------------------------------------------- sides
+class DecryptionService(CoordinatorSide):
+    """The coordinator holds the Paillier private key and decrypts what parties send.
+
+    Parties mask everything before asking (vflnet.crypto.masking), so what it decrypts is
+    statistically independent of the values. It checks who may ask for what, and counts it all."""
+
+    PURPOSES = {"aggregate_logits": {"active"}, "masked_gradient": {"active", "passive"}}
+
+    def __init__(self, host: Any) -> None:
+        super().__init__(host)
+        he = self.cfg.protocol.he
+        start = time.perf_counter()
+        self.public_key, self._private_key = generate_keypair(he.key_bits, allow_insecure=he.allow_insecure_keys)
+        log.info("generated a %d-bit Paillier key pair (key id %s) in %.1f s", he.key_bits, self.public_key.key_id,
+                 time.perf_counter() - start)
+        if host.run_dir is not None:
+            save_public_key(host.run_dir / "public_key.json", self.public_key)
+        self.lock = threading.Lock()
+        self.requests: dict[str, int] = {}
+        self.values: dict[str, int] = {}
+
+    def add_services(self, server: Any) -> None:
+        add_handlers(server, {DECRYPT: self.decrypt})
+
+    def join_reply(self, reply: messages_pb2.JoinReply) -> None:
+        reply.public_key = json.dumps(self.public_key.to_json()).encode()
+
+    def decrypt(self, req: messages_pb2.DecryptRequest, context: grpc.ServicerContext | None) -> messages_pb2.DecryptReply:
+        check_run(self.cfg, req.header.run_id)
+        allowed = self.PURPOSES.get(req.purpose)
+        if allowed is None:
+            raise invalid(f"unknown decryption purpose {req.purpose!r}; known: {sorted(self.PURPOSES)}")
+        check_sender(self.cfg, req.header.sender, allowed, context)
+        try:
+            masked = cipher_from_proto(req.cipher, self.public_key)
+            ints = self._private_key.decrypt_encoded(masked, workers=self.cfg.protocol.he.workers)
+        except (ValueError, OverflowError) as exc:
+            raise invalid(f"cannot decrypt: {exc}") from exc
+        data, width = ints_to_bytes(ints)
+        key = f"{req.header.sender}/{req.purpose}"
+        with self.lock:
+            self.requests[key] = self.requests.get(key, 0) + 1
+            self.values[key] = self.values.get(key, 0) + ints.size
+        reply_header = header(self.cfg, "coordinator", req.header.step, req.header.epoch, req.header.batch_id, req.header.phase, 0)
+        return messages_pb2.DecryptReply(header=reply_header, shape=list(ints.shape), integer_width=width, integers=data)
+
+    def finish(self) -> dict[str, Any]:
+        return {"decryptions": {"requests": self.requests, "values": self.values}}
+
+
+class Decryption:
+    """A party's client of the coordinator's masked decryption."""
+
+    def __init__(self, host: Any, reply: messages_pb2.JoinReply) -> None:
+        self.host = host
+        self.public_key = PublicKey.from_json(json.loads(reply.public_key))
+        host.interception.knowledge["public_key"] = self.public_key  # public: any attack may use it
+        self.stub = services_pb2_grpc.CoordinatorStub(host.coordinator_channel)
+
+    def __call__(self, purpose: str, masked: CipherArray) -> np.ndarray:
+        """The coordinator's decryption of masked ciphertexts (exact masked integers)."""
+        host, cfg = self.host, self.host.cfg
+        req = messages_pb2.DecryptRequest(header=host.header(host.current), purpose=purpose,
+                                          cipher=cipher_to_proto(masked, workers=cfg.protocol.he.workers))
+        check_message_size(req, cfg.transport, f"{host.name}'s {purpose} decryption request")
+        host.meter.record("Decrypt", req)
+        try:
+            reply = self.stub.Decrypt(req, timeout=cfg.transport.rpc_timeout_s)
+        except grpc.RpcError as exc:
+            raise RpcFailure(grpc.StatusCode.ABORTED, f"coordinator refused decryption: {describe_rpc_error(exc)}") from exc
+        return ints_from_bytes(reply.integers, reply.integer_width, tuple(reply.shape))
+
+
+class SplitHEPassive(SplitPassive):
+    """Encrypted logits up; encrypted per-sample gradients down, backpropagated over ciphertexts."""
+
+    def make_compute(self) -> PassiveHE:
+        he = self.cfg.protocol.he
+        self.decryption = Decryption(self.host, self.host.join_reply)
+        return PassiveHE(self.host.local, self.decryption.public_key, he.frac_bits, self.decryption, he.workers)
+
+    def encode(self, msg: messages_pb2.Embeddings, emb: Any) -> None:
+        msg.cipher.CopyFrom(cipher_to_proto(emb, workers=self.cfg.protocol.he.workers))
+
+    def decode_gradient(self, reply: messages_pb2.EmbeddingGradients, shape: tuple[int, ...]) -> Any:
+        if reply.WhichOneof("payload") != "cipher":
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "split-he expects encrypted gradients from the active party")
+        return cipher_from_proto_checked(reply.cipher, self.decryption.public_key, shape, "gradients from the active party")
+
+
+class SplitHEActive(SplitActive):
+    """Add the encrypted logits, have the masked sum decrypted, answer every passive party with [[g]]."""
+
+    def make_compute(self) -> ActiveHE:
+        he = self.cfg.protocol.he
+        self.decryption = Decryption(self.host, self.host.join_reply)
+        return ActiveHE(self.host.local, self.decryption.public_key, he.frac_bits, self.decryption, he.workers, self.defense)
+
+    def decode(self, msg: messages_pb2.Embeddings, expect: tuple[int, int], what: str) -> Any:
+        if msg.WhichOneof("payload") != "cipher":
+            raise invalid(f"split-he expects encrypted embeddings, got {msg.WhichOneof('payload')}")
+        return cipher_from_proto_checked(msg.cipher, self.decryption.public_key, expect, what)
+
+    def run(self, x_own: np.ndarray | None, received: list[Any], y: np.ndarray | None, train: bool) -> StepResult:
+        grad, result = self.compute.step(x_own, received, y, train)
+        if grad is not None:  # every passive party receives the same [[dL/dH]]
+            result.grads = [cipher_to_proto(grad, workers=self.cfg.protocol.he.workers)] * len(received)
+        return result
+
+    def fill_reply(self, reply: messages_pb2.EmbeddingGradients, index: int, result: StepResult) -> None:
+        reply.cipher.CopyFrom(result.grads[index])
+
+
+@PROTOCOLS.register
+class SplitHE(Protocol):
+    name = "split-he"
+    description = "paper 004 Algorithm 1: Paillier-encrypted logits and per-sample gradients, masked decryption at the coordinator"
+    coordinator = DecryptionService
+    active = SplitHEActive
+    passive = SplitHEPassive
+
+    @classmethod
+    def check_config(cls, cfg: Config) -> list[tuple[str, str]]:
+        problems = []
+        if cfg.protocol.aggregation != "sum" or cfg.model.top.kind != "none":
+            problems.append(("protocol.kind", "split-he follows paper 004: aggregation 'sum' with model.top.kind 'none'"))
+        if cfg.protocol.he.key_bits < 1024 and not cfg.protocol.he.allow_insecure_keys:
+            problems.append(("protocol.he.key_bits", "keys under 1024 bits are insecure; set allow_insecure_keys: true (tests only)"))
+        return problems

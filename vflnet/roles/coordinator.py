@@ -1,5 +1,7 @@
-"""The coordinator: admission against the roster, sample alignment, the seeded batch schedule,
-evaluation, metrics, and the run lifecycle. It never sees features, labels or embeddings."""
+"""The coordinator: admission against the roster, sample alignment, the seeded schedule (training
+steps, evaluation, prediction, model release), metrics and the run lifecycle. It never sees features,
+labels or embeddings. What a protocol adds at the coordinator (keys, decryption, parameters it holds)
+is its ``CoordinatorSide`` (vflnet/protocols/)."""
 
 from __future__ import annotations
 
@@ -15,24 +17,21 @@ from typing import Any
 import grpc
 import numpy as np
 
+from vflnet.attacks.knowledge import deliver_server_knowledge
 from vflnet.config import Config
-from vflnet.crypto import PublicKey, generate_keypair, save_public_key
-from vflnet.crypto.masking import ints_to_bytes
-from vflnet.crypto.wire import cipher_from_proto
 from vflnet.data.alignment import epoch_batches, eval_batches, intersect, split_train_test
-from vflnet.interceptors.grpc_adapters import ServerChainInterceptor, intercept_channel
 from vflnet.interceptors.setup import party_interception
-from vflnet.protocols.param_server import ParamServer, from_tensor_map
-from vflnet.roles.common import check_run, check_sender, header, wait_for
+from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, RunFailed
+from vflnet.roles.common import check_run, header, wait_for
+from vflnet.roles.party import accept_release
 from vflnet.v1 import messages_pb2, services_pb2_grpc
-from vflnet.wire.channels import bind, make_server, open_channel
-from vflnet.wire.errors import RpcFailure, describe_rpc_error, permission_denied, servicer_method
+from vflnet.wire.bridge import Bridge, add_handlers
+from vflnet.wire.errors import RpcFailure, describe_rpc_error, permission_denied
 
 log = logging.getLogger("vflnet.coordinator")
 
-
-class RunFailed(RuntimeError):
-    pass
+JOIN = "/vflnet.v1.Coordinator/Join"
+RECEIVE_MODEL = "/vflnet.v1.Coordinator/ReceiveModel"
 
 
 @dataclass
@@ -40,7 +39,7 @@ class Admission:
     """Join requests, collected until the whole roster is present."""
 
     cfg: Config
-    public_key: PublicKey | None = None
+    side: CoordinatorSide
     joined: dict[str, messages_pb2.JoinRequest] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     complete: threading.Event = field(default_factory=threading.Event)
@@ -69,64 +68,9 @@ class Admission:
         train, test = split_train_test(common, self.cfg.data.test_fraction, self.cfg.run.seed)
         log.info("aligned %d common samples: %d train, %d test", len(common), len(train), len(test))
         roster = [messages_pb2.PartyInfo(name=r.name, role=r.role, address=r.address) for r in self.joined.values()]
-        key = json.dumps(self.public_key.to_json()).encode() if self.public_key else b""
-        return messages_pb2.JoinReply(run_id=self.cfg.run.id, roster=roster, train_ids=train, test_ids=test, public_key=key)
-
-
-class DecryptionService:
-    """split-he: the coordinator holds the Paillier private key and decrypts what parties send.
-
-    Parties mask everything before asking (vflnet.crypto.masking), so what it decrypts is
-    statistically independent of the values. It checks who may ask for what, and counts it all."""
-
-    PURPOSES = {"aggregate_logits": {"active"}, "masked_gradient": {"active", "passive"}}
-
-    def __init__(self, cfg: Config) -> None:
-        he = cfg.protocol.he
-        self.cfg = cfg
-        self.public_key, self._private_key = generate_keypair(he.key_bits, allow_insecure=he.allow_insecure_keys)
-        self.lock = threading.Lock()
-        self.requests: dict[str, int] = {}
-        self.values: dict[str, int] = {}
-
-    def decrypt(self, req: messages_pb2.DecryptRequest, context: grpc.ServicerContext | None) -> messages_pb2.DecryptReply:
-        check_run(self.cfg, req.header.run_id)
-        allowed = self.PURPOSES.get(req.purpose)
-        if allowed is None:
-            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"unknown decryption purpose {req.purpose!r}; known: {sorted(self.PURPOSES)}")
-        check_sender(self.cfg, req.header.sender, allowed, context)
-        try:
-            masked = cipher_from_proto(req.cipher, self.public_key)
-            ints = self._private_key.decrypt_encoded(masked, workers=self.cfg.protocol.he.workers)
-        except (ValueError, OverflowError) as exc:
-            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"cannot decrypt: {exc}") from exc
-        data, width = ints_to_bytes(ints)
-        key = f"{req.header.sender}/{req.purpose}"
-        with self.lock:
-            self.requests[key] = self.requests.get(key, 0) + 1
-            self.values[key] = self.values.get(key, 0) + ints.size
-        reply_header = header(self.cfg, "coordinator", req.header.step, req.header.epoch, req.header.batch_id, req.header.phase, 0)
-        return messages_pb2.DecryptReply(header=reply_header, shape=list(ints.shape), integer_width=width, integers=data)
-
-
-class CoordinatorServicer(services_pb2_grpc.CoordinatorServicer):
-    def __init__(self, admission: Admission, join_timeout_s: float, decryption: DecryptionService | None) -> None:
-        self.admission = admission
-        self.join_timeout_s = join_timeout_s
-        self.decryption = decryption
-
-    @servicer_method
-    def Join(self, request: messages_pb2.JoinRequest, context: grpc.ServicerContext) -> messages_pb2.JoinReply:
-        self.admission.admit(request)
-        wait_for(self.admission.complete, self.join_timeout_s, "the rest of the roster to join")
-        assert self.admission.reply is not None
-        return self.admission.reply
-
-    @servicer_method
-    def Decrypt(self, request: messages_pb2.DecryptRequest, context: grpc.ServicerContext) -> messages_pb2.DecryptReply:
-        if self.decryption is None:
-            raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, f"protocol {self.admission.cfg.protocol.kind!r} has no decryption service")
-        return self.decryption.decrypt(request, context)
+        reply = messages_pb2.JoinReply(run_id=self.cfg.run.id, roster=roster, train_ids=train, test_ids=test)
+        self.side.join_reply(reply)
+        return reply
 
 
 class MetricsLog:
@@ -143,16 +87,21 @@ class MetricsLog:
         self._fh.close()
 
 
+
+
 class Schedule:
-    """Drives the parties through epochs of training steps and evaluation passes."""
+    """Drives the parties through the run: epochs of training steps, evaluation passes, prediction
+    passes and model releases, each step a RunStep to every party at once."""
 
     def __init__(self, cfg: Config, stubs: dict[str, services_pb2_grpc.PartyStub], metrics: MetricsLog,
-                 reply: messages_pb2.JoinReply, server: ParamServer | None = None) -> None:
-        self.cfg, self.stubs, self.metrics, self.server = cfg, stubs, metrics, server
+                 reply: messages_pb2.JoinReply, side: CoordinatorSide) -> None:
+        self.cfg, self.stubs, self.metrics, self.side = cfg, stubs, metrics, side
         self.train_ids = np.asarray(reply.train_ids, dtype=np.int64)
         self.test_ids = np.asarray(reply.test_ids, dtype=np.int64)
+        self.addresses = {p.name: p.address for p in reply.roster}
         self.step = 0
         self.timeout = cfg.transport.rpc_timeout_s
+        self.released_bytes: dict[str, int] = {}
 
     def plan(self) -> dict[str, int]:
         t = self.cfg.train
@@ -160,42 +109,37 @@ class Schedule:
         total = per_epoch * t.epochs
         if t.max_steps:
             total = min(total, t.max_steps)
-        return {"n_train": len(self.train_ids), "n_test": len(self.test_ids), "steps_per_epoch": per_epoch, "total_steps": total}
+        return {"n_train": len(self.train_ids), "n_test": len(self.test_ids), "steps_per_epoch": per_epoch,
+                "total_steps": total, "n_predict": len(self.predict_ids())}
 
-    def _run_step(self, phase: int, epoch: int, batch_id: int, ids: np.ndarray, checkpoint: bool) -> dict[str, messages_pb2.StepReport]:
-        self.step += 1
-        version = self.server.updates if self.server else 0
-        cmd = messages_pb2.StepCommand(
-            header=header(self.cfg, "coordinator", self.step, epoch, batch_id, phase, version), sample_ids=ids, checkpoint_after=checkpoint
-        )
-        commands = {name: cmd for name in self.stubs}
-        if self.server is not None:  # param-server: every step carries each party's current parameters
-            self.server.enter_epoch(epoch)
-            for name in self.stubs:
-                commands[name] = messages_pb2.StepCommand()
-                commands[name].CopyFrom(cmd)
-                commands[name].params.CopyFrom(self.server.broadcast(name))
-        calls = {name: stub.RunStep.future(commands[name], timeout=self.timeout) for name, stub in self.stubs.items()}
+    def _header(self, phase: int, epoch: int, batch_id: int) -> messages_pb2.Header:
+        return header(self.cfg, "coordinator", self.step, epoch, batch_id, phase, self.side.model_version)
+
+    def _all(self, calls: dict[str, Any], what: str) -> dict[str, Any]:
+        """Wait for every party's call; stop at the first failure instead of waiting for parties
+        blocked on the failed one."""
         settled = threading.Semaphore(0)
         for call in calls.values():
             call.add_done_callback(lambda _c: settled.release())
-        reports: dict[str, messages_pb2.StepReport] = {}
         for _ in calls:
             settled.acquire()
             failed = [(n, c) for n, c in calls.items() if c.done() and c.exception() is not None]
             if failed:
-                # Stop at the first failure instead of waiting for parties blocked on the failed one.
                 for c in calls.values():
                     c.cancel()
                 name, call = failed[0]
-                raise RunFailed(f"party {name!r} failed at step {self.step} (epoch {epoch}): {describe_rpc_error(call.exception())}")
-        for name, call in calls.items():
-            reports[name] = call.result()
-        if self.server is not None and phase == messages_pb2.TRAIN:
-            try:
-                self.server.apply({name: from_tensor_map(r.grads, f"{name}'s gradient") for name, r in reports.items()})
-            except ValueError as exc:
-                raise RunFailed(f"bad gradient upload at step {self.step}: {exc}") from exc
+                raise RunFailed(f"party {name!r} failed at {what}: {describe_rpc_error(call.exception())}")
+        return {name: call.result() for name, call in calls.items()}
+
+    def _run_step(self, phase: int, epoch: int, batch_id: int, ids: np.ndarray, checkpoint: bool) -> dict[str, messages_pb2.StepReport]:
+        self.step += 1
+        cmd = messages_pb2.StepCommand(header=self._header(phase, epoch, batch_id), sample_ids=ids, checkpoint_after=checkpoint)
+        calls = {name: stub.RunStep.future(self.side.command(name, cmd), timeout=self.timeout) for name, stub in self.stubs.items()}
+        reports = self._all(calls, f"step {self.step} (epoch {epoch})")
+        try:
+            self.side.after_step(phase, reports)
+        except RunFailed as exc:
+            raise RunFailed(f"step {self.step}: {exc}") from exc
         return reports
 
     def run(self) -> dict[str, Any]:
@@ -203,6 +147,7 @@ class Schedule:
         trained, final = 0, {}
         totals_bytes: dict[str, int] = {}
         totals_payload: dict[str, int] = {}
+        self.release("start")
         for epoch in range(t.epochs):
             start = time.perf_counter()
             loss_sum = correct = count = 0.0
@@ -233,14 +178,19 @@ class Schedule:
                     break
             record = {"kind": "epoch", "epoch": epoch, "train_loss": loss_sum / max(count, 1),
                       "train_accuracy": correct / max(count, 1), "time_s": time.perf_counter() - start, "steps": trained}
-            last_epoch = epoch == t.epochs - 1 or (t.max_steps and trained >= t.max_steps)
+            last_epoch = epoch == t.epochs - 1 or bool(t.max_steps and trained >= t.max_steps)
             if (epoch + 1) % t.eval_every == 0 or last_epoch:
                 record.update(self.evaluate(epoch))
             self.metrics.write(record)
             log.info("epoch %d: %s", epoch, ", ".join(f"{k}={v:.4f}" for k, v in record.items() if isinstance(v, float)))
             final = record
+            if self.cfg.predict.when == "every_epoch" or last_epoch:
+                self.predict(epoch)
             if last_epoch:
                 break
+        self.release("end")
+        for k, v in self.released_bytes.items():
+            totals_bytes[k] = totals_bytes.get(k, 0) + v
         return {"final": final, "steps": trained, "bytes_sent": totals_bytes, "payload_bytes": totals_payload}
 
     def evaluate(self, epoch: int) -> dict[str, float]:
@@ -249,6 +199,43 @@ class Schedule:
             act = self._run_step(messages_pb2.EVAL, epoch, b, ids, False)[self.cfg.active.name].metrics
             loss_sum, correct, count = loss_sum + act["loss_sum"], correct + act["correct"], count + act["count"]
         return {"test_loss": loss_sum / max(count, 1), "test_accuracy": correct / max(count, 1)}
+
+    # ------------------------------------------------------------------ prediction phase
+    def predict_ids(self) -> np.ndarray:
+        """The sample IDs served in the prediction phase: the first ``predict.count`` of the set (all if 0)."""
+        p = self.cfg.predict
+        ids = {"none": np.zeros(0, np.int64), "test": self.test_ids, "train": self.train_ids}[p.set]
+        return ids[: p.count] if p.count else ids
+
+    def predict(self, epoch: int) -> None:
+        """Prediction requests flow through the parties like evaluation, without labels: the active
+        party receives the model output (per-sample confidence vectors) and keeps it."""
+        ids = self.predict_ids()
+        if len(ids) == 0:
+            return
+        start, served = time.perf_counter(), 0
+        for b, batch in enumerate(eval_batches(ids, self.cfg.predict.batch_size)):
+            served += int(self._run_step(messages_pb2.PREDICT, epoch, b, batch, False)[self.cfg.active.name].metrics["count"])
+        self.metrics.write({"kind": "predict", "epoch": epoch, "set": self.cfg.predict.set, "count": served,
+                            "time_s": time.perf_counter() - start})
+
+    # ------------------------------------------------------------------------ model release
+    def release(self, when: str) -> None:
+        """Every configured model release due now: the owner hands its modules to the recipient."""
+        for r in self.cfg.model_release:
+            if r.when != when:
+                continue
+            self.step += 1
+            cmd = messages_pb2.ReleaseCommand(header=self._header(messages_pb2.PHASE_UNSPECIFIED, 0, 0), recipient=r.recipient,
+                                              recipient_address=self.addresses.get(r.recipient, self.coordinator_address),
+                                              modules=r.modules)
+            ack = self._all({r.owner: self.stubs[r.owner].ReleaseModel.future(cmd, timeout=self.timeout)}, f"model release to {r.recipient}")[r.owner]
+            for m, v in ack.bytes_sent.items():
+                self.released_bytes[f"{r.owner}/{m}"] = self.released_bytes.get(f"{r.owner}/{m}", 0) + v
+            self.metrics.write({"kind": "release", "owner": r.owner, "recipient": r.recipient, "modules": list(r.modules),
+                                "when": when, "bytes_sent": dict(ack.bytes_sent)})
+
+    coordinator_address = ""
 
 
 def shutdown_all(cfg: Config, stubs: dict[str, services_pb2_grpc.PartyStub], reason: str, save: bool) -> dict[str, str]:
@@ -262,47 +249,44 @@ def shutdown_all(cfg: Config, stubs: dict[str, services_pb2_grpc.PartyStub], rea
     return paths
 
 
-def deliver_server_knowledge(cfg: Config, knowledge: dict[str, Any], reply: messages_pb2.JoinReply,
-                             joined: dict[str, messages_pb2.JoinRequest]) -> None:
-    """What the server knows a priori (paper 002's threat model), handed to its attacks explicitly:
-    the model architecture (from the run config it coordinates), the training-set IDs it scheduled,
-    and which roster address is which party. No data, no labels."""
-    knowledge["train_ids"] = np.asarray(reply.train_ids, dtype=np.int64)
-    knowledge["party_addresses"] = {p.address: p.name for p in reply.roster}
-    knowledge["workers"] = [p.name for p in cfg.passives]
-    knowledge["label_holder"] = cfg.active.name
-    bottoms = [p.bottom for p in cfg.passives]
-    top = joined[cfg.active.name].initial_params.tensors.get("top.net.weight")
-    if all(b is not None and b.kind in ("cafe-conv", "cafe-fc") for b in bottoms) and top is not None:
-        from vflnet.models.zoo import cafe_config
-
-        region = cfg.passives[0].features.region  # type: ignore[union-attr]
-        shape = (1, region[1] - region[0], region[3] - region[2])
-        knowledge["architecture"] = cafe_config(bottoms[0], shape, n_workers=len(bottoms), n_classes=int(top.shape[0]))  # type: ignore[arg-type]
-
-
 def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
 
 
-def main(cfg: Config, run_dir: Path, listen: str) -> int:
-    decryption = None
-    if cfg.protocol.kind == "split-he":
-        start = time.perf_counter()
-        decryption = DecryptionService(cfg)
-        log.info("generated a %d-bit Paillier key pair (key id %s) in %.1f s", cfg.protocol.he.key_bits,
-                 decryption.public_key.key_id, time.perf_counter() - start)
-        save_public_key(run_dir / "public_key.json", decryption.public_key)
-    admission = Admission(cfg, decryption.public_key if decryption else None)
-    name = cfg.coordinator.name
-    interception = party_interception(cfg, name, run_dir)
-    server = make_server(cfg.transport, name, [ServerChainInterceptor(interception.chain, name)] if len(interception.chain) else [])
-    services_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(admission, cfg.transport.join_timeout_s, decryption), server)
-    port = bind(server, listen, cfg.transport, "coordinator")
+class CoordinatorHost:
+    """The coordinator process's state: its protocol side, admission, and its interception."""
+
+    def __init__(self, cfg: Config, run_dir: Path | None, bridge: Bridge) -> None:
+        self.cfg, self.run_dir, self.bridge = cfg, run_dir, bridge
+        self.name = cfg.coordinator.name
+        self.interception = party_interception(cfg, self.name, run_dir or Path("."))
+        self.side = PROTOCOLS.get(cfg.protocol.kind).coordinator(self)
+        self.admission = Admission(cfg, self.side)
+
+    def join(self, req: messages_pb2.JoinRequest, context: Any) -> messages_pb2.JoinReply:
+        self.admission.admit(req)
+        wait_for(self.admission.complete, self.cfg.transport.join_timeout_s, "the rest of the roster to join")
+        assert self.admission.reply is not None
+        return self.admission.reply
+
+    def receive_model(self, msg: messages_pb2.ModelRelease, context: Any) -> messages_pb2.ReleaseAck:
+        accept_release(self.cfg, self.name, msg, context, self.interception.knowledge)
+        return messages_pb2.ReleaseAck(header=header(self.cfg, self.name, msg.header.step, 0, 0, msg.header.phase, 0))
+
+    def add_services(self, server: Any) -> None:
+        add_handlers(server, {JOIN: self.join, RECEIVE_MODEL: self.receive_model})
+        self.side.add_services(server)
+
+
+def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge) -> int:
+    host = CoordinatorHost(cfg, run_dir, bridge)
+    admission, name = host.admission, host.name
+    server = bridge.make_server(name, host.interception.chain)
+    host.add_services(server)
+    address = bridge.bind(server, name, listen)
     server.start()
-    address = f"{listen.rsplit(':', 1)[0]}:{port}"
     write_atomic(run_dir / "coordinator.addr", address)
     log.info("coordinator of run %s serving on %s; waiting for %d parties", cfg.run.id, address, len(cfg.parties) - 1)
 
@@ -316,22 +300,15 @@ def main(cfg: Config, run_dir: Path, listen: str) -> int:
             raise RunFailed(f"parties never joined within {cfg.transport.join_timeout_s:.0f} s: {', '.join(missing)}")
         assert admission.reply is not None
         for info in admission.reply.roster:
-            channel = intercept_channel(open_channel(info.address, cfg.transport, name), interception.chain, name, info.address)
-            stubs[info.name] = services_pb2_grpc.PartyStub(channel)
-        deliver_server_knowledge(cfg, interception.knowledge, admission.reply, admission.joined)
-        param_server = None
-        if cfg.protocol.kind == "param-server":
-            initial = {n: from_tensor_map(r.initial_params, f"{n}'s parameter") for n, r in admission.joined.items()}
-            param_server = ParamServer(cfg, initial)
-        schedule = Schedule(cfg, stubs, metrics, admission.reply, param_server)
+            stubs[info.name] = services_pb2_grpc.PartyStub(bridge.open_channel(info.address, name, host.interception.chain))
+        deliver_server_knowledge(cfg, host.interception.knowledge, admission.reply, admission.joined)
+        host.side.start(admission.joined)
+        schedule = Schedule(cfg, stubs, metrics, admission.reply, host.side)
+        schedule.coordinator_address = address
         write_atomic(run_dir / "plan.json", json.dumps(schedule.plan()))
         result = schedule.run()
         summary.update(result, status="completed")
-        if param_server is not None:
-            param_server.save(run_dir / "checkpoints" / "param-server.pt")
-            summary["param_server"] = {"updates": param_server.updates, "static": param_server.static}
-        if decryption is not None:
-            summary["decryptions"] = {"requests": decryption.requests, "values": decryption.values}
+        summary.update(host.side.finish())
         summary["checkpoints"] = shutdown_all(cfg, stubs, "run completed", save=True)
         return 0
     except RunFailed as exc:
@@ -341,7 +318,7 @@ def main(cfg: Config, run_dir: Path, listen: str) -> int:
         return 1
     finally:
         summary["wall_time_s"] = time.perf_counter() - start
-        interception.finish(run_dir)
+        host.interception.finish(run_dir)
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         metrics.close()
         server.stop(grace=2).wait()

@@ -1,5 +1,10 @@
-"""What active and passive parties share: loading their own data, joining the coordinator,
-building their model, checkpoints, and the Shutdown RPC."""
+"""A party process (active or passive): the generic host its protocol side plugs into.
+
+The host loads the party's own data, builds its model, joins the coordinator, checks every step
+command, meters what the party sends, checkpoints, takes part in model releases and serves. What the
+party does within a step, and which services it offers beyond ``Party``, is its protocol side's
+(vflnet/protocols/): the host never branches on the protocol.
+"""
 
 from __future__ import annotations
 
@@ -7,66 +12,81 @@ import json
 import logging
 import threading
 import time
-from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 
 from vflnet.config import Config
-from vflnet.crypto import CipherArray, PublicKey
-from vflnet.crypto.masking import ints_from_bytes
-from vflnet.crypto.wire import cipher_to_proto
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import PartyData, normalize, party_view
-from vflnet.defenses.base import build_upload_defenses
-from vflnet.interceptors.grpc_adapters import intercept_channel
 from vflnet.interceptors.setup import party_interception
 from vflnet.models.zoo import build_party_modules
-from vflnet.protocols.param_server import from_tensor_map, to_tensor_map
-from vflnet.protocols.split import LocalModel
-from vflnet.roles.common import Liveness, check_run, header, wait_for
+from vflnet.protocols.base import PROTOCOLS, PartySide
+from vflnet.roles.common import Liveness, check_run, check_sender, header, wait_for
 from vflnet.v1 import messages_pb2, services_pb2_grpc
-from vflnet.wire.channels import check_message_size, open_channel
+from vflnet.wire.bridge import Bridge, add_handlers
 from vflnet.wire.errors import RpcFailure, describe_rpc_error
 from vflnet.wire.meter import Meter
+from vflnet.wire.tensors import from_tensor_map
 
 log = logging.getLogger("vflnet.party")
 
+RUN_STEP = "/vflnet.v1.Party/RunStep"
+SHUTDOWN = "/vflnet.v1.Party/Shutdown"
+RELEASE_MODEL = "/vflnet.v1.Party/ReleaseModel"
+RECEIVE_MODEL = "/vflnet.v1.Party/ReceiveModel"
 
-class PartyBase(ABC):
-    def __init__(self, cfg: Config, name: str, run_dir: Path) -> None:
+
+class PartyHost:
+    log = log
+
+    def __init__(self, cfg: Config, name: str, run_dir: Path, bridge: Bridge) -> None:
         self.cfg = cfg
         self.me = cfg.party(name)
         self.name = name
+        self.role = self.me.role
         self.run_dir = run_dir
+        self.bridge = bridge
         self.meter = Meter()
         self.liveness = Liveness(cfg.transport.idle_timeout_s)
         self.ready = threading.Event()
         dataset = load_dataset(cfg.data.dataset, cfg.data.params)
         self.is_image = dataset.is_image
         self.data: PartyData = party_view(cfg, name, dataset)
-        self.join_reply: messages_pb2.JoinReply | None = None
-        self.local: LocalModel | None = None
+        self.join_reply: messages_pb2.JoinReply = messages_pb2.JoinReply()
         self.step_lock = threading.Lock()  # one step at a time per party
         self.last_step = 0
         self.current: messages_pb2.Header = messages_pb2.Header()
-        self.coordinator: services_pb2_grpc.CoordinatorStub | None = None
-        self.public_key: PublicKey | None = None
         self.interception = party_interception(cfg, name, run_dir)
-        self.upload_defenses = build_upload_defenses(cfg, name)
+        self.coordinator_channel: grpc.Channel | None = None
+        self.side: PartySide = PROTOCOLS.get(cfg.protocol.kind).side(self.role)(self)
+        input_shape = tuple(self.data.x.shape[1:]) if self.data.x is not None else None
+        bottom, top = build_party_modules(cfg, self.me, input_shape, self.data.n_classes)
+        self.local = self.side.make_local({k: m for k, m in (("bottom", bottom), ("top", top)) if m is not None})
 
     # ------------------------------------------------------------------------------- setup
+    def channel(self, address: str) -> grpc.Channel:
+        """A client channel to a peer, with this party's interceptor chain on it."""
+        return self.bridge.open_channel(address, self.name, self.interception.chain)
+
+    def header(self, h: messages_pb2.Header) -> messages_pb2.Header:
+        """The header of a message this party sends within the step (or phase) of ``h``."""
+        return header(self.cfg, self.name, h.step, h.epoch, h.batch_id, h.phase, self.local.version)
+
+    def model_spec(self, module: str) -> dict[str, Any]:
+        """A module's architecture as the run config gives it (for a model release)."""
+        cfg = self.cfg.model.top if module == "top" else self.me.bottom
+        shape = list(self.data.x.shape[1:]) if module == "bottom" and self.data.x is not None else None
+        return {"config": cfg.to_dict() if hasattr(cfg, "to_dict") else vars(cfg), "input_shape": shape}
+
     def join(self, coordinator: str, advertise: str) -> messages_pb2.JoinReply:
-        stub = services_pb2_grpc.CoordinatorStub(self.channel(coordinator))
-        self.coordinator = stub
-        self._build_model()
-        req = messages_pb2.JoinRequest(
-            run_id=self.cfg.run.id, name=self.name, role=self.me.role, address=advertise, sample_ids=self.data.ids
-        )
-        if self.central:
-            assert self.local is not None
-            req.initial_params.CopyFrom(to_tensor_map({n: p.detach().numpy() for n, p in self.local.named_parameters()}))
+        self.coordinator_channel = self.channel(coordinator)
+        stub = services_pb2_grpc.CoordinatorStub(self.coordinator_channel)
+        req = messages_pb2.JoinRequest(run_id=self.cfg.run.id, name=self.name, role=self.role, address=advertise,
+                                       sample_ids=self.data.ids)
+        self.side.join_request(req)
         deadline = time.monotonic() + self.cfg.transport.join_timeout_s
         while True:  # the coordinator may still be starting: retry until the join deadline
             try:
@@ -77,111 +97,93 @@ class PartyBase(ABC):
                     raise RuntimeError(f"{self.name}: join refused by coordinator at {coordinator}: {describe_rpc_error(exc)}") from exc
                 time.sleep(0.5)
         self.join_reply = reply
-        if reply.public_key:
-            self.public_key = PublicKey.from_json(json.loads(reply.public_key))
-            self.interception.knowledge["public_key"] = self.public_key  # public: any attack may use it
-        self._prepare(np.asarray(reply.train_ids, dtype=np.int64))
+        if self.data.x is not None:
+            # an attack controlling this party's raw data (backdoor trigger) rewrites it before normalising
+            self.data.x = self.interception.own_data(self.data.ids, self.data.x)
+            train_rows = self.data.rows(np.asarray(reply.train_ids, dtype=np.int64))
+            self.data.x = normalize(self.data.x, train_rows, self.cfg.data.normalize, self.is_image)
+        self.side.joined(reply)
         self.liveness.touch()
         self.ready.set()
         log.info("%s joined run %s: %d train / %d test samples", self.name, reply.run_id, len(reply.train_ids), len(reply.test_ids))
         return reply
 
-    def channel(self, address: str) -> grpc.Channel:
-        """A client channel to a peer, with this party's interceptor chain on it."""
-        return intercept_channel(open_channel(address, self.cfg.transport, self.name), self.interception.chain, self.name, address)
-
-    @property
-    def central(self) -> bool:
-        """param-server: the coordinator owns this party's parameters and optimizer."""
-        return self.cfg.protocol.kind == "param-server"
-
-    def _build_model(self) -> None:
-        input_shape = tuple(self.data.x.shape[1:]) if self.data.x is not None else None
-        bottom, top = build_party_modules(self.cfg, self.me, input_shape, self.data.n_classes)
-        modules = {k: m for k, m in (("bottom", bottom), ("top", top)) if m is not None}
-        self.local = LocalModel(modules, self.cfg.train.optimizer, self.cfg.train.lr_schedule, central=self.central)
-
-    def _prepare(self, train_ids: np.ndarray) -> None:
-        if self.local is None:
-            self._build_model()
-        if self.data.x is not None:
-            self.data.x = normalize(self.data.x, self.data.rows(train_ids), self.cfg.data.normalize, self.is_image)
-        self.build_protocol()
-
-    @abstractmethod
-    def build_protocol(self) -> None:
-        """Each role builds its protocol object once its model exists."""
+    def add_services(self, server: Any) -> None:
+        add_handlers(server, {
+            RUN_STEP: lambda req, ctx: self.run_step(req),
+            SHUTDOWN: lambda req, ctx: self.shutdown(req),
+            RELEASE_MODEL: lambda req, ctx: self.release_model(req, ctx),
+            RECEIVE_MODEL: lambda req, ctx: self.receive_model(req, ctx),
+        })
+        self.side.add_services(server)
 
     # ---------------------------------------------------------------------------- per step
     def begin_step(self, cmd: messages_pb2.StepCommand) -> np.ndarray:
-        """Checks shared by every role at the start of a step; returns this party's rows."""
-        wait_for(self.ready, self.cfg.transport.rpc_timeout_s, f"{self.name} to finish joining")
-        self.liveness.touch()
-        check_run(self.cfg, cmd.header.run_id)
-        if cmd.header.sender != "coordinator" and self.cfg.party(cmd.header.sender).role != "coordinator":
-            raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED, "only the coordinator schedules steps")
+        """Checks shared by every protocol at the start of a step; returns this party's rows."""
+        self._from_coordinator(cmd.header)
         if cmd.header.step <= self.last_step:
             raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, f"step {cmd.header.step} is stale: step {self.last_step} is done")
         if len(cmd.sample_ids) == 0:
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "a step needs at least one sample id")
-        assert self.local is not None
         self.current = cmd.header
         self.local.enter_epoch(cmd.header.epoch)
-        if self.central:
-            try:
-                self.local.load_params(from_tensor_map(cmd.params, "broadcast parameter"))
-            except ValueError as exc:
-                raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         try:
             return self.data.rows(np.asarray(cmd.sample_ids, dtype=np.int64))
         except KeyError as exc:
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc).strip('"')) from exc
 
-    def end_step(self, cmd: messages_pb2.StepCommand, metrics: dict[str, float]) -> messages_pb2.StepReport:
-        self.last_step = cmd.header.step
-        if cmd.checkpoint_after:
-            self.save_checkpoint()
-        assert self.local is not None
-        upload = None
-        if self.central and cmd.header.phase == messages_pb2.TRAIN:
-            upload = to_tensor_map(self.outgoing_gradients(self.local.take_grads()))
-            self.meter.record("GradientUpload", upload)
-        sent, payload = self.meter.take()
-        h = cmd.header
-        hdr = header(self.cfg, self.name, h.step, h.epoch, h.batch_id, h.phase, self.local.version)
-        report = messages_pb2.StepReport(header=hdr, metrics=metrics, bytes_sent=sent, payload_bytes=payload)
-        if upload is not None:
-            report.grads.CopyFrom(upload)
-        return report
+    def _from_coordinator(self, h: messages_pb2.Header) -> None:
+        wait_for(self.ready, self.cfg.transport.rpc_timeout_s, f"{self.name} to finish joining")
+        self.liveness.touch()
+        check_run(self.cfg, h.run_id)
+        if h.sender != "coordinator" and self.cfg.party(h.sender).role != "coordinator":
+            raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED, "only the coordinator schedules steps")
 
-    def outgoing_gradients(self, grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """param-server: the upload as it leaves this party, after its upload defenses (fake gradients, DP)."""
-        for transform in self.upload_defenses:
-            grads = transform(grads)
-        return grads
+    def run_step(self, cmd: messages_pb2.StepCommand) -> messages_pb2.StepReport:
+        with self.step_lock:
+            rows = self.begin_step(cmd)
+            metrics = self.side.step(cmd, rows)
+            self.last_step = cmd.header.step
+            if cmd.checkpoint_after:
+                self.save_checkpoint()
+            report = messages_pb2.StepReport(header=self.header(cmd.header), metrics=metrics)
+            self.side.report(cmd, report)
+            sent, payload = self.meter.take()
+            report.bytes_sent.update(sent)
+            report.payload_bytes.update(payload)
+            return report
 
-    def decrypt(self, purpose: str, masked: CipherArray) -> np.ndarray:
-        """split-he: the coordinator's decryption of masked ciphertexts (exact masked integers)."""
-        assert self.coordinator is not None
-        h = self.current
-        req = messages_pb2.DecryptRequest(
-            header=header(self.cfg, self.name, h.step, h.epoch, h.batch_id, h.phase, self.local.version if self.local else 0),
-            purpose=purpose, cipher=cipher_to_proto(masked, workers=self.cfg.protocol.he.workers),
-        )
-        check_message_size(req, self.cfg.transport, f"{self.name}'s {purpose} decryption request")
-        self.meter.record("Decrypt", req)
-        try:
-            reply = self.coordinator.Decrypt(req, timeout=self.cfg.transport.rpc_timeout_s)
-        except grpc.RpcError as exc:
-            raise RpcFailure(grpc.StatusCode.ABORTED, f"coordinator refused decryption: {describe_rpc_error(exc)}") from exc
-        return ints_from_bytes(reply.integers, reply.integer_width, tuple(reply.shape))
+    # ----------------------------------------------------------------------- model release
+    def release_model(self, cmd: messages_pb2.ReleaseCommand, context: Any) -> messages_pb2.ReleaseAck:
+        """The coordinator's order to hand ``cmd.modules`` to ``cmd.recipient`` (the config's model_release)."""
+        self._from_coordinator(cmd.header)
+        with self.step_lock:
+            missing = [m for m in cmd.modules if m not in self.local.modules]
+            if missing:
+                raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"{self.name} has no module(s) {missing} to release")
+            params, spec = self.side.release(list(cmd.modules))
+            msg = messages_pb2.ModelRelease(header=self.header(cmd.header), modules=cmd.modules, parameters=params,
+                                            spec=json.dumps(spec))
+            self.meter.record("ReceiveModel", msg)
+            service = services_pb2_grpc.CoordinatorStub if cmd.recipient == self.cfg.coordinator.name else services_pb2_grpc.PartyStub
+            stub = service(self.channel(cmd.recipient_address))
+            try:
+                stub.ReceiveModel(msg, timeout=self.cfg.transport.rpc_timeout_s)
+            except grpc.RpcError as exc:
+                raise RpcFailure(grpc.StatusCode.ABORTED, f"{cmd.recipient} refused the model release: {describe_rpc_error(exc)}") from exc
+            log.info("%s released %s to %s", self.name, list(cmd.modules), cmd.recipient)
+            sent, _ = self.meter.take()
+            return messages_pb2.ReleaseAck(header=self.header(cmd.header), bytes_sent=sent)
 
+    def receive_model(self, msg: messages_pb2.ModelRelease, context: Any) -> messages_pb2.ReleaseAck:
+        accept_release(self.cfg, self.name, msg, context, self.interception.knowledge)
+        return messages_pb2.ReleaseAck(header=self.header(msg.header))
+
+    # --------------------------------------------------------------------------- lifecycle
     def checkpoint_path(self) -> Path:
         return self.run_dir / "checkpoints" / f"{self.name}.pt"
 
     def save_checkpoint(self) -> str:
-        if self.local is None:
-            return ""
         path = self.checkpoint_path()
         self.local.save(path)
         return str(path)
@@ -189,12 +191,51 @@ class PartyBase(ABC):
     def shutdown(self, req: messages_pb2.ShutdownRequest) -> messages_pb2.ShutdownReply:
         check_run(self.cfg, req.run_id)
         log.info("%s: shutdown requested (%s)", self.name, req.reason)
+        self.side.stop(req.reason)
         with self.step_lock:  # never save a half-applied update
+            self.side.finish()
             path = self.save_checkpoint() if req.save_checkpoint else ""
             for written in self.interception.finish(self.run_dir):
                 log.info("%s: attack output %s", self.name, written)
         self.liveness.shutdown.set()
         return messages_pb2.ShutdownReply(checkpoint=path)
 
-    def add_services(self, server: grpc.Server) -> None:  # noqa: B027 - optional hook, empty by default
-        """Role-specific services beyond Party (the active party adds Active)."""
+
+def accept_release(cfg: Config, name: str, msg: messages_pb2.ModelRelease, context: Any, knowledge: dict[str, Any]) -> None:
+    """A recipient's side of a model release: only a release the run config grants is accepted, and it
+    reaches the recipient's attacks as the ``released_model`` knowledge {owner: {module.param: array,
+    "spec": {...}}}."""
+    h = msg.header
+    check_run(cfg, h.run_id)
+    check_sender(cfg, h.sender, {"active", "passive"}, context)
+    granted = {m for r in cfg.model_release if r.owner == h.sender and r.recipient == name for m in r.modules}
+    if not granted or not set(msg.modules) <= granted:
+        raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED,
+                         f"{name} is granted {sorted(granted) or 'no'} modules of {h.sender}'s model, got {list(msg.modules)}")
+    try:
+        params = from_tensor_map(msg.parameters, f"{h.sender}'s released parameter")
+        spec = json.loads(msg.spec) if msg.spec else {}
+    except ValueError as exc:
+        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"malformed model release: {exc}") from exc
+    knowledge.setdefault("released_model", {})[h.sender] = {"parameters": params, "spec": spec}
+    log.info("%s received %s of %s's model", name, list(msg.modules), h.sender)
+
+
+def serve(host: PartyHost, listen: str, coordinator: str, advertise: str) -> int:
+    """Serve, join the run, and stay up until the coordinator says shutdown (or goes silent)."""
+    server = host.bridge.make_server(host.name, host.interception.chain)
+    host.add_services(server)
+    address = host.bridge.bind(server, host.name, listen, advertise)
+    server.start()
+    log.info("%s (%s) serving, advertised as %s", host.name, host.role, address)
+    try:
+        host.join(coordinator, address)
+    except RuntimeError as exc:
+        log.error("%s", exc)
+        server.stop(grace=0)
+        return 2
+    why = host.liveness.wait()
+    if why != "shutdown":
+        log.error("%s: stopping: %s", host.name, why)
+    server.stop(grace=2).wait()
+    return 0 if why == "shutdown" else 3

@@ -225,6 +225,8 @@ def run_local(config_path: str | Path, *, run_dir: Path | None = None, progress:
     config_path = Path(config_path)
     cfg = load(config_path)
     run_dir, resolved = prepare_run_dir(cfg, config_path, run_dir)
+    if cfg.transport.bridge == "loopback":
+        return _run_in_process(cfg, run_dir, progress)
     print(f"run {cfg.run.id}: {len(cfg.parties)} processes, run directory {run_dir}", file=sys.stderr)
     cluster = LocalCluster(cfg, run_dir, resolved)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -243,6 +245,24 @@ def run_local(config_path: str | Path, *, run_dir: Path | None = None, progress:
     finally:
         cluster.teardown()
         signal.signal(signal.SIGTERM, previous)
+
+
+def _run_in_process(cfg: Config, run_dir: Path, progress: bool) -> int:
+    from vflnet.runner.loopback import LoopbackFailure, run_loopback
+
+    print(f"run {cfg.run.id}: {len(cfg.parties)} roles in this process (loopback bridge), run directory {run_dir}", file=sys.stderr)
+    bar = _Progress(run_dir, enabled=progress)
+    try:
+        run_loopback(cfg, run_dir, on_tick=bar.update)
+    except LoopbackFailure as exc:
+        print(f"\nrun {cfg.run.id} FAILED: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        bar.update()
+        bar.close()
+    score_run(cfg, run_dir)
+    print_summary(run_dir)
+    return 0
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

@@ -140,6 +140,45 @@ class ShutdownReply(_message.Message):
     checkpoint: str
     def __init__(self, checkpoint: _Optional[str] = ...) -> None: ...
 
+class ReleaseCommand(_message.Message):
+    __slots__ = ("header", "recipient", "recipient_address", "modules")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RECIPIENT_FIELD_NUMBER: _ClassVar[int]
+    RECIPIENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MODULES_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    recipient: str
+    recipient_address: str
+    modules: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., recipient: _Optional[str] = ..., recipient_address: _Optional[str] = ..., modules: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ModelRelease(_message.Message):
+    __slots__ = ("header", "modules", "parameters", "spec")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    MODULES_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    modules: _containers.RepeatedScalarFieldContainer[str]
+    parameters: _tensor_pb2.TensorMap
+    spec: str
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., modules: _Optional[_Iterable[str]] = ..., parameters: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., spec: _Optional[str] = ...) -> None: ...
+
+class ReleaseAck(_message.Message):
+    __slots__ = ("header", "bytes_sent")
+    class BytesSentEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    bytes_sent: _containers.ScalarMap[str, int]
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., bytes_sent: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
 class Embeddings(_message.Message):
     __slots__ = ("header", "sample_ids", "values", "cipher")
     HEADER_FIELD_NUMBER: _ClassVar[int]

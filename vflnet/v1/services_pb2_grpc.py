@@ -45,6 +45,11 @@ class CoordinatorStub:
                 request_serializer=vflnet_dot_v1_dot_messages__pb2.DecryptRequest.SerializeToString,
                 response_deserializer=vflnet_dot_v1_dot_messages__pb2.DecryptReply.FromString,
                 _registered_method=True)
+        self.ReceiveModel = channel.unary_unary(
+                '/vflnet.v1.Coordinator/ReceiveModel',
+                request_serializer=vflnet_dot_v1_dot_messages__pb2.ModelRelease.SerializeToString,
+                response_deserializer=vflnet_dot_v1_dot_messages__pb2.ReleaseAck.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -65,6 +70,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReceiveModel(self, request, context):
+        """Model release to the coordinator (when a threat model grants the server a party's model).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +89,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Decrypt,
                     request_deserializer=vflnet_dot_v1_dot_messages__pb2.DecryptRequest.FromString,
                     response_serializer=vflnet_dot_v1_dot_messages__pb2.DecryptReply.SerializeToString,
+            ),
+            'ReceiveModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReceiveModel,
+                    request_deserializer=vflnet_dot_v1_dot_messages__pb2.ModelRelease.FromString,
+                    response_serializer=vflnet_dot_v1_dot_messages__pb2.ReleaseAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -144,6 +161,33 @@ class Coordinator:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def ReceiveModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vflnet.v1.Coordinator/ReceiveModel',
+            vflnet_dot_v1_dot_messages__pb2.ModelRelease.SerializeToString,
+            vflnet_dot_v1_dot_messages__pb2.ReleaseAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class PartyStub:
     """Served by every party. Caller: the coordinator.
@@ -165,6 +209,16 @@ class PartyStub:
                 request_serializer=vflnet_dot_v1_dot_messages__pb2.ShutdownRequest.SerializeToString,
                 response_deserializer=vflnet_dot_v1_dot_messages__pb2.ShutdownReply.FromString,
                 _registered_method=True)
+        self.ReleaseModel = channel.unary_unary(
+                '/vflnet.v1.Party/ReleaseModel',
+                request_serializer=vflnet_dot_v1_dot_messages__pb2.ReleaseCommand.SerializeToString,
+                response_deserializer=vflnet_dot_v1_dot_messages__pb2.ReleaseAck.FromString,
+                _registered_method=True)
+        self.ReceiveModel = channel.unary_unary(
+                '/vflnet.v1.Party/ReceiveModel',
+                request_serializer=vflnet_dot_v1_dot_messages__pb2.ModelRelease.SerializeToString,
+                response_deserializer=vflnet_dot_v1_dot_messages__pb2.ReleaseAck.FromString,
+                _registered_method=True)
 
 
 class PartyServicer:
@@ -183,6 +237,20 @@ class PartyServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseModel(self, request, context):
+        """Model release: the coordinator tells the owner to hand modules to a recipient ...
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReceiveModel(self, request, context):
+        """... which receives them here (callers: the owner, any role).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartyServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -195,6 +263,16 @@ def add_PartyServicer_to_server(servicer, server):
                     servicer.Shutdown,
                     request_deserializer=vflnet_dot_v1_dot_messages__pb2.ShutdownRequest.FromString,
                     response_serializer=vflnet_dot_v1_dot_messages__pb2.ShutdownReply.SerializeToString,
+            ),
+            'ReleaseModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseModel,
+                    request_deserializer=vflnet_dot_v1_dot_messages__pb2.ReleaseCommand.FromString,
+                    response_serializer=vflnet_dot_v1_dot_messages__pb2.ReleaseAck.SerializeToString,
+            ),
+            'ReceiveModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReceiveModel,
+                    request_deserializer=vflnet_dot_v1_dot_messages__pb2.ModelRelease.FromString,
+                    response_serializer=vflnet_dot_v1_dot_messages__pb2.ReleaseAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -252,6 +330,60 @@ class Party:
             '/vflnet.v1.Party/Shutdown',
             vflnet_dot_v1_dot_messages__pb2.ShutdownRequest.SerializeToString,
             vflnet_dot_v1_dot_messages__pb2.ShutdownReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vflnet.v1.Party/ReleaseModel',
+            vflnet_dot_v1_dot_messages__pb2.ReleaseCommand.SerializeToString,
+            vflnet_dot_v1_dot_messages__pb2.ReleaseAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReceiveModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vflnet.v1.Party/ReceiveModel',
+            vflnet_dot_v1_dot_messages__pb2.ModelRelease.SerializeToString,
+            vflnet_dot_v1_dot_messages__pb2.ReleaseAck.FromString,
             options,
             channel_credentials,
             insecure,

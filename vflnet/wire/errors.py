@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
@@ -36,30 +36,28 @@ def invalid(message: str) -> RpcFailure:
     return RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def servicer_method(fn: F) -> F:
-    """Turn the errors a handler may raise into gRPC statuses, and log them on the serving side."""
+def handle_errors(fn: Callable[[Any, grpc.ServicerContext], Any], name: str = "") -> Callable[[Any, grpc.ServicerContext], Any]:
+    """A handler ``fn(request, context)`` whose errors become gRPC statuses, logged on the serving side."""
+    name = name or getattr(fn, "__name__", "handler")
 
     @functools.wraps(fn)
-    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+    def wrapper(request: Any, context: grpc.ServicerContext) -> Any:
         try:
-            return fn(self, request, context)
+            return fn(request, context)
         except RpcFailure as exc:
-            log.warning("%s refused: %s: %s", fn.__name__, exc.code.name, exc.message)
+            log.warning("%s refused: %s: %s", name, exc.code.name, exc.message)
             context.abort(exc.code, exc.message)
         except PayloadError as exc:
-            log.warning("%s refused a malformed payload: %s", fn.__name__, exc)
+            log.warning("%s refused a malformed payload: %s", name, exc)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except MessageTooLarge as exc:
-            log.warning("%s cannot send: %s", fn.__name__, exc)
+            log.warning("%s cannot send: %s", name, exc)
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except TimeoutError as exc:
-            log.warning("%s timed out: %s", fn.__name__, exc)
+            log.warning("%s timed out: %s", name, exc)
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 def describe_rpc_error(exc: grpc.RpcError) -> str:

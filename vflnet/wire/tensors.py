@@ -64,3 +64,14 @@ def from_proto(
 def payload_bytes(msg: tensor_pb2.Tensor) -> int:
     """Raw tensor bytes carried by a message (what an ideal transport would send)."""
     return len(msg.data)
+
+
+def to_tensor_map(values: dict[str, np.ndarray]) -> tensor_pb2.TensorMap:
+    out = tensor_pb2.TensorMap()
+    for name, value in values.items():
+        out.tensors[name].CopyFrom(to_proto(value))
+    return out
+
+
+def from_tensor_map(msg: tensor_pb2.TensorMap, what: str) -> dict[str, np.ndarray]:
+    return {name: from_proto(t, expect_dtype="float32", what=f"{what} {name}") for name, t in msg.tensors.items()}

@@ -46,6 +46,9 @@ ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
     "/vflnet.v1.Coordinator/Decrypt": frozenset({"active", "passive"}),
     "/vflnet.v1.Party/RunStep": frozenset({"coordinator"}),
     "/vflnet.v1.Party/Shutdown": frozenset({"coordinator"}),
+    "/vflnet.v1.Party/ReleaseModel": frozenset({"coordinator"}),
+    "/vflnet.v1.Party/ReceiveModel": frozenset({"active", "passive"}),
+    "/vflnet.v1.Coordinator/ReceiveModel": frozenset({"active", "passive"}),
     "/vflnet.v1.Active/ExchangeEmbeddings": frozenset({"passive"}),
 }
 

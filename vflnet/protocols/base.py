@@ -1,0 +1,140 @@
+"""The protocol plug-in API: what a protocol supplies to each role's host.
+
+A role process is a generic host (vflnet/roles/): the coordinator admits the roster, aligns the
+sample IDs, drives the seeded schedule (training steps, evaluation, prediction, model release) and
+keeps the metrics; a party loads its own data, joins, checks every step command, meters, checkpoints
+and serves. A protocol fills in what happens at each stage, per role, in three *sides*:
+
+- ``CoordinatorSide``: its services (split-he: masked decryption), what the admission reply and each
+  step command carry, what happens with the parties' step reports (param-server: apply uploads);
+- ``PartySide`` for the active and for the passive role: its services (split: the active party's
+  ExchangeEmbeddings), the party's work for one step command, what its step report carries, what its
+  model release contains.
+
+A protocol is one registered class naming its three sides (``@PROTOCOLS.register``). A plug-in
+protocol is a module listed under ``plugins:`` that registers one, plus its messages: it registers its
+gRPC service descriptors with ``register_service`` so taps, traces and the role authorizer know them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from vflnet.plugins import Param, Registry
+from vflnet.v1 import messages_pb2, tensor_pb2
+
+if TYPE_CHECKING:
+    from vflnet.config import Config
+    from vflnet.models.local import LocalModel
+    from vflnet.roles.coordinator import CoordinatorHost
+    from vflnet.roles.party import PartyHost
+    from vflnet.wire.bridge import Server
+
+
+class RunFailed(RuntimeError):
+    """The run cannot go on (a party failed a step, a bad upload): the coordinator stops it."""
+
+
+class CoordinatorSide:
+    """The coordinator's half. The defaults do nothing: the generic schedule is the whole protocol."""
+
+    def __init__(self, host: CoordinatorHost) -> None:
+        self.host = host
+        self.cfg = host.cfg
+
+    def add_services(self, server: Server) -> None:
+        """Register the protocol's own coordinator services (``vflnet.wire.bridge.add_handlers``)."""
+
+    def join_reply(self, reply: messages_pb2.JoinReply) -> None:
+        """Fill in what every party learns on admission beyond roster and IDs (split-he: the public key)."""
+
+    def start(self, joined: dict[str, messages_pb2.JoinRequest]) -> None:
+        """The roster is complete; ``joined`` holds every party's join request."""
+
+    def command(self, party: str, cmd: messages_pb2.StepCommand) -> messages_pb2.StepCommand:
+        """The step command as it goes to ``party`` (param-server: with its parameters)."""
+        return cmd
+
+    def after_step(self, phase: int, reports: dict[str, messages_pb2.StepReport]) -> None:
+        """Every party answered the step (param-server: apply the uploaded gradients)."""
+
+    @property
+    def model_version(self) -> int:
+        """Updates applied to parameters the coordinator holds (the header's model_version)."""
+        return 0
+
+    def finish(self) -> dict[str, Any]:
+        """The run completed: save what the coordinator holds; return entries for summary.json."""
+        return {}
+
+
+class PartySide:
+    """One party's half (active or passive)."""
+
+    def __init__(self, host: PartyHost) -> None:
+        self.host = host
+        self.cfg = host.cfg
+
+    def make_local(self, modules: dict[str, Any]) -> LocalModel:
+        """The party's trainable state: by default it owns its optimizer and LR schedule."""
+        from vflnet.models.local import LocalModel
+
+        return LocalModel(modules, self.cfg.train.optimizer, self.cfg.train.lr_schedule)
+
+    def join_request(self, req: messages_pb2.JoinRequest) -> None:
+        """Add to the join request (param-server: the freshly initialised parameters)."""
+
+    def add_services(self, server: Server) -> None:
+        """Register the protocol's own services on this party's server."""
+
+    def joined(self, reply: messages_pb2.JoinReply) -> None:
+        """Admission is done (roster, IDs, the protocol's fields of the reply): open channels to peers."""
+
+    def step(self, cmd: messages_pb2.StepCommand, rows: np.ndarray) -> dict[str, float]:
+        """This party's work for one checked step command (train, eval or predict); returns its metrics.
+        ``rows`` are the command's samples as row indices into the party's data."""
+        raise NotImplementedError
+
+    def report(self, cmd: messages_pb2.StepCommand, report: messages_pb2.StepReport) -> None:
+        """Add to the step report before it is metered and sent (param-server: the gradient upload)."""
+
+    def release(self, modules: list[str]) -> tuple[tensor_pb2.TensorMap, dict[str, Any]]:
+        """The model parts handed over in a model release: parameters by name and a JSON spec."""
+        from vflnet.wire.tensors import to_tensor_map
+
+        local = self.host.local
+        params = {f"{k}.{n}": v.detach().numpy() for k in modules for n, v in local.modules[k].state_dict().items()}
+        spec = {k: self.host.model_spec(k) for k in modules}
+        return to_tensor_map(params), spec
+
+    def stop(self, reason: str) -> None:
+        """The run is ending: release anything still waiting on a peer."""
+
+    def finish(self) -> None:
+        """At shutdown, under the step lock: write what the side keeps (active: predictions)."""
+
+
+class Protocol:
+    """A registered protocol: its name, settings and its three sides."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    params: ClassVar[dict[str, Param]] = {}  # its `protocol.params` settings (plug-ins)
+    coordinator: ClassVar[type[CoordinatorSide]] = CoordinatorSide
+    active: ClassVar[type[PartySide]]
+    passive: ClassVar[type[PartySide]]
+    roles: ClassVar[frozenset[str]] = frozenset({"coordinator", "active", "passive"})  # for `describe`
+
+    @classmethod
+    def check_config(cls, cfg: Config) -> list[tuple[str, str]]:
+        """Problems with a run config under this protocol, as (key, message)."""
+        return []
+
+    @classmethod
+    def side(cls, role: str) -> type[PartySide]:
+        return cls.active if role == "active" else cls.passive
+
+
+PROTOCOLS = Registry("protocol", ["vflnet.protocols.split", "vflnet.protocols.split_he", "vflnet.protocols.param_server"])
