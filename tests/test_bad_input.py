@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent import futures
 
 import grpc
 import numpy as np
@@ -16,11 +15,10 @@ import pytest
 from tests.conftest import base_config
 from vflnet.config import from_dict
 from vflnet.data.alignment import intersect, split_train_test
-from vflnet.roles.active import ActiveParty, ActiveServicer
-from vflnet.roles.serve import PartyServicer
+from vflnet.roles.party import PartyHost
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tensors
-from vflnet.wire.channels import add_standard_services
+from vflnet.wire.bridge import GrpcBridge
 
 
 @pytest.fixture
@@ -29,17 +27,15 @@ def active(tmp_path):
     data["run"]["id"] = "bad-input"
     data["transport"]["rpc_timeout_s"] = 2
     cfg = from_dict(data)
-    party = ActiveParty(cfg, "active", tmp_path)
+    bridge = GrpcBridge(cfg.transport)
+    party = PartyHost(cfg, "active", tmp_path, bridge)
     train, _ = split_train_test(intersect([party.data.ids]), 0.2, cfg.run.seed)
-    party._prepare(train)
-    party.ready.set()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    services_pb2_grpc.add_ActiveServicer_to_server(ActiveServicer(party), server)
-    services_pb2_grpc.add_PartyServicer_to_server(PartyServicer(party), server)
-    add_standard_services(server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    party.prepare(messages_pb2.JoinReply(run_id=cfg.run.id, train_ids=train))
+    server = bridge.make_server("active", party.interception.chain)
+    party.add_services(server)
+    address = bridge.bind(server, "active", "127.0.0.1:0")
     server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    channel = grpc.insecure_channel(address)
     party.test_channel = channel
     yield party, services_pb2_grpc.ActiveStub(channel), services_pb2_grpc.PartyStub(channel), train
     channel.close()
@@ -135,7 +131,7 @@ def test_mismatched_sample_ids_and_unknown_ids_are_refused(active):
     ids = train[:4]
     pending = stub.ExchangeEmbeddings.future(_emb(sender="passive-1", step=2, ids=train[4:8]), timeout=10)
     for _ in range(100):  # wait (bounded) until the active party holds them, so the order is fixed
-        slot = party.slots.get(2)
+        slot = party.side.slots.get(2)
         if slot is not None and "passive-1" in slot.embeddings:
             break
         time.sleep(0.05)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from types import SimpleNamespace
 
 import grpc
 import numpy as np
@@ -18,7 +19,7 @@ from vflnet.crypto import generate_keypair
 from vflnet.crypto.masking import ints_from_bytes, ints_to_bytes, mask, unmask
 from vflnet.crypto.wire import cipher_to_proto
 from vflnet.protocols.he_backprop import check_supported, encrypted_param_grads, forward_with_cache
-from vflnet.roles.coordinator import DecryptionService
+from vflnet.protocols.split_he import DecryptionService
 from vflnet.runner.local import run_local
 from vflnet.runner.reference import train_reference
 from vflnet.v1 import messages_pb2
@@ -73,7 +74,7 @@ def test_decryption_service_checks_purpose_and_role(keys):
     cfg = from_dict(data)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        service = DecryptionService(cfg)
+        service = DecryptionService(SimpleNamespace(cfg=cfg, run_dir=None))
     masked, r = mask(service.public_key.encrypt(np.array([[1.5, -2.0]]), 16))
 
     def request(sender, purpose):

@@ -13,9 +13,9 @@ from sklearn.datasets import load_breast_cancer
 
 from tests.conftest import base_config, write_config
 from vflnet.attacks.base import AttackContext
+from vflnet.attacks.knowledge import run_split, threat_model_knowledge
 from vflnet.config import from_dict, load
 from vflnet.data.datasets import load_dataset
-from vflnet.attacks.knowledge import run_split, threat_model_knowledge
 from vflnet.interceptors.trace import read_trace
 from vflnet.metrics.labels import mean_batch_auc
 from vflnet.plugins import ATTACKS

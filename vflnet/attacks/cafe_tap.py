@@ -21,8 +21,8 @@ from vflnet.attacks.cafe import CafeAttack, CafeParams, ServerObservation
 from vflnet.interceptors.events import WireEvent
 from vflnet.models.cafe_net import TOP, CafeVFL, worker_name
 from vflnet.plugins import ATTACKS, Param
-from vflnet.wire.tensors import from_tensor_map
 from vflnet.v1 import messages_pb2
+from vflnet.wire.tensors import from_tensor_map
 
 
 def _choice(options: tuple[str, ...]) -> Param:

@@ -60,7 +60,9 @@ def _architecture(cfg: Config, party: str) -> str | None:
     if cfg.party(party).role != "coordinator":
         return "only the coordinator knows it"
     if cfg.protocol.kind != "param-server":
-        return "the coordinator learns the model's shapes from the parameters it holds (protocol param-server)"
+        return (
+            "the coordinator learns the model's shapes from the parameters it holds (protocol param-server)"
+        )
     if not all(p.bottom is not None and p.bottom.kind in ("cafe-conv", "cafe-fc") for p in cfg.passives):
         return "every passive party needs a cafe-conv or cafe-fc bottom"
     return None
@@ -70,19 +72,30 @@ def _own_view(cfg: Config, party: str) -> str | None:
     return None if cfg.party(party).bottom is not None else "the party trains no bottom model of its own"
 
 
-KNOWLEDGE: dict[str, Knowledge] = {k.name: k for k in (
-    Knowledge("public_key", "the run's Paillier public key (protocols with one; absent otherwise)", _anyone),
-    Knowledge("feature_region", "the party's own image region [r0, r1, c0, c1]", _feature_region),
-    Knowledge("target_ids", "paper 004's D_target: n_target training IDs of target_class", _anyone),
-    Knowledge("aux_labels", "a few labelled training samples {id: label} (model completion, MARVELL)", _anyone),
-    Knowledge("train_ids", "the training-set IDs the coordinator scheduled", _coordinator_only),
-    Knowledge("party_addresses", "which roster address is which party", _coordinator_only),
-    Knowledge("workers", "the passive parties' names, in roster order", _coordinator_only),
-    Knowledge("label_holder", "the active party's name", _coordinator_only),
-    Knowledge("architecture", "the CAFE model architecture (paper 002's server knows it)", _architecture),
-    Knowledge("released_model", "another party's model, from a model release message", _released),
-    Knowledge("own_view", "the party's own view of each training step (rows, bottom model, its gradient)", _own_view),
-)}
+KNOWLEDGE: dict[str, Knowledge] = {
+    k.name: k
+    for k in (
+        Knowledge(
+            "public_key", "the run's Paillier public key (protocols with one; absent otherwise)", _anyone
+        ),
+        Knowledge("feature_region", "the party's own image region [r0, r1, c0, c1]", _feature_region),
+        Knowledge("target_ids", "paper 004's D_target: n_target training IDs of target_class", _anyone),
+        Knowledge(
+            "aux_labels", "a few labelled training samples {id: label} (model completion, MARVELL)", _anyone
+        ),
+        Knowledge("train_ids", "the training-set IDs the coordinator scheduled", _coordinator_only),
+        Knowledge("party_addresses", "which roster address is which party", _coordinator_only),
+        Knowledge("workers", "the passive parties' names, in roster order", _coordinator_only),
+        Knowledge("label_holder", "the active party's name", _coordinator_only),
+        Knowledge("architecture", "the CAFE model architecture (paper 002's server knows it)", _architecture),
+        Knowledge("released_model", "another party's model, from a model release message", _released),
+        Knowledge(
+            "own_view",
+            "the party's own view of each training step (rows, bottom model, its gradient)",
+            _own_view,
+        ),
+    )
+}
 
 
 def needs(attack: Any) -> list[str]:
@@ -140,19 +153,28 @@ def threat_model_knowledge(cfg: Config, name: str, attack: Any) -> dict[str, Any
         label_of, _ = train_labels(cfg)
         pool = np.array([i for i, y in label_of.items() if y == attack.p["target_class"]], dtype=np.int64)
         n = min(int(attack.p["n_target"]), len(pool))
-        out["target_ids"] = np.sort(np.random.default_rng([int(attack.p["seed"]), 7]).choice(pool, size=n, replace=False))
+        out["target_ids"] = np.sort(
+            np.random.default_rng([int(attack.p["seed"]), 7]).choice(pool, size=n, replace=False)
+        )
     if "aux_labels" in attack.knowledge:
         label_of, n_classes = train_labels(cfg)
         known = dict(attack.context.knowledge.get("aux_labels", {}))
         for label, count in attack.aux_quota(n_classes).items():
             pool = np.array(sorted(i for i, y in label_of.items() if y == label), dtype=np.int64)
-            known.update((int(i), label) for i in np.random.default_rng([cfg.run.seed, 8, label]).permutation(pool)[:count])
+            known.update(
+                (int(i), label)
+                for i in np.random.default_rng([cfg.run.seed, 8, label]).permutation(pool)[:count]
+            )
         out["aux_labels"] = known
     return out
 
 
-def deliver_server_knowledge(cfg: Config, knowledge: dict[str, Any], reply: messages_pb2.JoinReply,
-                             joined: dict[str, messages_pb2.JoinRequest]) -> None:
+def deliver_server_knowledge(
+    cfg: Config,
+    knowledge: dict[str, Any],
+    reply: messages_pb2.JoinReply,
+    joined: dict[str, messages_pb2.JoinRequest],
+) -> None:
     """What the server knows a priori (paper 002's threat model), handed to its attacks explicitly:
     the training-set IDs it scheduled, which roster address is which party, and, under param-server
     with CAFE models, the model architecture (the config it coordinates and the shapes of the
@@ -168,4 +190,6 @@ def deliver_server_knowledge(cfg: Config, knowledge: dict[str, Any], reply: mess
         bottoms = [p.bottom for p in cfg.passives]
         region = cfg.passives[0].features.region  # type: ignore[union-attr]
         shape = (1, region[1] - region[0], region[3] - region[2])
-        knowledge["architecture"] = cafe_config(bottoms[0], shape, n_workers=len(bottoms), n_classes=int(top.shape[0]))  # type: ignore[arg-type]
+        knowledge["architecture"] = cafe_config(
+            bottoms[0], shape, n_workers=len(bottoms), n_classes=int(top.shape[0])
+        )  # type: ignore[arg-type]

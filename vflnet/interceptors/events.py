@@ -42,6 +42,17 @@ def _method_table() -> dict[str, tuple[type[Message], type[Message]]]:
 METHODS: dict[str, tuple[type[Message], type[Message]]] = _method_table()
 
 
+def register_service(service: Any) -> None:
+    """Add a plug-in protocol's unary methods (a protobuf ServiceDescriptor) to ``METHODS``, so taps,
+    traces, the proxy and ``vflnet.wire.bridge.add_handlers`` know their messages."""
+    for method in service.methods:
+        if not (method.client_streaming or method.server_streaming):
+            METHODS[f"/{service.full_name}/{method.name}"] = (
+                message_factory.GetMessageClass(method.input_type),
+                message_factory.GetMessageClass(method.output_type),
+            )
+
+
 def short_name(method: str) -> str:
     """``/vflnet.v1.Active/ExchangeEmbeddings`` -> ``ExchangeEmbeddings``."""
     return method.rsplit("/", 1)[-1]

@@ -24,8 +24,12 @@ class LocalModel:
     schedule_cfg: LRScheduleConfig
     version: int = 0  # optimizer updates applied: the `model_version` in message headers
     epoch: int = 0
-    own_optimizer: bool = True  # False: another party (param-server: the coordinator) holds parameters and optimizer
-    keep_last_grads: bool = False  # keep a copy of each step's gradients (for an attack granted the party's own view)
+    own_optimizer: bool = (
+        True  # False: another party (param-server: the coordinator) holds parameters and optimizer
+    )
+    keep_last_grads: bool = (
+        False  # keep a copy of each step's gradients (for an attack granted the party's own view)
+    )
     last_grads: dict[str, torch.Tensor] = field(default_factory=dict)
     optimizer: torch.optim.Optimizer | None = field(init=False)
     schedule: Any = field(init=False)
@@ -33,7 +37,9 @@ class LocalModel:
     def __post_init__(self) -> None:
         # An active party with no features and no top model ("sum" of passive logits) has no parameters.
         params = [p for m in self.modules.values() for p in m.parameters()]
-        self.optimizer = build_optimizer(params, self.optimizer_cfg) if params and self.own_optimizer else None
+        self.optimizer = (
+            build_optimizer(params, self.optimizer_cfg) if params and self.own_optimizer else None
+        )
         self.schedule = build_schedule(self.optimizer, self.schedule_cfg) if self.optimizer else None
 
     def enter_epoch(self, epoch: int) -> None:
@@ -46,7 +52,9 @@ class LocalModel:
     def apply_update(self) -> None:
         """Step the optimizer (without one, the gradients stay for ``take_grads``)."""
         if self.keep_last_grads:
-            self.last_grads = {n: p.grad.detach().clone() for n, p in self.named_parameters() if p.grad is not None}
+            self.last_grads = {
+                n: p.grad.detach().clone() for n, p in self.named_parameters() if p.grad is not None
+            }
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -63,14 +71,18 @@ class LocalModel:
         with torch.no_grad():
             for name, p in own.items():
                 if tuple(values[name].shape) != tuple(p.shape):
-                    raise ValueError(f"broadcast parameter {name} has shape {values[name].shape}, expected {tuple(p.shape)}")
+                    raise ValueError(
+                        f"broadcast parameter {name} has shape {values[name].shape}, expected {tuple(p.shape)}"
+                    )
                 p.copy_(torch.from_numpy(values[name]))
 
     def take_grads(self) -> dict[str, np.ndarray]:
         """The batch-averaged parameter gradients of the last step (param-server upload), then cleared."""
         out = {}
         for name, p in self.named_parameters():
-            out[name] = p.grad.detach().numpy().copy() if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
+            out[name] = (
+                p.grad.detach().numpy().copy() if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
+            )
             p.grad = None
         return out
 

@@ -105,7 +105,9 @@ class PartySide:
         from vflnet.wire.tensors import to_tensor_map
 
         local = self.host.local
-        params = {f"{k}.{n}": v.detach().numpy() for k in modules for n, v in local.modules[k].state_dict().items()}
+        params = {
+            f"{k}.{n}": v.detach().numpy() for k in modules for n, v in local.modules[k].state_dict().items()
+        }
         spec = {k: self.host.model_spec(k) for k in modules}
         return to_tensor_map(params), spec
 
@@ -137,4 +139,17 @@ class Protocol:
         return cls.active if role == "active" else cls.passive
 
 
-PROTOCOLS = Registry("protocol", ["vflnet.protocols.split", "vflnet.protocols.split_he", "vflnet.protocols.param_server"])
+def register_messages(service: Any, callers: dict[str, set[str]]) -> None:
+    """Make a plug-in protocol's gRPC service known: its methods' messages (for taps, traces and
+    ``add_handlers``) and which roles may call each method (``callers``: short name -> roles, enforced
+    under mutual TLS)."""
+    from vflnet.interceptors.events import register_service
+    from vflnet.wire.tls import register_permissions
+
+    register_service(service)
+    register_permissions({f"/{service.full_name}/{name}": roles for name, roles in callers.items()})
+
+
+PROTOCOLS = Registry(
+    "protocol", ["vflnet.protocols.split", "vflnet.protocols.split_he", "vflnet.protocols.param_server"]
+)

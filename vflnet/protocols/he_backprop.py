@@ -56,7 +56,9 @@ def check_supported(module: nn.Module) -> None:
     layers = list(module) if isinstance(module, nn.Sequential) else [module]
     for layer in layers:
         if not isinstance(layer, (nn.Linear, *_ACTIVATIONS)):
-            raise ValueError(f"split-he backpropagates over ciphertexts through Linear/ReLU/Tanh/Sigmoid only, not {type(layer).__name__}")
+            raise ValueError(
+                f"split-he backpropagates over ciphertexts through Linear/ReLU/Tanh/Sigmoid only, not {type(layer).__name__}"
+            )
     if not isinstance(layers[-1], nn.Linear):
         raise ValueError("split-he needs a bottom model that ends in a Linear layer")
 
@@ -66,7 +68,9 @@ class ForwardCache:
     """What the party keeps from its forward pass: each Linear's input and each activation's derivative."""
 
     inputs: list[np.ndarray]  # per Linear layer, [B, in]
-    derivatives: list[np.ndarray | None]  # per Linear layer: derivative of the activation after the previous Linear (ReLU: bool)
+    derivatives: list[
+        np.ndarray | None
+    ]  # per Linear layer: derivative of the activation after the previous Linear (ReLU: bool)
 
 
 def forward_with_cache(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ForwardCache]:
@@ -110,13 +114,17 @@ def _backprop(
         prefix, layer = linears[index]
         a = cache.inputs[index]  # [B, in]
         if last_weight or index < len(linears) - 1:
-            out[prefix + "weight"] = delta.T.matmul_plain(a, multiplier_frac_bits(a), workers)  # [out, B] @ [B, in]
+            out[prefix + "weight"] = delta.T.matmul_plain(
+                a, multiplier_frac_bits(a), workers
+            )  # [out, B] @ [B, in]
         if layer.bias is not None:
             out[prefix + "bias"] = delta.sum(axis=0)
         if index > 0:
             w = layer.weight.detach().double().numpy()  # [out, in]
             derivative = cache.derivatives[index]
-            if derivative is not None and derivative.dtype == np.bool_:  # ReLU: only the active units' products
+            if (
+                derivative is not None and derivative.dtype == np.bool_
+            ):  # ReLU: only the active units' products
                 delta = delta.matmul_plain(w, multiplier_frac_bits(w), workers, where=derivative)  # [B, in]
             else:
                 delta = delta.matmul_plain(w, multiplier_frac_bits(w), workers)
@@ -125,7 +133,9 @@ def _backprop(
     return out
 
 
-def encrypted_param_grads(module: nn.Module, cache: ForwardCache, grad: CipherArray, workers: int = 1) -> dict[str, CipherArray]:
+def encrypted_param_grads(
+    module: nn.Module, cache: ForwardCache, grad: CipherArray, workers: int = 1
+) -> dict[str, CipherArray]:
     """[[dL/dtheta]] for every parameter of ``module`` from [[dL/dH]] (shape [B, out])."""
     out = _backprop(module, cache, grad, workers, last_weight=True)
     return {name: out[name] for name, _ in module.named_parameters()}
@@ -173,7 +183,9 @@ def packed_param_grads(
     rest_grads = _backprop(module, cache, grad, workers, last_weight=False)
     names = [name for name, _ in module.named_parameters()]
     rest_parts = [rest_grads[n].reshape(-1) for n in names if n != prefix + "weight"]
-    empty = CipherArray(grad.public_key, object_array([], (0,)), (0,), grad.frac_bits, 0)  # a bias-free single Linear
+    empty = CipherArray(
+        grad.public_key, object_array([], (0,)), (0,), grad.frac_bits, 0
+    )  # a bias-free single Linear
     rest = concatenate([empty, *rest_parts])
     # the bound rmatmul_plain will give a^T [[g]]: |g| times the largest column sum of a's integers
     weight_bound = grad.bound * int(np.abs(encoding.encode(a, frac_a)).sum(axis=0).max(initial=0))
@@ -184,10 +196,15 @@ def packed_param_grads(
     out_dim, in_dim = last.weight.shape
     row = encoding.packed_count(out_dim, slots) * slots  # row length L: whole packed ciphertexts
     weight_t = grad.pack(slots=slots, workers=workers).rmatmul_plain(a.T, frac_a, workers)  # [in, out]
-    weight_t = CipherArray(grad.public_key, weight_t.data, (in_dim, row), weight_t.frac_bits, weight_t.bound,
-                           weight_t.slots)  # padding slots of [[g]] were Enc(0): they hold zeros
+    weight_t = CipherArray(
+        grad.public_key, weight_t.data, (in_dim, row), weight_t.frac_bits, weight_t.bound, weight_t.slots
+    )  # padding slots of [[g]] were Enc(0): they hold zeros
     pad = -rest.size % row
-    zeros = CipherArray(grad.public_key, object_array([mpz(1)] * pad, (pad,)), (pad,), rest.frac_bits, 0)  # Enc(0)
+    zeros = CipherArray(
+        grad.public_key, object_array([mpz(1)] * pad, (pad,)), (pad,), rest.frac_bits, 0
+    )  # Enc(0)
     rest = concatenate([rest, zeros]).reshape(-1, row).pack(slots=slots, workers=workers)
-    layout = GradientLayout(prefix + "weight", (out_dim, in_dim), {n: tuple(p.shape) for n, p in module.named_parameters()})
+    layout = GradientLayout(
+        prefix + "weight", (out_dim, in_dim), {n: tuple(p.shape) for n, p in module.named_parameters()}
+    )
     return concatenate([weight_t, rest]), layout

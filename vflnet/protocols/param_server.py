@@ -33,8 +33,10 @@ class ParamServer:
 
     def __init__(self, cfg: Config, initial: dict[str, dict[str, np.ndarray]]) -> None:
         self.static = cfg.protocol.static
-        self.params = {party: {n: torch.nn.Parameter(torch.from_numpy(v.copy())) for n, v in named.items()}
-                       for party, named in initial.items()}
+        self.params = {
+            party: {n: torch.nn.Parameter(torch.from_numpy(v.copy())) for n, v in named.items()}
+            for party, named in initial.items()
+        }
         self.optimizers = {}
         self.schedules = {}
         for party, named in self.params.items():
@@ -63,7 +65,9 @@ class ParamServer:
                 raise ValueError(f"{party} uploaded gradients for {sorted(grads)}, expected {sorted(own)}")
             for name, p in own.items():
                 if grads[name].shape != tuple(p.shape):
-                    raise ValueError(f"{party} gradient {name} has shape {grads[name].shape}, expected {tuple(p.shape)}")
+                    raise ValueError(
+                        f"{party} gradient {name} has shape {grads[name].shape}, expected {tuple(p.shape)}"
+                    )
                 p.grad = torch.from_numpy(grads[name])
         if not self.static:
             for opt in self.optimizers.values():
@@ -75,7 +79,13 @@ class ParamServer:
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({party: {n: p.detach().clone() for n, p in named.items()} for party, named in self.params.items()}, tmp)
+        torch.save(
+            {
+                party: {n: p.detach().clone() for n, p in named.items()}
+                for party, named in self.params.items()
+            },
+            tmp,
+        )
         os.replace(tmp, path)
 
 
@@ -96,7 +106,9 @@ class ParamServerCoordinator(CoordinatorSide):
         if phase != messages_pb2.TRAIN:
             return
         try:
-            self.server.apply({name: from_tensor_map(r.grads, f"{name}'s gradient") for name, r in reports.items()})
+            self.server.apply(
+                {name: from_tensor_map(r.grads, f"{name}'s gradient") for name, r in reports.items()}
+            )
         except ValueError as exc:
             raise RunFailed(f"bad gradient upload: {exc}") from exc
 
@@ -123,7 +135,9 @@ class CentralParams:
         return LocalModel(modules, self.cfg.train.optimizer, self.cfg.train.lr_schedule, own_optimizer=False)
 
     def join_request(self, req: messages_pb2.JoinRequest) -> None:
-        req.initial_params.CopyFrom(to_tensor_map({n: p.detach().numpy() for n, p in self.host.local.named_parameters()}))
+        req.initial_params.CopyFrom(
+            to_tensor_map({n: p.detach().numpy() for n, p in self.host.local.named_parameters()})
+        )
 
     def step(self, cmd: messages_pb2.StepCommand, rows: np.ndarray) -> dict[str, float]:
         try:

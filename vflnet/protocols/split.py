@@ -85,8 +85,13 @@ def predict(logits: torch.Tensor, defense: LabelDefense | None) -> torch.Tensor:
     return logits.argmax(dim=1) if defense is None else defense.predict(logits)
 
 
-def outcome(logits: torch.Tensor, loss: torch.Tensor | None, y: np.ndarray | None, defense: LabelDefense | None,
-            grads: list[np.ndarray]) -> StepResult:
+def outcome(
+    logits: torch.Tensor,
+    loss: torch.Tensor | None,
+    y: np.ndarray | None,
+    defense: LabelDefense | None,
+    grads: list[np.ndarray],
+) -> StepResult:
     """A step's result; without labels (prediction) it only carries the logits."""
     n = logits.shape[0]
     if y is None or loss is None:
@@ -103,7 +108,9 @@ class ActiveSplit:
         self.top: TopModel = local.modules["top"]  # type: ignore[assignment]
         self.aggregation = aggregation
 
-    def step(self, x_own: np.ndarray | None, received: list[np.ndarray], y: np.ndarray | None, train: bool) -> StepResult:
+    def step(
+        self, x_own: np.ndarray | None, received: list[np.ndarray], y: np.ndarray | None, train: bool
+    ) -> StepResult:
         """One step; ``y`` is None in a prediction step (no loss, no update)."""
         train = train and y is not None
         self.local.train(train)
@@ -148,8 +155,12 @@ class SplitPassive(PartySide):
 
     def decode_gradient(self, reply: messages_pb2.EmbeddingGradients, shape: tuple[int, ...]) -> Any:
         if reply.WhichOneof("payload") != "values":
-            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "split expects plaintext gradients from the active party")
-        return tensors.from_proto(reply.values, expect_dtype="float32", expect_shape=shape, what="gradients from the active party")
+            raise RpcFailure(
+                grpc.StatusCode.INVALID_ARGUMENT, "split expects plaintext gradients from the active party"
+            )
+        return tensors.from_proto(
+            reply.values, expect_dtype="float32", expect_shape=shape, what="gradients from the active party"
+        )
 
     def step(self, cmd: messages_pb2.StepCommand, rows: np.ndarray) -> dict[str, float]:
         host, h = self.host, cmd.header
@@ -167,15 +178,31 @@ class SplitPassive(PartySide):
         try:
             reply = self.active.ExchangeEmbeddings(msg, timeout=self.cfg.transport.rpc_timeout_s)
         except grpc.RpcError as exc:
-            raise RpcFailure(grpc.StatusCode.ABORTED, f"active party refused embeddings: {describe_rpc_error(exc)}") from exc
+            raise RpcFailure(
+                grpc.StatusCode.ABORTED, f"active party refused embeddings: {describe_rpc_error(exc)}"
+            ) from exc
         if reply.header.step != h.step:
-            raise RpcFailure(grpc.StatusCode.DATA_LOSS, f"gradients for step {reply.header.step}, expected {h.step}")
+            raise RpcFailure(
+                grpc.StatusCode.DATA_LOSS, f"gradients for step {reply.header.step}, expected {h.step}"
+            )
         if train:
             self.compute.backward(self.decode_gradient(reply, tuple(emb.shape)))
         if own_view:
-            grads = {n.removeprefix("bottom."): g for n, g in host.local.last_grads.items() if n.startswith("bottom.")}
-            host.interception.deliver_own_view(OwnStepView(
-                h.step, np.asarray(cmd.sample_ids, dtype=np.int64), host.data.x[rows], snapshot, grads, int(emb.shape[1])))
+            grads = {
+                n.removeprefix("bottom."): g
+                for n, g in host.local.last_grads.items()
+                if n.startswith("bottom.")
+            }
+            host.interception.deliver_own_view(
+                OwnStepView(
+                    h.step,
+                    np.asarray(cmd.sample_ids, dtype=np.int64),
+                    host.data.x[rows],
+                    snapshot,
+                    grads,
+                    int(emb.shape[1]),
+                )
+            )
         return {"compute_s": time.perf_counter() - start}
 
 
@@ -210,13 +237,17 @@ class SplitActive(PartySide):
 
     def _defense(self) -> LabelDefense | None:
         host = self.host
-        entries = [d for d in self.cfg.defenses if d.party == host.name and DEFENSES.get(d.name).acts_on == "labels"]
+        entries = [
+            d for d in self.cfg.defenses if d.party == host.name and DEFENSES.get(d.name).acts_on == "labels"
+        ]
         if not entries:
             return None
         if len(entries) > 1:
             raise ValueError(f"{host.name}: one label defense at a time, got {[d.name for d in entries]}")
         entry = entries[0]
-        built = DEFENSES.get(entry.name)(**entry.params).build(host.data.n_classes, party_seed(self.cfg, host.me))
+        built = DEFENSES.get(entry.name)(**entry.params).build(
+            host.data.n_classes, party_seed(self.cfg, host.me)
+        )
         host.log.info("%s defends with %s (%s)", host.name, entry.name, entry.params)
         return built
 
@@ -235,7 +266,9 @@ class SplitActive(PartySide):
             raise invalid(f"split protocol expects plaintext embeddings, got {msg.WhichOneof('payload')}")
         return tensors.from_proto(msg.values, expect_dtype="float32", expect_shape=expect, what=what)
 
-    def run(self, x_own: np.ndarray | None, received: list[Any], y: np.ndarray | None, train: bool) -> StepResult:
+    def run(
+        self, x_own: np.ndarray | None, received: list[Any], y: np.ndarray | None, train: bool
+    ) -> StepResult:
         return self.compute.step(x_own, received, y, train)
 
     def fill_reply(self, reply: messages_pb2.EmbeddingGradients, index: int, result: StepResult) -> None:
@@ -259,7 +292,9 @@ class SplitActive(PartySide):
         with self.cond:
             slot = self._slot(h.step)
             if h.sender in slot.embeddings:
-                raise RpcFailure(grpc.StatusCode.ALREADY_EXISTS, f"{h.sender} already sent embeddings for step {h.step}")
+                raise RpcFailure(
+                    grpc.StatusCode.ALREADY_EXISTS, f"{h.sender} already sent embeddings for step {h.step}"
+                )
             if slot.command is not None and not np.array_equal(ids, slot.command.sample_ids):
                 raise invalid(f"{h.sender} sent embeddings for other sample ids than step {h.step} schedules")
             slot.embeddings[h.sender] = (ids, values)
@@ -267,7 +302,9 @@ class SplitActive(PartySide):
         if not slot.done.wait(cfg.transport.rpc_timeout_s):
             raise TimeoutError(f"step {h.step} did not complete within {cfg.transport.rpc_timeout_s:.0f} s")
         if slot.error is not None:
-            raise RpcFailure(grpc.StatusCode.ABORTED, f"step {h.step} failed at the active party: {slot.error}")
+            raise RpcFailure(
+                grpc.StatusCode.ABORTED, f"step {h.step} failed at the active party: {slot.error}"
+            )
         return slot.replies[h.sender]
 
     # -------------------------------------------------------------- coordinator -> active
@@ -279,7 +316,9 @@ class SplitActive(PartySide):
             slot.command = cmd
             for sender, (ids, _) in slot.embeddings.items():
                 if not np.array_equal(ids, cmd.sample_ids):
-                    self._fail(slot, f"{sender} sent embeddings for other sample ids than step {step} schedules")
+                    self._fail(
+                        slot, f"{sender} sent embeddings for other sample ids than step {step} schedules"
+                    )
             while slot.error is None and len(slot.embeddings) < len(self.passives):
                 if not self.cond.wait(timeout=max(0.0, deadline - time.monotonic())):
                     missing = [p for p in self.passives if p not in slot.embeddings]
@@ -292,7 +331,9 @@ class SplitActive(PartySide):
         x_own = host.data.x[rows] if host.data.x is not None else None
         y = None if phase == messages_pb2.PREDICT else host.data.y[rows]
         try:
-            slot.result = self.run(x_own, [slot.embeddings[p][1] for p in self.passives], y, phase == messages_pb2.TRAIN)
+            slot.result = self.run(
+                x_own, [slot.embeddings[p][1] for p in self.passives], y, phase == messages_pb2.TRAIN
+            )
             self._build_replies(slot, cmd.header)
         except Exception as exc:  # a failed step must release the waiting passive calls, with the reason
             self._fail(slot, str(exc) if isinstance(exc, MessageTooLarge) else f"{type(exc).__name__}: {exc}")
@@ -304,7 +345,12 @@ class SplitActive(PartySide):
         r = slot.result
         if phase != messages_pb2.TRAIN:
             self._record_predictions(cmd, r)
-        return {"loss_sum": r.loss_sum, "correct": r.correct, "count": r.count, "compute_s": time.perf_counter() - start}
+        return {
+            "loss_sum": r.loss_sum,
+            "correct": r.correct,
+            "count": r.count,
+            "compute_s": time.perf_counter() - start,
+        }
 
     def _build_replies(self, slot: StepSlot, h: messages_pb2.Header) -> None:
         """Every passive party's answer, built and metered before the step completes, so the bytes
@@ -314,7 +360,9 @@ class SplitActive(PartySide):
             reply = messages_pb2.EmbeddingGradients(header=self.host.header(h))
             if h.phase == messages_pb2.TRAIN:
                 self.fill_reply(reply, index, slot.result)
-            check_message_size(reply, self.cfg.transport, f"{self.host.name}'s gradients for {sender} at step {h.step}")
+            check_message_size(
+                reply, self.cfg.transport, f"{self.host.name}'s gradients for {sender} at step {h.step}"
+            )
             self.host.meter.record("ExchangeEmbeddings.reply", reply)
             slot.replies[sender] = reply
 
@@ -325,7 +373,9 @@ class SplitActive(PartySide):
         predicted = predict(logits, self.defense).numpy()
         confidence = torch.softmax(logits.double(), dim=1).numpy()
         key = (cmd.header.phase, cmd.header.epoch)
-        self.predictions.setdefault(key, []).append((np.asarray(cmd.sample_ids, dtype=np.int64), predicted, confidence))
+        self.predictions.setdefault(key, []).append(
+            (np.asarray(cmd.sample_ids, dtype=np.int64), predicted, confidence)
+        )
 
     def _fail(self, slot: StepSlot, error: str) -> None:
         slot.error = error
@@ -345,13 +395,19 @@ class SplitActive(PartySide):
         for (phase, epoch), parts in self.predictions.items():
             out.mkdir(parents=True, exist_ok=True)
             kind = "test" if phase == messages_pb2.EVAL else "predict"
-            np.savez(out / f"{kind}-epoch-{epoch:03d}.npz", sample_ids=np.concatenate([p[0] for p in parts]),
-                     predicted=np.concatenate([p[1] for p in parts]), confidence=np.concatenate([p[2] for p in parts]))
+            np.savez(
+                out / f"{kind}-epoch-{epoch:03d}.npz",
+                sample_ids=np.concatenate([p[0] for p in parts]),
+                predicted=np.concatenate([p[1] for p in parts]),
+                confidence=np.concatenate([p[2] for p in parts]),
+            )
 
 
 @PROTOCOLS.register
 class Split(Protocol):
     name = "split"
-    description = "plaintext split learning: embeddings up, gradients down (concat + top model, or sum of logits)"
+    description = (
+        "plaintext split learning: embeddings up, gradients down (concat + top model, or sum of logits)"
+    )
     active = SplitActive
     passive = SplitPassive

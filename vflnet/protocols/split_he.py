@@ -71,7 +71,9 @@ Decryptor = Callable[[str, CipherArray], np.ndarray]
 
 
 class PassiveHE:
-    def __init__(self, local: LocalModel, public_key: PublicKey, frac_bits: int, decrypt: Decryptor, workers: int = 1) -> None:
+    def __init__(
+        self, local: LocalModel, public_key: PublicKey, frac_bits: int, decrypt: Decryptor, workers: int = 1
+    ) -> None:
         self.local = local
         self.bottom = local.modules["bottom"]
         check_supported(self.bottom)
@@ -102,16 +104,24 @@ class PassiveHE:
 
 
 class ActiveHE:
-    def __init__(self, local: LocalModel, public_key: PublicKey, frac_bits: int, decrypt: Decryptor, workers: int = 1,
-                 defense: LabelDefense | None = None) -> None:
+    def __init__(
+        self,
+        local: LocalModel,
+        public_key: PublicKey,
+        frac_bits: int,
+        decrypt: Decryptor,
+        workers: int = 1,
+        defense: LabelDefense | None = None,
+    ) -> None:
         self.local = local
         self.defense = defense
         self.bottom = local.modules.get("bottom")
         self.top = local.modules["top"]
         self.public_key, self.frac_bits, self.decrypt, self.workers = public_key, frac_bits, decrypt, workers
 
-    def step(self, x_own: np.ndarray | None, received: list[CipherArray], y: np.ndarray | None,
-             train: bool) -> tuple[CipherArray | None, StepResult]:
+    def step(
+        self, x_own: np.ndarray | None, received: list[CipherArray], y: np.ndarray | None, train: bool
+    ) -> tuple[CipherArray | None, StepResult]:
         """One step; ``y`` is None in a prediction step (no loss, no update, no gradient)."""
         train = train and y is not None
         total = received[0]
@@ -131,8 +141,12 @@ class ActiveHE:
                 loss.backward()
                 assert h.grad is not None
                 target = torch.from_numpy(y)
-                g = h.grad if self.defense is None else self.defense.transform(h.grad, target)  # defend, then encrypt
-                encrypted_grad = self.public_key.encrypt(g.double().numpy(), self.frac_bits, workers=self.workers)
+                g = (
+                    h.grad if self.defense is None else self.defense.transform(h.grad, target)
+                )  # defend, then encrypt
+                encrypted_grad = self.public_key.encrypt(
+                    g.double().numpy(), self.frac_bits, workers=self.workers
+                )
                 self.local.apply_update()
         return encrypted_grad, outcome(logits, loss, y, self.defense, [])
 
@@ -150,9 +164,15 @@ class DecryptionService(CoordinatorSide):
         super().__init__(host)
         he = self.cfg.protocol.he
         start = time.perf_counter()
-        self.public_key, self._private_key = generate_keypair(he.key_bits, allow_insecure=he.allow_insecure_keys)
-        log.info("generated a %d-bit Paillier key pair (key id %s) in %.1f s", he.key_bits, self.public_key.key_id,
-                 time.perf_counter() - start)
+        self.public_key, self._private_key = generate_keypair(
+            he.key_bits, allow_insecure=he.allow_insecure_keys
+        )
+        log.info(
+            "generated a %d-bit Paillier key pair (key id %s) in %.1f s",
+            he.key_bits,
+            self.public_key.key_id,
+            time.perf_counter() - start,
+        )
         if host.run_dir is not None:
             save_public_key(host.run_dir / "public_key.json", self.public_key)
         self.lock = threading.Lock()
@@ -165,7 +185,9 @@ class DecryptionService(CoordinatorSide):
     def join_reply(self, reply: messages_pb2.JoinReply) -> None:
         reply.public_key = json.dumps(self.public_key.to_json()).encode()
 
-    def decrypt(self, req: messages_pb2.DecryptRequest, context: grpc.ServicerContext | None) -> messages_pb2.DecryptReply:
+    def decrypt(
+        self, req: messages_pb2.DecryptRequest, context: grpc.ServicerContext | None
+    ) -> messages_pb2.DecryptReply:
         check_run(self.cfg, req.header.run_id)
         allowed = self.PURPOSES.get(req.purpose)
         if allowed is None:
@@ -181,8 +203,18 @@ class DecryptionService(CoordinatorSide):
         with self.lock:
             self.requests[key] = self.requests.get(key, 0) + 1
             self.values[key] = self.values.get(key, 0) + ints.size
-        reply_header = header(self.cfg, "coordinator", req.header.step, req.header.epoch, req.header.batch_id, req.header.phase, 0)
-        return messages_pb2.DecryptReply(header=reply_header, shape=list(ints.shape), integer_width=width, integers=data)
+        reply_header = header(
+            self.cfg,
+            "coordinator",
+            req.header.step,
+            req.header.epoch,
+            req.header.batch_id,
+            req.header.phase,
+            0,
+        )
+        return messages_pb2.DecryptReply(
+            header=reply_header, shape=list(ints.shape), integer_width=width, integers=data
+        )
 
     def finish(self) -> dict[str, Any]:
         return {"decryptions": {"requests": self.requests, "values": self.values}}
@@ -200,14 +232,19 @@ class Decryption:
     def __call__(self, purpose: str, masked: CipherArray) -> np.ndarray:
         """The coordinator's decryption of masked ciphertexts (exact masked integers)."""
         host, cfg = self.host, self.host.cfg
-        req = messages_pb2.DecryptRequest(header=host.header(host.current), purpose=purpose,
-                                          cipher=cipher_to_proto(masked, workers=cfg.protocol.he.workers))
+        req = messages_pb2.DecryptRequest(
+            header=host.header(host.current),
+            purpose=purpose,
+            cipher=cipher_to_proto(masked, workers=cfg.protocol.he.workers),
+        )
         check_message_size(req, cfg.transport, f"{host.name}'s {purpose} decryption request")
         host.meter.record("Decrypt", req)
         try:
             reply = self.stub.Decrypt(req, timeout=cfg.transport.rpc_timeout_s)
         except grpc.RpcError as exc:
-            raise RpcFailure(grpc.StatusCode.ABORTED, f"coordinator refused decryption: {describe_rpc_error(exc)}") from exc
+            raise RpcFailure(
+                grpc.StatusCode.ABORTED, f"coordinator refused decryption: {describe_rpc_error(exc)}"
+            ) from exc
         return ints_from_bytes(reply.integers, reply.integer_width, tuple(reply.shape))
 
 
@@ -217,15 +254,21 @@ class SplitHEPassive(SplitPassive):
     def make_compute(self) -> PassiveHE:
         he = self.cfg.protocol.he
         self.decryption = Decryption(self.host, self.host.join_reply)
-        return PassiveHE(self.host.local, self.decryption.public_key, he.frac_bits, self.decryption, he.workers)
+        return PassiveHE(
+            self.host.local, self.decryption.public_key, he.frac_bits, self.decryption, he.workers
+        )
 
     def encode(self, msg: messages_pb2.Embeddings, emb: Any) -> None:
         msg.cipher.CopyFrom(cipher_to_proto(emb, workers=self.cfg.protocol.he.workers))
 
     def decode_gradient(self, reply: messages_pb2.EmbeddingGradients, shape: tuple[int, ...]) -> Any:
         if reply.WhichOneof("payload") != "cipher":
-            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "split-he expects encrypted gradients from the active party")
-        return cipher_from_proto_checked(reply.cipher, self.decryption.public_key, shape, "gradients from the active party")
+            raise RpcFailure(
+                grpc.StatusCode.INVALID_ARGUMENT, "split-he expects encrypted gradients from the active party"
+            )
+        return cipher_from_proto_checked(
+            reply.cipher, self.decryption.public_key, shape, "gradients from the active party"
+        )
 
 
 class SplitHEActive(SplitActive):
@@ -234,14 +277,23 @@ class SplitHEActive(SplitActive):
     def make_compute(self) -> ActiveHE:
         he = self.cfg.protocol.he
         self.decryption = Decryption(self.host, self.host.join_reply)
-        return ActiveHE(self.host.local, self.decryption.public_key, he.frac_bits, self.decryption, he.workers, self.defense)
+        return ActiveHE(
+            self.host.local,
+            self.decryption.public_key,
+            he.frac_bits,
+            self.decryption,
+            he.workers,
+            self.defense,
+        )
 
     def decode(self, msg: messages_pb2.Embeddings, expect: tuple[int, int], what: str) -> Any:
         if msg.WhichOneof("payload") != "cipher":
             raise invalid(f"split-he expects encrypted embeddings, got {msg.WhichOneof('payload')}")
         return cipher_from_proto_checked(msg.cipher, self.decryption.public_key, expect, what)
 
-    def run(self, x_own: np.ndarray | None, received: list[Any], y: np.ndarray | None, train: bool) -> StepResult:
+    def run(
+        self, x_own: np.ndarray | None, received: list[Any], y: np.ndarray | None, train: bool
+    ) -> StepResult:
         grad, result = self.compute.step(x_own, received, y, train)
         if grad is not None:  # every passive party receives the same [[dL/dH]]
             result.grads = [cipher_to_proto(grad, workers=self.cfg.protocol.he.workers)] * len(received)
@@ -263,7 +315,14 @@ class SplitHE(Protocol):
     def check_config(cls, cfg: Config) -> list[tuple[str, str]]:
         problems = []
         if cfg.protocol.aggregation != "sum" or cfg.model.top.kind != "none":
-            problems.append(("protocol.kind", "split-he follows paper 004: aggregation 'sum' with model.top.kind 'none'"))
+            problems.append(
+                ("protocol.kind", "split-he follows paper 004: aggregation 'sum' with model.top.kind 'none'")
+            )
         if cfg.protocol.he.key_bits < 1024 and not cfg.protocol.he.allow_insecure_keys:
-            problems.append(("protocol.he.key_bits", "keys under 1024 bits are insecure; set allow_insecure_keys: true (tests only)"))
+            problems.append(
+                (
+                    "protocol.he.key_bits",
+                    "keys under 1024 bits are insecure; set allow_insecure_keys: true (tests only)",
+                )
+            )
         return problems

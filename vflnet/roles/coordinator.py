@@ -51,12 +51,20 @@ class Admission:
         if req.name not in roster:
             raise permission_denied(f"party {req.name!r} is not in the roster ({', '.join(roster)})")
         if req.role != roster[req.name]:
-            raise permission_denied(f"party {req.name!r} joined as {req.role!r}; the roster says {roster[req.name]!r}")
+            raise permission_denied(
+                f"party {req.name!r} joined as {req.role!r}; the roster says {roster[req.name]!r}"
+            )
         with self.lock:
             if req.name in self.joined:
                 raise RpcFailure(grpc.StatusCode.ALREADY_EXISTS, f"party {req.name!r} has already joined")
             self.joined[req.name] = req
-            log.info("admitted %s (%s) at %s with %d sample ids", req.name, req.role, req.address, len(req.sample_ids))
+            log.info(
+                "admitted %s (%s) at %s with %d sample ids",
+                req.name,
+                req.role,
+                req.address,
+                len(req.sample_ids),
+            )
             if len(self.joined) == len(roster):
                 self.reply = self._plan()
                 self.complete.set()
@@ -64,10 +72,15 @@ class Admission:
     def _plan(self) -> messages_pb2.JoinReply:
         common = intersect([np.asarray(r.sample_ids, dtype=np.int64) for r in self.joined.values()])
         if len(common) < 2:
-            raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, f"only {len(common)} sample ids are common to all parties")
+            raise RpcFailure(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"only {len(common)} sample ids are common to all parties",
+            )
         train, test = split_train_test(common, self.cfg.data.test_fraction, self.cfg.run.seed)
         log.info("aligned %d common samples: %d train, %d test", len(common), len(train), len(test))
-        roster = [messages_pb2.PartyInfo(name=r.name, role=r.role, address=r.address) for r in self.joined.values()]
+        roster = [
+            messages_pb2.PartyInfo(name=r.name, role=r.role, address=r.address) for r in self.joined.values()
+        ]
         reply = messages_pb2.JoinReply(run_id=self.cfg.run.id, roster=roster, train_ids=train, test_ids=test)
         self.side.join_reply(reply)
         return reply
@@ -87,14 +100,18 @@ class MetricsLog:
         self._fh.close()
 
 
-
-
 class Schedule:
     """Drives the parties through the run: epochs of training steps, evaluation passes, prediction
     passes and model releases, each step a RunStep to every party at once."""
 
-    def __init__(self, cfg: Config, stubs: dict[str, services_pb2_grpc.PartyStub], metrics: MetricsLog,
-                 reply: messages_pb2.JoinReply, side: CoordinatorSide) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        stubs: dict[str, services_pb2_grpc.PartyStub],
+        metrics: MetricsLog,
+        reply: messages_pb2.JoinReply,
+        side: CoordinatorSide,
+    ) -> None:
         self.cfg, self.stubs, self.metrics, self.side = cfg, stubs, metrics, side
         self.train_ids = np.asarray(reply.train_ids, dtype=np.int64)
         self.test_ids = np.asarray(reply.test_ids, dtype=np.int64)
@@ -109,8 +126,13 @@ class Schedule:
         total = per_epoch * t.epochs
         if t.max_steps:
             total = min(total, t.max_steps)
-        return {"n_train": len(self.train_ids), "n_test": len(self.test_ids), "steps_per_epoch": per_epoch,
-                "total_steps": total, "n_predict": len(self.predict_ids())}
+        return {
+            "n_train": len(self.train_ids),
+            "n_test": len(self.test_ids),
+            "steps_per_epoch": per_epoch,
+            "total_steps": total,
+            "n_predict": len(self.predict_ids()),
+        }
 
     def _header(self, phase: int, epoch: int, batch_id: int) -> messages_pb2.Header:
         return header(self.cfg, "coordinator", self.step, epoch, batch_id, phase, self.side.model_version)
@@ -131,10 +153,17 @@ class Schedule:
                 raise RunFailed(f"party {name!r} failed at {what}: {describe_rpc_error(call.exception())}")
         return {name: call.result() for name, call in calls.items()}
 
-    def _run_step(self, phase: int, epoch: int, batch_id: int, ids: np.ndarray, checkpoint: bool) -> dict[str, messages_pb2.StepReport]:
+    def _run_step(
+        self, phase: int, epoch: int, batch_id: int, ids: np.ndarray, checkpoint: bool
+    ) -> dict[str, messages_pb2.StepReport]:
         self.step += 1
-        cmd = messages_pb2.StepCommand(header=self._header(phase, epoch, batch_id), sample_ids=ids, checkpoint_after=checkpoint)
-        calls = {name: stub.RunStep.future(self.side.command(name, cmd), timeout=self.timeout) for name, stub in self.stubs.items()}
+        cmd = messages_pb2.StepCommand(
+            header=self._header(phase, epoch, batch_id), sample_ids=ids, checkpoint_after=checkpoint
+        )
+        calls = {
+            name: stub.RunStep.future(self.side.command(name, cmd), timeout=self.timeout)
+            for name, stub in self.stubs.items()
+        }
         reports = self._all(calls, f"step {self.step} (epoch {epoch})")
         try:
             self.side.after_step(phase, reports)
@@ -154,7 +183,9 @@ class Schedule:
             batches = epoch_batches(self.train_ids, t.batch_size, epoch, self.cfg.run.seed, t.drop_last)
             for b, ids in enumerate(batches):
                 last_of_run = t.max_steps and trained + 1 >= t.max_steps
-                ckpt = (b == len(batches) - 1 or bool(last_of_run)) and ((epoch + 1) % t.checkpoint_every == 0)
+                ckpt = (b == len(batches) - 1 or bool(last_of_run)) and (
+                    (epoch + 1) % t.checkpoint_every == 0
+                )
                 step_start = time.perf_counter()
                 reports = self._run_step(messages_pb2.TRAIN, epoch, b, ids, ckpt)
                 step_time = time.perf_counter() - step_start
@@ -169,20 +200,39 @@ class Schedule:
                     totals_bytes[k] = totals_bytes.get(k, 0) + v
                 for k, v in payload.items():
                     totals_payload[k] = totals_payload.get(k, 0) + v
-                self.metrics.write({
-                    "kind": "step", "step": self.step, "epoch": epoch, "batch": b, "batch_size": len(ids),
-                    "loss": act["loss_sum"] / act["count"], "accuracy": act["correct"] / act["count"],
-                    "step_time_s": step_time, "bytes_sent": sent, "payload_bytes": payload,
-                })
+                self.metrics.write(
+                    {
+                        "kind": "step",
+                        "step": self.step,
+                        "epoch": epoch,
+                        "batch": b,
+                        "batch_size": len(ids),
+                        "loss": act["loss_sum"] / act["count"],
+                        "accuracy": act["correct"] / act["count"],
+                        "step_time_s": step_time,
+                        "bytes_sent": sent,
+                        "payload_bytes": payload,
+                    }
+                )
                 if last_of_run:
                     break
-            record = {"kind": "epoch", "epoch": epoch, "train_loss": loss_sum / max(count, 1),
-                      "train_accuracy": correct / max(count, 1), "time_s": time.perf_counter() - start, "steps": trained}
+            record = {
+                "kind": "epoch",
+                "epoch": epoch,
+                "train_loss": loss_sum / max(count, 1),
+                "train_accuracy": correct / max(count, 1),
+                "time_s": time.perf_counter() - start,
+                "steps": trained,
+            }
             last_epoch = epoch == t.epochs - 1 or bool(t.max_steps and trained >= t.max_steps)
             if (epoch + 1) % t.eval_every == 0 or last_epoch:
                 record.update(self.evaluate(epoch))
             self.metrics.write(record)
-            log.info("epoch %d: %s", epoch, ", ".join(f"{k}={v:.4f}" for k, v in record.items() if isinstance(v, float)))
+            log.info(
+                "epoch %d: %s",
+                epoch,
+                ", ".join(f"{k}={v:.4f}" for k, v in record.items() if isinstance(v, float)),
+            )
             final = record
             if self.cfg.predict.when == "every_epoch" or last_epoch:
                 self.predict(epoch)
@@ -197,7 +247,11 @@ class Schedule:
         loss_sum = correct = count = 0.0
         for b, ids in enumerate(eval_batches(self.test_ids, self.cfg.train.eval_batch_size)):
             act = self._run_step(messages_pb2.EVAL, epoch, b, ids, False)[self.cfg.active.name].metrics
-            loss_sum, correct, count = loss_sum + act["loss_sum"], correct + act["correct"], count + act["count"]
+            loss_sum, correct, count = (
+                loss_sum + act["loss_sum"],
+                correct + act["correct"],
+                count + act["count"],
+            )
         return {"test_loss": loss_sum / max(count, 1), "test_accuracy": correct / max(count, 1)}
 
     # ------------------------------------------------------------------ prediction phase
@@ -215,9 +269,20 @@ class Schedule:
             return
         start, served = time.perf_counter(), 0
         for b, batch in enumerate(eval_batches(ids, self.cfg.predict.batch_size)):
-            served += int(self._run_step(messages_pb2.PREDICT, epoch, b, batch, False)[self.cfg.active.name].metrics["count"])
-        self.metrics.write({"kind": "predict", "epoch": epoch, "set": self.cfg.predict.set, "count": served,
-                            "time_s": time.perf_counter() - start})
+            served += int(
+                self._run_step(messages_pb2.PREDICT, epoch, b, batch, False)[self.cfg.active.name].metrics[
+                    "count"
+                ]
+            )
+        self.metrics.write(
+            {
+                "kind": "predict",
+                "epoch": epoch,
+                "set": self.cfg.predict.set,
+                "count": served,
+                "time_s": time.perf_counter() - start,
+            }
+        )
 
     # ------------------------------------------------------------------------ model release
     def release(self, when: str) -> None:
@@ -226,23 +291,42 @@ class Schedule:
             if r.when != when:
                 continue
             self.step += 1
-            cmd = messages_pb2.ReleaseCommand(header=self._header(messages_pb2.PHASE_UNSPECIFIED, 0, 0), recipient=r.recipient,
-                                              recipient_address=self.addresses.get(r.recipient, self.coordinator_address),
-                                              modules=r.modules)
-            ack = self._all({r.owner: self.stubs[r.owner].ReleaseModel.future(cmd, timeout=self.timeout)}, f"model release to {r.recipient}")[r.owner]
+            cmd = messages_pb2.ReleaseCommand(
+                header=self._header(messages_pb2.PHASE_UNSPECIFIED, 0, 0),
+                recipient=r.recipient,
+                recipient_address=self.addresses.get(r.recipient, self.coordinator_address),
+                modules=r.modules,
+            )
+            ack = self._all(
+                {r.owner: self.stubs[r.owner].ReleaseModel.future(cmd, timeout=self.timeout)},
+                f"model release to {r.recipient}",
+            )[r.owner]
             for m, v in ack.bytes_sent.items():
                 self.released_bytes[f"{r.owner}/{m}"] = self.released_bytes.get(f"{r.owner}/{m}", 0) + v
-            self.metrics.write({"kind": "release", "owner": r.owner, "recipient": r.recipient, "modules": list(r.modules),
-                                "when": when, "bytes_sent": dict(ack.bytes_sent)})
+            self.metrics.write(
+                {
+                    "kind": "release",
+                    "owner": r.owner,
+                    "recipient": r.recipient,
+                    "modules": list(r.modules),
+                    "when": when,
+                    "bytes_sent": dict(ack.bytes_sent),
+                }
+            )
 
     coordinator_address = ""
 
 
-def shutdown_all(cfg: Config, stubs: dict[str, services_pb2_grpc.PartyStub], reason: str, save: bool) -> dict[str, str]:
+def shutdown_all(
+    cfg: Config, stubs: dict[str, services_pb2_grpc.PartyStub], reason: str, save: bool
+) -> dict[str, str]:
     paths = {}
     for name, stub in stubs.items():
         try:
-            reply = stub.Shutdown(messages_pb2.ShutdownRequest(run_id=cfg.run.id, save_checkpoint=save, reason=reason), timeout=30)
+            reply = stub.Shutdown(
+                messages_pb2.ShutdownRequest(run_id=cfg.run.id, save_checkpoint=save, reason=reason),
+                timeout=30,
+            )
             paths[name] = reply.checkpoint
         except grpc.RpcError as exc:
             log.warning("shutdown of %s failed: %s", name, describe_rpc_error(exc))
@@ -273,7 +357,9 @@ class CoordinatorHost:
 
     def receive_model(self, msg: messages_pb2.ModelRelease, context: Any) -> messages_pb2.ReleaseAck:
         accept_release(self.cfg, self.name, msg, context, self.interception.knowledge)
-        return messages_pb2.ReleaseAck(header=header(self.cfg, self.name, msg.header.step, 0, 0, msg.header.phase, 0))
+        return messages_pb2.ReleaseAck(
+            header=header(self.cfg, self.name, msg.header.step, 0, 0, msg.header.phase, 0)
+        )
 
     def add_services(self, server: Any) -> None:
         add_handlers(server, {JOIN: self.join, RECEIVE_MODEL: self.receive_model})
@@ -288,7 +374,12 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge) -> int:
     address = bridge.bind(server, name, listen)
     server.start()
     write_atomic(run_dir / "coordinator.addr", address)
-    log.info("coordinator of run %s serving on %s; waiting for %d parties", cfg.run.id, address, len(cfg.parties) - 1)
+    log.info(
+        "coordinator of run %s serving on %s; waiting for %d parties",
+        cfg.run.id,
+        address,
+        len(cfg.parties) - 1,
+    )
 
     metrics = MetricsLog(run_dir / "metrics.jsonl")
     summary: dict[str, Any] = {"run_id": cfg.run.id, "status": "failed", "started": time.time()}
@@ -297,10 +388,14 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge) -> int:
     try:
         if not admission.complete.wait(cfg.transport.join_timeout_s):
             missing = sorted({p.name for p in cfg.parties if p.role != "coordinator"} - set(admission.joined))
-            raise RunFailed(f"parties never joined within {cfg.transport.join_timeout_s:.0f} s: {', '.join(missing)}")
+            raise RunFailed(
+                f"parties never joined within {cfg.transport.join_timeout_s:.0f} s: {', '.join(missing)}"
+            )
         assert admission.reply is not None
         for info in admission.reply.roster:
-            stubs[info.name] = services_pb2_grpc.PartyStub(bridge.open_channel(info.address, name, host.interception.chain))
+            stubs[info.name] = services_pb2_grpc.PartyStub(
+                bridge.open_channel(info.address, name, host.interception.chain)
+            )
         deliver_server_knowledge(cfg, host.interception.knowledge, admission.reply, admission.joined)
         host.side.start(admission.joined)
         schedule = Schedule(cfg, stubs, metrics, admission.reply, host.side)

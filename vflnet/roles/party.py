@@ -64,7 +64,9 @@ class PartyHost:
         self.side: PartySide = PROTOCOLS.get(cfg.protocol.kind).side(self.role)(self)
         input_shape = tuple(self.data.x.shape[1:]) if self.data.x is not None else None
         bottom, top = build_party_modules(cfg, self.me, input_shape, self.data.n_classes)
-        self.local = self.side.make_local({k: m for k, m in (("bottom", bottom), ("top", top)) if m is not None})
+        self.local = self.side.make_local(
+            {k: m for k, m in (("bottom", bottom), ("top", top)) if m is not None}
+        )
 
     # ------------------------------------------------------------------------------- setup
     def channel(self, address: str) -> grpc.Channel:
@@ -84,8 +86,13 @@ class PartyHost:
     def join(self, coordinator: str, advertise: str) -> messages_pb2.JoinReply:
         self.coordinator_channel = self.channel(coordinator)
         stub = services_pb2_grpc.CoordinatorStub(self.coordinator_channel)
-        req = messages_pb2.JoinRequest(run_id=self.cfg.run.id, name=self.name, role=self.role, address=advertise,
-                                       sample_ids=self.data.ids)
+        req = messages_pb2.JoinRequest(
+            run_id=self.cfg.run.id,
+            name=self.name,
+            role=self.role,
+            address=advertise,
+            sample_ids=self.data.ids,
+        )
         self.side.join_request(req)
         deadline = time.monotonic() + self.cfg.transport.join_timeout_s
         while True:  # the coordinator may still be starting: retry until the join deadline
@@ -94,8 +101,22 @@ class PartyHost:
                 break
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.name}: join refused by coordinator at {coordinator}: {describe_rpc_error(exc)}") from exc
+                    raise RuntimeError(
+                        f"{self.name}: join refused by coordinator at {coordinator}: {describe_rpc_error(exc)}"
+                    ) from exc
                 time.sleep(0.5)
+        self.prepare(reply)
+        log.info(
+            "%s joined run %s: %d train / %d test samples",
+            self.name,
+            reply.run_id,
+            len(reply.train_ids),
+            len(reply.test_ids),
+        )
+        return reply
+
+    def prepare(self, reply: messages_pb2.JoinReply) -> None:
+        """Admission is done: normalise the features over the training rows, let the side open its channels."""
         self.join_reply = reply
         if self.data.x is not None:
             # an attack controlling this party's raw data (backdoor trigger) rewrites it before normalising
@@ -105,16 +126,17 @@ class PartyHost:
         self.side.joined(reply)
         self.liveness.touch()
         self.ready.set()
-        log.info("%s joined run %s: %d train / %d test samples", self.name, reply.run_id, len(reply.train_ids), len(reply.test_ids))
-        return reply
 
     def add_services(self, server: Any) -> None:
-        add_handlers(server, {
-            RUN_STEP: lambda req, ctx: self.run_step(req),
-            SHUTDOWN: lambda req, ctx: self.shutdown(req),
-            RELEASE_MODEL: lambda req, ctx: self.release_model(req, ctx),
-            RECEIVE_MODEL: lambda req, ctx: self.receive_model(req, ctx),
-        })
+        add_handlers(
+            server,
+            {
+                RUN_STEP: lambda req, ctx: self.run_step(req),
+                SHUTDOWN: lambda req, ctx: self.shutdown(req),
+                RELEASE_MODEL: lambda req, ctx: self.release_model(req, ctx),
+                RECEIVE_MODEL: lambda req, ctx: self.receive_model(req, ctx),
+            },
+        )
         self.side.add_services(server)
 
     # ---------------------------------------------------------------------------- per step
@@ -122,7 +144,10 @@ class PartyHost:
         """Checks shared by every protocol at the start of a step; returns this party's rows."""
         self._from_coordinator(cmd.header)
         if cmd.header.step <= self.last_step:
-            raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, f"step {cmd.header.step} is stale: step {self.last_step} is done")
+            raise RpcFailure(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"step {cmd.header.step} is stale: step {self.last_step} is done",
+            )
         if len(cmd.sample_ids) == 0:
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "a step needs at least one sample id")
         self.current = cmd.header
@@ -160,17 +185,27 @@ class PartyHost:
         with self.step_lock:
             missing = [m for m in cmd.modules if m not in self.local.modules]
             if missing:
-                raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"{self.name} has no module(s) {missing} to release")
+                raise RpcFailure(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"{self.name} has no module(s) {missing} to release"
+                )
             params, spec = self.side.release(list(cmd.modules))
-            msg = messages_pb2.ModelRelease(header=self.header(cmd.header), modules=cmd.modules, parameters=params,
-                                            spec=json.dumps(spec))
+            msg = messages_pb2.ModelRelease(
+                header=self.header(cmd.header), modules=cmd.modules, parameters=params, spec=json.dumps(spec)
+            )
             self.meter.record("ReceiveModel", msg)
-            service = services_pb2_grpc.CoordinatorStub if cmd.recipient == self.cfg.coordinator.name else services_pb2_grpc.PartyStub
+            service = (
+                services_pb2_grpc.CoordinatorStub
+                if cmd.recipient == self.cfg.coordinator.name
+                else services_pb2_grpc.PartyStub
+            )
             stub = service(self.channel(cmd.recipient_address))
             try:
                 stub.ReceiveModel(msg, timeout=self.cfg.transport.rpc_timeout_s)
             except grpc.RpcError as exc:
-                raise RpcFailure(grpc.StatusCode.ABORTED, f"{cmd.recipient} refused the model release: {describe_rpc_error(exc)}") from exc
+                raise RpcFailure(
+                    grpc.StatusCode.ABORTED,
+                    f"{cmd.recipient} refused the model release: {describe_rpc_error(exc)}",
+                ) from exc
             log.info("%s released %s to %s", self.name, list(cmd.modules), cmd.recipient)
             sent, _ = self.meter.take()
             return messages_pb2.ReleaseAck(header=self.header(cmd.header), bytes_sent=sent)
@@ -201,7 +236,9 @@ class PartyHost:
         return messages_pb2.ShutdownReply(checkpoint=path)
 
 
-def accept_release(cfg: Config, name: str, msg: messages_pb2.ModelRelease, context: Any, knowledge: dict[str, Any]) -> None:
+def accept_release(
+    cfg: Config, name: str, msg: messages_pb2.ModelRelease, context: Any, knowledge: dict[str, Any]
+) -> None:
     """A recipient's side of a model release: only a release the run config grants is accepted, and it
     reaches the recipient's attacks as the ``released_model`` knowledge {owner: {module.param: array,
     "spec": {...}}}."""
@@ -210,8 +247,10 @@ def accept_release(cfg: Config, name: str, msg: messages_pb2.ModelRelease, conte
     check_sender(cfg, h.sender, {"active", "passive"}, context)
     granted = {m for r in cfg.model_release if r.owner == h.sender and r.recipient == name for m in r.modules}
     if not granted or not set(msg.modules) <= granted:
-        raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED,
-                         f"{name} is granted {sorted(granted) or 'no'} modules of {h.sender}'s model, got {list(msg.modules)}")
+        raise RpcFailure(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"{name} is granted {sorted(granted) or 'no'} modules of {h.sender}'s model, got {list(msg.modules)}",
+        )
     try:
         params = from_tensor_map(msg.parameters, f"{h.sender}'s released parameter")
         spec = json.loads(msg.spec) if msg.spec else {}

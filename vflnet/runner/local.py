@@ -64,12 +64,13 @@ class LocalCluster:
         coord = self.cfg.coordinator
         child = self._spawn(coord.name, "coordinator", ["--listen", "127.0.0.1:0"])
         addr_file = self.run_dir / "coordinator.addr"
-        deadline = time.monotonic() + 60
+        limit = self.cfg.transport.join_timeout_s  # a loaded machine may take long to start a Python process
+        deadline = time.monotonic() + limit
         while not addr_file.exists():
             if child.proc.poll() is not None:
                 raise ClusterFailure(self._describe_exit(child))
             if time.monotonic() > deadline:
-                raise ClusterFailure("the coordinator did not start within 60 s; see " + str(child.log_path))
+                raise ClusterFailure(f"the coordinator did not start within transport.join_timeout_s ({limit:.0f} s); see {child.log_path}")
             time.sleep(0.05)
         address = addr_file.read_text().strip()
         for party in self.cfg.parties:

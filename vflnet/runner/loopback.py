@@ -30,7 +30,9 @@ class LoopbackFailure(RuntimeError):
 def run_loopback(cfg: Config, run_dir: Path, on_tick: Callable[[], None] | None = None) -> None:
     """Run to completion; raises LoopbackFailure naming each role that did not end cleanly."""
     if any(p.via for p in cfg.parties):
-        raise LoopbackFailure("`via` (a proxy in front of a party) needs real processes: use transport.bridge: grpc")
+        raise LoopbackFailure(
+            "`via` (a proxy in front of a party) needs real processes: use transport.bridge: grpc"
+        )
     threads_before = torch.get_num_threads()
     setup_torch(cfg)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -75,5 +77,7 @@ def run_loopback(cfg: Config, run_dir: Path, on_tick: Callable[[], None] | None 
     failed = {n: c for n, c in codes.items() if c != 0}
     failed.update({t.name: "did not stop" for t in parties if t.is_alive()})
     if failed:
-        details = "; ".join(f"{n}: {c if not isinstance(c, int) else f'exit code {c}'}" for n, c in failed.items())
+        details = "; ".join(
+            f"{n}: {c if not isinstance(c, int) else f'exit code {c}'}" for n, c in failed.items()
+        )
         raise LoopbackFailure(f"{details} (log: {run_dir / 'logs' / 'loopback.log'})")

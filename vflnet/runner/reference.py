@@ -29,13 +29,16 @@ class ReferenceResult:
     steps: int
     train_seconds: float
     history: list[dict[str, Any]] = field(default_factory=list)
+    predictions: dict[str, np.ndarray] = field(default_factory=dict)  # sample_ids, confidence (softmax)
 
     @property
     def steps_per_second(self) -> float:
         return self.steps / self.train_seconds if self.train_seconds else float("nan")
 
 
-def train_reference(cfg: Config, *, evaluate: bool = True) -> ReferenceResult:
+def train_reference(cfg: Config, *, evaluate: bool = True, predict_ids: np.ndarray | None = None) -> ReferenceResult:
+    """Train as the distributed run does; with ``predict_ids``, also the trained model's confidence
+    vectors on those samples (what the prediction phase must deliver to the active party)."""
     torch.set_num_threads(cfg.runtime.torch_threads)
     dataset = load_dataset(cfg.data.dataset, cfg.data.params)
     holders = [p for p in cfg.parties if p.role != "coordinator"]
@@ -88,9 +91,17 @@ def train_reference(cfg: Config, *, evaluate: bool = True) -> ReferenceResult:
             history.append({"epoch": epoch, **_evaluate(logits_for, labels, active.rows, test_ids, t.eval_batch_size)})
         if t.max_steps and steps >= t.max_steps:
             break
+    predictions = {}
+    if predict_ids is not None:
+        for own in modules.values():
+            for m in own.values():
+                m.eval()
+        with torch.no_grad():
+            logits = torch.cat([logits_for(chunk) for chunk in eval_batches(predict_ids, cfg.predict.batch_size)])
+        predictions = {"sample_ids": predict_ids, "confidence": torch.softmax(logits.double(), dim=1).numpy()}
     states = {name: {k: {n: v.detach().clone() for n, v in m.state_dict().items()} for k, m in own.items()}
               for name, own in modules.items()}
-    return ReferenceResult(states, steps, seconds, history)
+    return ReferenceResult(states, steps, seconds, history, predictions)
 
 
 def _evaluate(logits_for: Any, labels: torch.Tensor, rows: Any, ids: np.ndarray, batch: int) -> dict[str, float]:

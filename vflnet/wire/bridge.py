@@ -56,10 +56,22 @@ def add_handlers(server: Server, handlers: dict[str, Handler]) -> None:
         request_cls, response_cls = METHODS[method]
         service, name = method.lstrip("/").rsplit("/", 1)
         by_service.setdefault(service, {})[name] = grpc.unary_unary_rpc_method_handler(
-            handle_errors(fn, name), request_deserializer=request_cls.FromString, response_serializer=response_cls.SerializeToString
+            handle_errors(fn, name),
+            request_deserializer=request_cls.FromString,
+            response_serializer=response_cls.SerializeToString,
         )
     for service, methods in by_service.items():
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, methods),))
+
+
+def unary(channel: grpc.Channel, method: str) -> grpc.UnaryUnaryMultiCallable:
+    """A client callable for a unary method by full name, its message classes from the method table."""
+    request_cls, response_cls = METHODS[method]
+    return channel.unary_unary(
+        method,
+        request_serializer=request_cls.SerializeToString,
+        response_deserializer=response_cls.FromString,
+    )
 
 
 class GrpcBridge:

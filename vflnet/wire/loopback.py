@@ -89,8 +89,13 @@ class LoopbackContext:
 class LoopbackServer:
     """A server on a ``LoopbackHub``: handlers by full method name, interceptors in list order."""
 
-    def __init__(self, hub: LoopbackHub, name: str, interceptors: Sequence[grpc.ServerInterceptor] = (),
-                 max_workers: int = 32) -> None:
+    def __init__(
+        self,
+        hub: LoopbackHub,
+        name: str,
+        interceptors: Sequence[grpc.ServerInterceptor] = (),
+        max_workers: int = 32,
+    ) -> None:
         self.hub, self.name = hub, name
         self.interceptors = list(interceptors)
         self._generic: list[grpc.GenericRpcHandler] = []
@@ -103,7 +108,9 @@ class LoopbackServer:
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
         self._generic.extend(handlers)
 
-    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
         for method, handler in handlers.items():
             self._registered[f"/{service}/{method}"] = handler
 
@@ -198,7 +205,9 @@ class LoopbackHub:
                 self._cond.wait(left)
             return self._servers.get(address)
 
-    def server(self, name: str, interceptors: Sequence[grpc.ServerInterceptor] = (), max_workers: int = 32) -> LoopbackServer:
+    def server(
+        self, name: str, interceptors: Sequence[grpc.ServerInterceptor] = (), max_workers: int = 32
+    ) -> LoopbackServer:
         return LoopbackServer(self, name, interceptors, max_workers)
 
     def channel(self, address: str, caller: str) -> LoopbackChannel:
@@ -207,9 +216,13 @@ class LoopbackHub:
     # ---------------------------------------------------------------------- deadlines
     def expire_at(self, deadline: float, call: LoopbackCall) -> None:
         with self._cond:
-            heapq.heappush(self._deadlines, (deadline, next(self._seq), weakref.ref(call)))  # a settled call is not kept alive
+            heapq.heappush(
+                self._deadlines, (deadline, next(self._seq), weakref.ref(call))
+            )  # a settled call is not kept alive
             if self._timer is None:
-                self._timer = threading.Thread(target=self._expire_loop, name="loopback-deadlines", daemon=True)
+                self._timer = threading.Thread(
+                    target=self._expire_loop, name="loopback-deadlines", daemon=True
+                )
                 self._timer.start()
             self._cond.notify_all()
 
@@ -261,7 +274,9 @@ class LoopbackCall(grpc.Call, grpc.Future):
             try:
                 self._settle(self._deserialize(data) if self._deserialize else data)
             except Exception as err:  # a reply that does not parse, as grpc reports it
-                self._settle(error=FailedCall(grpc.StatusCode.INTERNAL, f"cannot deserialize the response: {err}"))
+                self._settle(
+                    error=FailedCall(grpc.StatusCode.INTERNAL, f"cannot deserialize the response: {err}")
+                )
 
     def expire(self) -> None:
         self._settle(error=FailedCall(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
@@ -334,13 +349,25 @@ class LoopbackCall(grpc.Call, grpc.Future):
 
 
 class _UnaryUnary:
-    def __init__(self, channel: LoopbackChannel, method: str, serializer: Callable[[Any], bytes] | None,
-                 deserializer: Callable[[bytes], Any] | None) -> None:
+    def __init__(
+        self,
+        channel: LoopbackChannel,
+        method: str,
+        serializer: Callable[[Any], bytes] | None,
+        deserializer: Callable[[bytes], Any] | None,
+    ) -> None:
         self.channel, self.method = channel, method
         self.serializer, self.deserializer = serializer, deserializer
 
-    def future(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-               wait_for_ready: bool | None = None, compression: Any = None) -> LoopbackCall:
+    def future(
+        self,
+        request: Any,
+        timeout: float | None = None,
+        metadata: Any = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: Any = None,
+    ) -> LoopbackCall:
         hub = self.channel.hub
         deadline = None if timeout is None else time.monotonic() + timeout
         call = LoopbackCall(self.deserializer)
@@ -360,13 +387,27 @@ class _UnaryUnary:
         outcome.add_done_callback(call.finish)
         return call
 
-    def with_call(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                  wait_for_ready: bool | None = None, compression: Any = None) -> tuple[Any, LoopbackCall]:
+    def with_call(
+        self,
+        request: Any,
+        timeout: float | None = None,
+        metadata: Any = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: Any = None,
+    ) -> tuple[Any, LoopbackCall]:
         call = self.future(request, timeout, metadata, credentials, wait_for_ready, compression)
         return call.result(), call
 
-    def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                 wait_for_ready: bool | None = None, compression: Any = None) -> Any:
+    def __call__(
+        self,
+        request: Any,
+        timeout: float | None = None,
+        metadata: Any = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: Any = None,
+    ) -> Any:
         return self.with_call(request, timeout, metadata, credentials, wait_for_ready, compression)[0]
 
 
@@ -376,8 +417,13 @@ class LoopbackChannel(grpc.Channel):
     def __init__(self, hub: LoopbackHub, address: str, caller: str) -> None:
         self.hub, self.address, self.caller = hub, address, caller
 
-    def unary_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                    _registered_method: bool | None = False) -> _UnaryUnary:
+    def unary_unary(
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
+        _registered_method: bool | None = False,
+    ) -> _UnaryUnary:
         return _UnaryUnary(self, method, request_serializer, response_deserializer)
 
     def unary_stream(self, *args: Any, **kwargs: Any) -> Any:

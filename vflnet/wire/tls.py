@@ -52,6 +52,14 @@ ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
     "/vflnet.v1.Active/ExchangeEmbeddings": frozenset({"passive"}),
 }
 
+
+
+def register_permissions(permissions: Mapping[str, Iterable[str]]) -> None:
+    """Which roles may call a plug-in protocol's methods (full name -> roles), under mutual TLS."""
+    for method, roles in permissions.items():
+        ROLE_PERMISSIONS[method] = frozenset(roles)
+
+
 # Services any caller may reach: readiness probes must work without knowing the run's roles.
 OPEN_SERVICES = frozenset({"grpc.health.v1.Health"})
 

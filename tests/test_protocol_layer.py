@@ -1,0 +1,186 @@
+"""The protocol layer end to end: the same run over real processes (gRPC) and over the loopback bridge,
+a plug-in protocol loaded through `plugins:`, the prediction phase and model release."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import base_config, write_config
+from vflnet.config import ConfigError, from_dict, load
+from vflnet.interceptors.trace import read_trace
+from vflnet.runner.local import run_local
+from vflnet.runner.reference import train_reference
+from vflnet.v1 import messages_pb2
+
+pytestmark = pytest.mark.e2e
+
+
+def _run(tmp_path: Path, data: dict, bridge: str) -> Path:
+    data = json.loads(json.dumps(data))
+    data["transport"]["bridge"] = bridge
+    run_dir = tmp_path / bridge
+    path = write_config(tmp_path, data, f"{bridge}.yaml")
+    assert run_local(path, run_dir=run_dir, progress=False) == 0, (run_dir / "logs").iterdir()
+    return run_dir
+
+
+def _states(run_dir: Path, parties: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+    out = {}
+    for party in parties:
+        modules = torch.load(run_dir / "checkpoints" / f"{party}.pt")["modules"]
+        out[party] = {f"{m}.{n}": v for m, state in modules.items() for n, v in state.items()}
+    return out
+
+
+def _assert_identical(a: Path, b: Path, parties: list[str]) -> None:
+    sa, sb = _states(a, parties), _states(b, parties)
+    for party in parties:
+        assert sa[party].keys() == sb[party].keys()
+        for name, value in sa[party].items():
+            assert torch.equal(value, sb[party][name]), f"{party} {name} differs"
+
+
+def _protocol_config(kind: str) -> dict:
+    if kind == "split-he":
+        data = base_config(n_passive=2, aggregation="sum")
+        data["protocol"] = {
+            "kind": "split-he",
+            "aggregation": "sum",
+            "he": {"key_bits": 512, "allow_insecure_keys": True},
+        }
+        data["train"].update(max_steps=3, batch_size=32)
+    else:
+        data = base_config(n_passive=2, active_features=kind == "param-server")
+        data["protocol"] = {"kind": kind, "aggregation": "concat"}
+        data["train"].update(max_steps=8)
+    data["run"]["id"] = f"bridge-{kind}"
+    data["trace"] = {"parties": ["all"]}
+    return data
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["split", "split-he", "param-server"])
+def test_loopback_and_grpc_runs_end_bit_identical(tmp_path, kind):
+    data = _protocol_config(kind)
+    grpc_run, loop_run = _run(tmp_path, data, "grpc"), _run(tmp_path, data, "loopback")
+    parties = ["active", "passive-1", "passive-2"]
+    if kind == "param-server":  # the coordinator holds the parameters
+        held = [torch.load(r / "checkpoints/param-server.pt") for r in (grpc_run, loop_run)]
+        assert all(torch.equal(v, held[1][p][n]) for p in held[0] for n, v in held[0][p].items())
+    else:
+        _assert_identical(grpc_run, loop_run, parties)
+    # the same messages crossed the same chains: every trace holds the same methods in the same numbers
+    for party in ["coordinator", *parties]:
+        counts = []
+        for run in (grpc_run, loop_run):
+            methods: dict[str, int] = {}
+            for event in read_trace(run / "traces" / f"{party}.trace"):
+                key = f"{event.side} {event.direction} {event.short_method}"
+                methods[key] = methods.get(key, 0) + 1
+            counts.append(methods)
+        assert counts[0] == counts[1] and counts[0], party
+    metrics = [json.loads(line) for line in (loop_run / "metrics.jsonl").read_text().splitlines()]
+    step = next(m for m in metrics if m["kind"] == "step")
+    assert step["bytes_sent"]["passive-1/ExchangeEmbeddings"] > 0  # the loopback meters too
+
+
+@pytest.mark.slow
+def test_plugin_protocol_runs_over_grpc_and_loopback_like_the_reference(tmp_path):
+    """tests/plugins/pull_protocol.py: its own messages and service, step order and settings, loaded
+    through `plugins:`; with gradient_scale 1 it computes split learning, so it must end where the
+    in-process reference ends."""
+    data = base_config(n_passive=2)
+    data["plugins"] = ["tests.plugins.pull_protocol"]
+    data["protocol"] = {"kind": "pull", "aggregation": "concat", "params": {"gradient_scale": 1.0}}
+    data["train"].update(max_steps=10)
+    data["trace"] = {"parties": ["passive-1"]}
+    data["run"]["id"] = "pull"
+    grpc_run, loop_run = _run(tmp_path, data, "grpc"), _run(tmp_path, data, "loopback")
+    _assert_identical(grpc_run, loop_run, ["active", "passive-1", "passive-2"])
+    summary = json.loads((grpc_run / "summary.json").read_text())
+    assert summary["pull"]["train_steps"] == 10
+    seen = {e.short_method for e in read_trace(grpc_run / "traces/passive-1.trace")}
+    assert {"Forward", "Backward"} <= seen and "ExchangeEmbeddings" not in seen
+    reference = train_reference(
+        from_dict(dict(data, protocol={"kind": "split", "aggregation": "concat"}, plugins=[])), evaluate=False
+    )
+    got = _states(grpc_run, list(reference.states))
+    worst = max(
+        (got[p][f"{m}.{n}"] - v).abs().max().item()
+        for p, mods in reference.states.items()
+        for m, state in mods.items()
+        for n, v in state.items()
+    )
+    assert worst <= 1e-5, worst
+
+
+def test_plugin_protocol_settings_are_checked(tmp_path):
+    data = base_config(n_passive=2)
+    data["plugins"] = ["tests.plugins.pull_protocol"]
+    data["protocol"] = {"kind": "pull", "params": {"gradient_scale": -1}}
+    with pytest.raises(ConfigError, match=r"protocol\.params.*gradient_scale"):
+        load(write_config(tmp_path, data))
+    data["protocol"] = {"kind": "no-such-protocol"}
+    with pytest.raises(ConfigError, match=r"protocol\.kind.*no-such-protocol.*pull"):
+        load(write_config(tmp_path, data))
+
+
+@pytest.mark.parametrize("bridge", ["grpc", "loopback"])
+def test_prediction_phase_delivers_the_reference_models_outputs_to_the_active_party(tmp_path, bridge):
+    data = base_config(n_passive=2)
+    data["train"].update(epochs=2)
+    data["predict"] = {"set": "test", "count": 50, "batch_size": 16}
+    data["trace"] = {"parties": ["passive-1", "active"]}
+    run = _run(tmp_path, data, bridge)
+    got = np.load(run / "predictions/predict-epoch-001.npz")
+    cfg = from_dict(data)
+    assert json.loads((run / "plan.json").read_text())["n_test"] > 50  # a prefix of the test set was served
+    reference = train_reference(cfg, evaluate=False, predict_ids=got["sample_ids"])
+    assert len(got["sample_ids"]) == 50
+    np.testing.assert_allclose(got["confidence"], reference.predictions["confidence"], rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(got["predicted"], reference.predictions["confidence"].argmax(1))
+    predict_events = [
+        e for e in read_trace(run / "traces/passive-1.trace") if e.phase == messages_pb2.PREDICT
+    ]
+    assert {e.short_method for e in predict_events} == {"RunStep", "ExchangeEmbeddings"}
+    sent = np.concatenate(
+        [
+            e.sample_ids
+            for e in predict_events
+            if e.short_method == "ExchangeEmbeddings" and e.direction == "request"
+        ]
+    )
+    np.testing.assert_array_equal(np.sort(sent), np.sort(got["sample_ids"]))
+    record = [
+        json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"predict"' in line
+    ]
+    assert record and record[-1]["count"] == 50
+
+
+def test_model_release_is_a_traced_message_and_the_only_way_to_a_model(tmp_path):
+    data = base_config(n_passive=2)
+    data["plugins"] = ["tests.plugins.model_thief"]
+    data["attacks"] = [{"name": "model-thief", "party": "passive-1"}]
+    data["trace"] = {"parties": ["passive-1", "active"]}
+    with pytest.raises(ConfigError, match=r"attacks\[0\].*released_model.*no model_release"):
+        load(write_config(tmp_path, data))
+    data["model_release"] = [{"owner": "active", "recipient": "passive-1", "modules": ["top"]}]
+    run = _run(tmp_path, data, "grpc")
+    stolen = np.load(run / "attacks/model-thief@passive-1.npz")
+    top = torch.load(run / "checkpoints/active.pt")["modules"]["top"]
+    for name, value in top.items():
+        np.testing.assert_array_equal(stolen[f"active__top.{name}"], value.numpy())
+    assert list(stolen["tapped_from"]) == ["active"]
+    sent = [
+        e
+        for e in read_trace(run / "traces/active.trace")
+        if e.short_method == "ReceiveModel" and e.direction == "request"
+    ]
+    assert len(sent) == 1 and set(sent[0].message.parameters.tensors) == {f"top.{n}" for n in top}
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["bytes_sent"]["active/ReceiveModel"] > sum(v.numel() * 4 for v in top.values())
