@@ -1,8 +1,10 @@
-"""`vflnet bench transport`: the distributed run next to the in-process reference, in one invocation.
+"""`vflnet bench transport`: the transports next to the in-process reference, in one invocation.
 
-For each case it trains the same model twice, as a local cluster of real processes over gRPC and in
-one process with no transport, and prints steps/s of each, their ratio, and bytes on the wire per
-step against the raw tensor bytes those messages carry.
+For each case it trains the same model three times: as a local cluster of real processes over gRPC,
+with every role in one process over the loopback bridge (the same protocol code and mod chains,
+messages still serialized), and in the reference trainer with no transport, no roles and no protocol.
+It prints steps/s of each, each transport's ratio to the reference and its overhead in milliseconds
+per step, and bytes on the wire per step against the raw tensor bytes those messages carry.
 """
 
 from __future__ import annotations
@@ -52,15 +54,18 @@ MNIST_CNN: dict[str, Any] = {
 # The same digits run with every party's wire recorded by a trace tap: the cost of a tap per step.
 DIGITS_MLP_TAPPED: dict[str, Any] = {**copy.deepcopy(DIGITS_MLP), "trace": {"parties": ["all"]}}
 
+BRIDGES = ("grpc", "loopback")
 CASES = {"digits-mlp-b256": DIGITS_MLP, "digits-mlp-b256+tap": DIGITS_MLP_TAPPED, "mnist-cnn-b128": MNIST_CNN}
 
 
-def _distributed(case: dict[str, Any], workdir: Path) -> dict[str, float]:
-    path = workdir / "config.yaml"
+def _distributed(case: dict[str, Any], workdir: Path, bridge: str) -> dict[str, float]:
+    case = copy.deepcopy(case)
+    case.setdefault("transport", {})["bridge"] = bridge
+    path = workdir / f"{bridge}.yaml"
     path.write_text(yaml.safe_dump(case))
-    run_dir = workdir / "run"
+    run_dir = workdir / bridge
     if run_local(path, run_dir=run_dir, progress=False) != 0:
-        raise RuntimeError(f"distributed run failed; see {run_dir}/logs")
+        raise RuntimeError(f"{bridge} run failed; see {run_dir}/logs")
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if s["kind"] == "step"]
     warm = steps[2:] if len(steps) > 4 else steps  # first steps include connection set-up
@@ -78,30 +83,42 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.case or list(CASES):
         case = copy.deepcopy(CASES[name])
-        best_d: dict[str, float] | None = None
+        best: dict[str, dict[str, float]] = {}
         best_r = 0.0
         for i in range(args.repeat):
-            with tempfile.TemporaryDirectory(prefix="vflnet-bench-") as tmp:
-                case["run"]["dir"] = tmp
-                d = _distributed(case, Path(tmp))
-            if best_d is None or d["steps_per_s"] > best_d["steps_per_s"]:
-                best_d = d
+            for bridge in BRIDGES:
+                with tempfile.TemporaryDirectory(prefix="vflnet-bench-") as tmp:
+                    case["run"]["dir"] = tmp
+                    d = _distributed(case, Path(tmp), bridge)
+                if bridge not in best or d["steps_per_s"] > best[bridge]["steps_per_s"]:
+                    best[bridge] = d
             ref = train_reference(from_dict(copy.deepcopy(case)), evaluate=False)
             best_r = max(best_r, ref.steps_per_second)
-            print(f"  {name} run {i + 1}: distributed {d['steps_per_s']:.1f} steps/s, reference {ref.steps_per_second:.1f} steps/s", flush=True)
-        assert best_d is not None
-        rows.append((name, best_d, best_r))
+            print(f"  {name} run {i + 1}: " + ", ".join(f"{b} {best[b]['steps_per_s']:.1f}" for b in BRIDGES)
+                  + f", reference {ref.steps_per_second:.1f} steps/s", flush=True)
+        rows.append((name, best, best_r))
     print()
-    header = f"{'case':18s} {'distributed':>12s} {'reference':>10s} {'ratio':>6s} {'wire B/step':>12s} {'tensor B/step':>14s} {'overhead':>9s}"
+    header = (f"{'case':20s} {'grpc':>8s} {'loopback':>9s} {'reference':>10s} {'grpc/ref':>9s} {'loop/ref':>9s} "
+              f"{'grpc +ms':>9s} {'loop +ms':>9s} {'wire B/step':>12s} {'tensor B/step':>14s} {'overhead':>9s}")
     print(header)
     print("-" * len(header))
-    for name, d, r in rows:
-        print(f"{name:18s} {d['steps_per_s']:12.1f} {r:10.1f} {d['steps_per_s'] / r:6.2f} {d['wire']:12.0f} {d['payload']:14.0f} "
-              f"{100 * (d['wire'] / d['payload'] - 1):8.2f}%")
-    by_name = {name: d for name, d, _ in rows}
+    for name, best, r in rows:
+        g, lo = best["grpc"], best["loopback"]
+        print(f"{name:20s} {g['steps_per_s']:8.1f} {lo['steps_per_s']:9.1f} {r:10.1f} {g['steps_per_s'] / r:9.2f} "
+              f"{lo['steps_per_s'] / r:9.2f} {_ms(g, r):9.2f} {_ms(lo, r):9.2f} {g['wire']:12.0f} {g['payload']:14.0f} "
+              f"{100 * (g['wire'] / g['payload'] - 1):8.2f}%")
+    by_name = {name: best for name, best, _ in rows}
     if "digits-mlp-b256" in by_name and "digits-mlp-b256+tap" in by_name:
-        plain, tapped = by_name["digits-mlp-b256"]["steps_per_s"], by_name["digits-mlp-b256+tap"]["steps_per_s"]
-        print(f"\ntrace tap on every party: {1000 / tapped - 1000 / plain:+.2f} ms per step ({100 * (plain / tapped - 1):+.1f}%)")
-    print("\nsteps/s: training steps per second (1 torch thread per process; distributed = coordinator-timed step wall time)")
+        for bridge in BRIDGES:
+            plain, tapped = by_name["digits-mlp-b256"][bridge]["steps_per_s"], by_name["digits-mlp-b256+tap"][bridge]["steps_per_s"]
+            print(f"\ntrace tap on every party ({bridge}): {1000 / tapped - 1000 / plain:+.2f} ms per step "
+                  f"({100 * (plain / tapped - 1):+.1f}%)", end="")
+        print()
+    print("\nsteps/s: training steps per second (1 torch thread per role; grpc and loopback = coordinator-timed step wall time)")
+    print("+ms: what the transport adds to each step over the reference, in milliseconds")
     print("wire: serialized protobuf bytes + 5-byte gRPC frame prefix of every party message in a step; tensor: raw tensor bytes inside")
     return 0
+
+
+def _ms(d: dict[str, float], reference_steps_per_s: float) -> float:
+    return 1000 / d["steps_per_s"] - 1000 / reference_steps_per_s

@@ -18,6 +18,7 @@ gRPC service descriptors with ``register_service`` so taps, traces and the role 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -110,6 +111,10 @@ class PartySide:
         }
         spec = {k: self.host.model_spec(k) for k in modules}
         return to_tensor_map(params), spec
+
+    def checkpoint(self, path: Path) -> None:
+        """Save what this party must keep to resume (by default its trainable state), atomically."""
+        self.host.local.save(path)
 
     def stop(self, reason: str) -> None:
         """The run is ending: release anything still waiting on a peer."""

@@ -8,6 +8,7 @@ party does within a step, and which services it offers beyond ``Party``, is its 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -81,7 +82,7 @@ class PartyHost:
         """A module's architecture as the run config gives it (for a model release)."""
         cfg = self.cfg.model.top if module == "top" else self.me.bottom
         shape = list(self.data.x.shape[1:]) if module == "bottom" and self.data.x is not None else None
-        return {"config": cfg.to_dict() if hasattr(cfg, "to_dict") else vars(cfg), "input_shape": shape}
+        return {"config": dataclasses.asdict(cfg) if cfg is not None else None, "input_shape": shape}
 
     def join(self, coordinator: str, advertise: str) -> messages_pb2.JoinReply:
         self.coordinator_channel = self.channel(coordinator)
@@ -220,7 +221,7 @@ class PartyHost:
 
     def save_checkpoint(self) -> str:
         path = self.checkpoint_path()
-        self.local.save(path)
+        self.side.checkpoint(path)
         return str(path)
 
     def shutdown(self, req: messages_pb2.ShutdownRequest) -> messages_pb2.ShutdownReply:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -67,8 +68,10 @@ def run_loopback(cfg: Config, run_dir: Path, on_tick: Callable[[], None] | None 
             coord.join(0.1)
             if on_tick is not None:
                 on_tick()
-        for t in parties:  # parties end on the coordinator's Shutdown, or when it goes silent
-            t.join(cfg.transport.rpc_timeout_s)
+        # Parties end on the coordinator's Shutdown; after a failed coordinator they may be waiting on it.
+        deadline = time.monotonic() + (cfg.transport.rpc_timeout_s if codes.get(coord.name) == 0 else 5.0)
+        for t in parties:
+            t.join(max(0.0, deadline - time.monotonic()))
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
