@@ -50,13 +50,15 @@ def _emb(sender="passive-1", step=1, ids=(1, 2, 3), values=None, run_id="bad-inp
     values = np.zeros((len(ids), dim), np.float32) if values is None else values
     return messages_pb2.Embeddings(
         header=messages_pb2.Header(run_id=run_id, step=step, sender=sender, phase=messages_pb2.TRAIN),
-        sample_ids=list(ids), values=tensors.to_proto(values),
+        sample_ids=list(ids),
+        values=tensors.to_proto(values),
     )
 
 
 def _command(step, ids, phase=messages_pb2.TRAIN):
     return messages_pb2.StepCommand(
-        header=messages_pb2.Header(run_id="bad-input", step=step, sender="coordinator", phase=phase), sample_ids=list(ids)
+        header=messages_pb2.Header(run_id="bad-input", step=step, sender="coordinator", phase=phase),
+        sample_ids=list(ids),
     )
 
 
@@ -73,7 +75,11 @@ def _status(fn, *args):
         (_emb(sender="coordinator"), grpc.StatusCode.PERMISSION_DENIED, "role 'coordinator'"),
         (_emb(run_id="other-run"), grpc.StatusCode.PERMISSION_DENIED, "run 'other-run'"),
         (_emb(dim=5), grpc.StatusCode.INVALID_ARGUMENT, "shape (3, 5) where (3, 16)"),
-        (_emb(values=np.zeros((3, 16), np.float64)), grpc.StatusCode.INVALID_ARGUMENT, "float32 was expected"),
+        (
+            _emb(values=np.zeros((3, 16), np.float64)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "float32 was expected",
+        ),
         (_emb(values=np.full((3, 16), np.nan, np.float32)), grpc.StatusCode.INVALID_ARGUMENT, "NaN or Inf"),
     ],
 )
@@ -120,7 +126,9 @@ def test_server_keeps_serving_after_bad_messages_and_rejects_stale_steps(active)
 def test_missing_peer_times_out_with_a_named_party(active):
     party, stub, party_stub, train = active
     ids = train[:4]
-    sender = threading.Thread(target=lambda: _status(stub.ExchangeEmbeddings, _emb(sender="passive-1", step=1, ids=ids)))
+    sender = threading.Thread(
+        target=lambda: _status(stub.ExchangeEmbeddings, _emb(sender="passive-1", step=1, ids=ids))
+    )
     sender.start()
     code, details = _status(party_stub.RunStep, _command(1, ids))
     sender.join(10)
@@ -148,7 +156,9 @@ def test_health_service_reports_serving(active):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     party, _, _, _ = active
-    reply = health_pb2_grpc.HealthStub(party.test_channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    reply = health_pb2_grpc.HealthStub(party.test_channel).Check(
+        health_pb2.HealthCheckRequest(service=""), timeout=5
+    )
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 

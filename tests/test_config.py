@@ -49,8 +49,16 @@ def test_wrong_literal_lists_the_choices(tmp_path):
         (lambda d: d["parties"].pop(0), "parties", "exactly one coordinator"),
         (lambda d: d["parties"][2].pop("features"), "parties[2].features", "needs features"),
         (lambda d: d["parties"][2]["bottom"].update(out=0), "parties[2].bottom.out", "embedding size"),
-        (lambda d: d["parties"][2]["features"].update(region=[0, 8, 0, 12]), "parties[2].features", "outside the 8x8"),
-        (lambda d: d["parties"][2]["features"].update(region=None, columns="0:99"), "parties[2].features", "columns must lie"),
+        (
+            lambda d: d["parties"][2]["features"].update(region=[0, 8, 0, 12]),
+            "parties[2].features",
+            "outside the 8x8",
+        ),
+        (
+            lambda d: d["parties"][2]["features"].update(region=None, columns="0:99"),
+            "parties[2].features",
+            "columns must lie",
+        ),
         (lambda d: d["data"].update(dataset="cifar10"), "data", "unknown dataset"),
         (lambda d: d["train"].update(batch_size=0), "train.batch_size", "positive"),
         (lambda d: d["protocol"].update(aggregation="sum"), "protocol.aggregation", "equal bottom output"),
@@ -89,12 +97,21 @@ def test_round_trip_through_dump(tmp_path):
 
 
 def test_cli_config_check_exit_codes(tmp_path, repo):
-    ok = subprocess.run([sys.executable, "-m", "vflnet", "config", "check", str(repo / "configs/digits-2p.yaml")],
-                        capture_output=True, text=True, cwd=repo)
+    ok = subprocess.run(
+        [sys.executable, "-m", "vflnet", "config", "check", str(repo / "configs/digits-2p.yaml")],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+    )
     assert ok.returncode == 0 and "OK" in ok.stdout
     data = base_config()
     data["parties"][2]["bottom"]["kind"] = "transformer"
     path = write_config(tmp_path, data)
-    bad = subprocess.run([sys.executable, "-m", "vflnet", "config", "check", str(path)], capture_output=True, text=True, cwd=repo)
+    bad = subprocess.run(
+        [sys.executable, "-m", "vflnet", "config", "check", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+    )
     assert bad.returncode == 2
     assert f"{path}: key 'parties[2].bottom.kind'" in bad.stderr and "'mlp'" in bad.stderr

@@ -45,8 +45,13 @@ def _alive(pid: int) -> bool:
 def test_default_config_trains_digits_to_090_with_two_passive_parties(tmp_path, repo):
     data = yaml.safe_load((repo / "configs/digits-2p.yaml").read_text())
     path = write_config(tmp_path, data)
-    proc = subprocess.run([sys.executable, "-m", "vflnet", "run", str(path), "--run-dir", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=300, cwd=repo)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vflnet", "run", str(path), "--run-dir", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=repo,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "run/summary.json").read_text())
     assert summary["status"] == "completed"
@@ -54,11 +59,24 @@ def test_default_config_trains_digits_to_090_with_two_passive_parties(tmp_path, 
     final = [e for e in epochs if e["kind"] == "epoch"][-1]
     assert final["test_accuracy"] >= 0.90
     # the run directory holds what the issue lists
-    for name in ("config.yaml", "metrics.jsonl", "summary.json", "logs/coordinator.log", "logs/active.log",
-                 "logs/passive-1.log", "logs/passive-2.log", "checkpoints/active.pt", "checkpoints/passive-1.pt"):
+    for name in (
+        "config.yaml",
+        "metrics.jsonl",
+        "summary.json",
+        "logs/coordinator.log",
+        "logs/active.log",
+        "logs/passive-1.log",
+        "logs/passive-2.log",
+        "checkpoints/active.pt",
+        "checkpoints/passive-1.pt",
+    ):
         assert (tmp_path / "run" / name).exists(), name
     step = next(e for e in epochs if e["kind"] == "step")
-    assert step["bytes_sent"]["passive-1/ExchangeEmbeddings"] > step["payload_bytes"]["passive-1/ExchangeEmbeddings"] > 0
+    assert (
+        step["bytes_sent"]["passive-1/ExchangeEmbeddings"]
+        > step["payload_bytes"]["passive-1/ExchangeEmbeddings"]
+        > 0
+    )
     assert "test accuracy" in proc.stdout and "bytes/step" in proc.stdout
 
 
@@ -71,10 +89,17 @@ def test_default_config_trains_digits_to_090_with_two_passive_parties(tmp_path, 
         ("sum", 3, False, {"kind": "adam", "lr": 0.01}),
     ],
 )
-def test_distributed_run_ends_with_the_reference_parameters(tmp_path, aggregation, n_passive, active_features, optimizer):
+def test_distributed_run_ends_with_the_reference_parameters(
+    tmp_path, aggregation, n_passive, active_features, optimizer
+):
     data = base_config(n_passive=n_passive, aggregation=aggregation, active_features=active_features)
-    data["train"].update(epochs=2, batch_size=128, max_steps=14, optimizer=optimizer,
-                         lr_schedule={"kind": "step", "step_size": 1, "gamma": 0.5})
+    data["train"].update(
+        epochs=2,
+        batch_size=128,
+        max_steps=14,
+        optimizer=optimizer,
+        lr_schedule={"kind": "step", "step_size": 1, "gamma": 0.5},
+    )
     data["parties"][-1]["sample_fraction"] = 0.9  # alignment must drop the IDs one party lacks
     path = write_config(tmp_path, data)
     assert run_local(path, run_dir=tmp_path / "run", progress=False) == 0
@@ -119,10 +144,17 @@ def _start_long_run(tmp_path: Path, repo: Path) -> tuple[subprocess.Popen, Path]
     data["train"].update(epochs=500, batch_size=16)
     path = write_config(tmp_path, data)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "vflnet", "run", str(path), "--run-dir", str(run_dir), "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=repo)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vflnet", "run", str(path), "--run-dir", str(run_dir), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=repo,
+    )
     metrics = run_dir / "metrics.jsonl"
-    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5, 120, "training to start")
+    _wait_for(
+        lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5, 120, "training to start"
+    )
     return proc, run_dir
 
 

@@ -32,7 +32,9 @@ Loader = Callable[[dict[str, Any]], Dataset]
 _REGISTRY: dict[str, tuple[Loader, str, set[str]]] = {}
 
 
-def register_dataset(name: str, description: str, params: set[str] | None = None) -> Callable[[Loader], Loader]:
+def register_dataset(
+    name: str, description: str, params: set[str] | None = None
+) -> Callable[[Loader], Loader]:
     def wrap(fn: Loader) -> Loader:
         if name in _REGISTRY:
             raise ValueError(f"dataset {name!r} is registered twice")
@@ -53,11 +55,15 @@ def load_dataset(name: str, params: dict[str, Any] | None = None) -> Dataset:
     fn, _, allowed = _REGISTRY[name]
     unknown = set(params) - allowed
     if unknown:
-        raise KeyError(f"dataset {name!r} takes no parameter(s) {sorted(unknown)}; allowed: {sorted(allowed) or 'none'}")
+        raise KeyError(
+            f"dataset {name!r} takes no parameter(s) {sorted(unknown)}; allowed: {sorted(allowed) or 'none'}"
+        )
     return fn(params)
 
 
-def _make(name: str, x: np.ndarray, y: np.ndarray, *, is_image: bool, ids: np.ndarray | None = None) -> Dataset:
+def _make(
+    name: str, x: np.ndarray, y: np.ndarray, *, is_image: bool, ids: np.ndarray | None = None
+) -> Dataset:
     y = np.asarray(y)
     classes, y_index = np.unique(y, return_inverse=True)
     return Dataset(
@@ -113,7 +119,9 @@ def _iris(params: dict[str, Any]) -> Dataset:
 _SYNTHETIC = {"n_samples", "n_features", "n_informative", "n_redundant", "n_classes", "class_sep", "seed"}
 
 
-@register_dataset("synthetic", "scikit-learn make_classification (seeded; paper 003 uses such sets)", _SYNTHETIC)
+@register_dataset(
+    "synthetic", "scikit-learn make_classification (seeded; paper 003 uses such sets)", _SYNTHETIC
+)
 def _synthetic(params: dict[str, Any]) -> Dataset:
     from sklearn.datasets import make_classification
 
@@ -130,7 +138,11 @@ def _synthetic(params: dict[str, Any]) -> Dataset:
     return _make("synthetic", x, y, is_image=False)
 
 
-@register_dataset("csv", "your CSV file: params path, label_column, id_column (optional)", {"path", "label_column", "id_column"})
+@register_dataset(
+    "csv",
+    "your CSV file: params path, label_column, id_column (optional)",
+    {"path", "label_column", "id_column"},
+)
 def _csv(params: dict[str, Any]) -> Dataset:
     if "path" not in params or "label_column" not in params:
         raise KeyError("dataset 'csv' needs params 'path' and 'label_column'")
