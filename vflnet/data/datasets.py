@@ -100,6 +100,25 @@ def _breast_cancer(params: dict[str, Any]) -> Dataset:
     return _make("breast_cancer", d.data, d.target, is_image=False)
 
 
+@register_dataset(
+    "breast_cancer_rare",
+    "breast_cancer with malignant = 1 kept rare: all 357 benign + n_positive (40) seeded malignant (Li et al.'s setting)",
+    {"n_positive", "seed"},
+)
+def _breast_cancer_rare(params: dict[str, Any]) -> Dataset:
+    from sklearn.datasets import load_breast_cancer
+
+    d = load_breast_cancer()
+    y = 1 - d.target  # malignant = 1
+    n_positive = int(params.get("n_positive", 40))
+    if not 1 <= n_positive <= int(y.sum()):
+        raise ValueError(f"dataset 'breast_cancer_rare': n_positive must lie in 1..{int(y.sum())}")
+    rng = np.random.default_rng(int(params.get("seed", 0)))
+    malignant = rng.choice(np.flatnonzero(y == 1), n_positive, replace=False)
+    keep = np.sort(np.concatenate([np.flatnonzero(y == 0), malignant]))
+    return _make("breast_cancer_rare", d.data[keep], y[keep], is_image=False)
+
+
 @register_dataset("wine", "scikit-learn wine (178 x 13, 3 classes)")
 def _wine(params: dict[str, Any]) -> Dataset:
     from sklearn.datasets import load_wine
