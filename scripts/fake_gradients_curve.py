@@ -16,7 +16,9 @@ matplotlib.use("Agg")
 from matplotlib import pyplot as plt  # noqa: E402
 
 WORK = Path("/tmp/vflnet-fake-gradients-curve")
-FAKE = [{"name": "fake-gradients", "party": p, "params": {"sigma2": 1e-4}} for p in ("passive-1", "passive-2")]
+FAKE = [
+    {"name": "fake-gradients", "party": p, "params": {"sigma2": 1e-4}} for p in ("passive-1", "passive-2")
+]
 
 
 def run(tag: str, defenses: list[dict]) -> tuple[list[float], float, float]:
@@ -39,9 +41,16 @@ def run(tag: str, defenses: list[dict]) -> tuple[list[float], float, float]:
 
 def main() -> None:
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    for label, tag, defenses in [("without defense", "plain", []), ("fake gradients (sigma2 1e-4) at both passive parties", "fake", FAKE)]:
+    for label, tag, defenses in [
+        ("without defense", "plain", []),
+        ("fake gradients (sigma2 1e-4) at both passive parties", "fake", FAKE),
+    ]:
         means, psnr, accuracy = run(tag, defenses)
-        ax.plot([i * 50 for i in range(len(means))], means, label=f"{label}: CAFE PSNR {psnr:.1f} dB, test acc {accuracy:.2f}")
+        ax.plot(
+            [i * 50 for i in range(len(means))],
+            means,
+            label=f"{label}: CAFE PSNR {psnr:.1f} dB, test acc {accuracy:.2f}",
+        )
     ax.set_xlabel("training step")
     ax.set_ylabel("training loss (mean of 50 steps)")
     ax.set_title("param-server on digits, SGD lr 0.1")

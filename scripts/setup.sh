@@ -19,6 +19,8 @@ if ! command -v "$PYTHON" >/dev/null 2>&1; then
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-# torch is pinned to the CPU build (torch==2.13.0) in pyproject.toml.
+# CPU torch first (PyTorch's CPU index, else the local pip configuration): pyproject.toml pins
+# torch==2.13.0, which the install below then finds satisfied.
+bash "$(dirname "$0")/install-torch.sh" "$VENV/bin/python"
 "$VENV/bin/python" -m pip install -q -e ".[dev]"
 echo "vflnet installed in $VENV"

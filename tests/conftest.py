@@ -12,7 +12,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def base_config(n_passive: int = 2, aggregation: str = "concat", active_features: bool = False) -> dict[str, Any]:
+def base_config(
+    n_passive: int = 2, aggregation: str = "concat", active_features: bool = False
+) -> dict[str, Any]:
     """Digits, each passive party holding a vertical strip of the 8x8 image."""
     width = 8 // (n_passive + (1 if active_features else 0))
     strips = [[0, 8, i * width, (i + 1) * width] for i in range(n_passive + (1 if active_features else 0))]
@@ -22,8 +24,14 @@ def base_config(n_passive: int = 2, aggregation: str = "concat", active_features
         active.update(features={"region": strips.pop(0)}, bottom={"kind": "mlp", "hidden": [32], "out": out})
     parties = [{"name": "coordinator", "role": "coordinator"}, active]
     for i, strip in enumerate(strips):
-        parties.append({"name": f"passive-{i + 1}", "role": "passive", "features": {"region": strip},
-                        "bottom": {"kind": "mlp", "hidden": [32], "out": out}})
+        parties.append(
+            {
+                "name": f"passive-{i + 1}",
+                "role": "passive",
+                "features": {"region": strip},
+                "bottom": {"kind": "mlp", "hidden": [32], "out": out},
+            }
+        )
     return {
         "run": {"seed": 3},
         "protocol": {"kind": "split", "aggregation": aggregation},

@@ -40,7 +40,9 @@ def test_direct_label_inference_online_offline_and_trace_cli(tmp_path, repo):
     run_dir = tmp_path / "run"
     assert run_local(path, run_dir=run_dir, progress=False) == 0
     score = _scores(run_dir)["direct-label-inference@passive-1"]
-    assert score["label_accuracy"] == 1.0 and score["samples"] == 12 * 32 and score["informed_fraction"] == 1.0
+    assert (
+        score["label_accuracy"] == 1.0 and score["samples"] == 12 * 32 and score["informed_fraction"] == 1.0
+    )
     assert (run_dir / "attacks/direct-label-inference-confusion.png").exists()
 
     # offline over the recorded trace gives the same output as online
@@ -55,23 +57,63 @@ def test_direct_label_inference_online_offline_and_trace_cli(tmp_path, repo):
     assert rec["passive-2/embeddings"].shape == (12 * 32, 10) and len(rec["passive-1/sample_ids"]) == 12 * 32
 
     cli = [sys.executable, "-m", "vflnet"]
-    out = subprocess.run([*cli, "trace", "ls", str(run_dir)], capture_output=True, text=True, cwd=repo, timeout=60)
+    out = subprocess.run(
+        [*cli, "trace", "ls", str(run_dir)], capture_output=True, text=True, cwd=repo, timeout=60
+    )
     assert out.returncode == 0 and "passive-1" in out.stdout
-    out = subprocess.run([*cli, "trace", "show", str(run_dir / "traces/passive-1.trace"), "--method", "ExchangeEmbeddings",
-                          "--direction", "response", "--limit", "3"], capture_output=True, text=True, cwd=repo, timeout=60)
+    out = subprocess.run(
+        [
+            *cli,
+            "trace",
+            "show",
+            str(run_dir / "traces/passive-1.trace"),
+            "--method",
+            "ExchangeEmbeddings",
+            "--direction",
+            "response",
+            "--limit",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        timeout=60,
+    )
     assert out.returncode == 0 and out.stdout.count("ExchangeEmbeddings") >= 3
     npz = tmp_path / "trace.npz"
-    out = subprocess.run([*cli, "trace", "export", str(run_dir / "traces/passive-1.trace"), "--out", str(npz)],
-                         capture_output=True, text=True, cwd=repo, timeout=60)
+    out = subprocess.run(
+        [*cli, "trace", "export", str(run_dir / "traces/passive-1.trace"), "--out", str(npz)],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        timeout=60,
+    )
     assert out.returncode == 0 and npz.exists(), out.stderr
-    out = subprocess.run([*cli, "attack", "direct-label-inference", "--trace", str(run_dir / "traces/passive-1.trace"),
-                          "--config", str(path)], capture_output=True, text=True, cwd=repo, timeout=120)
+    out = subprocess.run(
+        [
+            *cli,
+            "attack",
+            "direct-label-inference",
+            "--trace",
+            str(run_dir / "traces/passive-1.trace"),
+            "--config",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        timeout=120,
+    )
     assert out.returncode == 0 and "score label_accuracy: 1.0" in out.stdout, out.stdout + out.stderr
 
 
 def test_direct_label_inference_is_chance_under_split_he(tmp_path, repo):
     data = _label_leak(repo, max_steps=3, batch_size=16)
-    data["protocol"] = {"kind": "split-he", "aggregation": "sum", "he": {"key_bits": 512, "allow_insecure_keys": True}}
+    data["protocol"] = {
+        "kind": "split-he",
+        "aggregation": "sum",
+        "he": {"key_bits": 512, "allow_insecure_keys": True},
+    }
     for p in data["parties"][2:]:
         p["bottom"]["hidden"] = [8]
     path = write_config(tmp_path, data)
@@ -116,8 +158,16 @@ def test_config_check_rejects_unknown_attacks_and_bad_params(tmp_path, repo):
     for attack, key, text in [
         ({"name": "mind-reader", "party": "passive-1"}, "attacks[0].name", "unknown attack"),
         ({"name": "direct-label-inference", "party": "active"}, "attacks[0].party", "sits at ['passive']"),
-        ({"name": "gradient-scaling", "party": "passive-1", "params": {"gama": 2}}, "attacks[0].params", "no parameter"),
-        ({"name": "gradient-scaling", "party": "passive-1", "params": {"gamma": "big"}}, "attacks[0].params", "expected a number"),
+        (
+            {"name": "gradient-scaling", "party": "passive-1", "params": {"gama": 2}},
+            "attacks[0].params",
+            "no parameter",
+        ),
+        (
+            {"name": "gradient-scaling", "party": "passive-1", "params": {"gamma": "big"}},
+            "attacks[0].params",
+            "expected a number",
+        ),
     ]:
         data = _label_leak(repo)
         data["attacks"] = [attack]

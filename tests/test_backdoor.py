@@ -67,7 +67,9 @@ def test_rewrites_on_ciphertexts_equal_the_plaintext_rewrites(keys):
     packed = pk.encrypt(h.astype(np.float64), 24, slots=3)  # split-he packs each sample's logits
     emb_cipher = messages_pb2.Embeddings(header=_header(1), sample_ids=ids, cipher=cipher_to_proto(packed))
     sent_plain = tensors.from_proto(plain(_event("ExchangeEmbeddings", "request", emb_plain)).values)
-    sent_cipher = sk.decrypt(cipher_from_proto(cipher(_event("ExchangeEmbeddings", "request", emb_cipher)).cipher, pk))
+    sent_cipher = sk.decrypt(
+        cipher_from_proto(cipher(_event("ExchangeEmbeddings", "request", emb_cipher)).cipher, pk)
+    )
     np.testing.assert_allclose(sent_plain[j], h[i])  # j's slot carries the poisoned sample's logits
     assert not np.allclose(sent_plain[i], h[i])  # the poisoned slot is hidden behind random logits
     others = np.setdiff1d(np.arange(12), np.concatenate([i, j]))
@@ -75,7 +77,9 @@ def test_rewrites_on_ciphertexts_equal_the_plaintext_rewrites(keys):
     np.testing.assert_allclose(sent_cipher, sent_plain, atol=1e-5)
 
     grad_plain = messages_pb2.EmbeddingGradients(header=_header(1), values=tensors.to_proto(g))
-    grad_cipher = messages_pb2.EmbeddingGradients(header=_header(1), cipher=cipher_to_proto(pk.encrypt(g.astype(np.float64), 24, slots=3)))
+    grad_cipher = messages_pb2.EmbeddingGradients(
+        header=_header(1), cipher=cipher_to_proto(pk.encrypt(g.astype(np.float64), 24, slots=3))
+    )
     used_plain = tensors.from_proto(plain(_event("ExchangeEmbeddings", "response", grad_plain)).values)
     rewritten = cipher(_event("ExchangeEmbeddings", "response", grad_cipher)).cipher
     used_cipher = sk.decrypt(cipher_from_proto(rewritten, pk))
@@ -86,7 +90,9 @@ def test_rewrites_on_ciphertexts_equal_the_plaintext_rewrites(keys):
     assert plain.output()["plaintext_rewrites"] == 2 and cipher.output()["cipher_rewrites"] == 2
 
     # evaluation steps pass untouched
-    ev = messages_pb2.Embeddings(header=_header(2, messages_pb2.EVAL), sample_ids=ids, values=tensors.to_proto(h))
+    ev = messages_pb2.Embeddings(
+        header=_header(2, messages_pb2.EVAL), sample_ids=ids, values=tensors.to_proto(h)
+    )
     assert plain(_event("ExchangeEmbeddings", "request", ev)) is None
 
 
@@ -138,7 +144,9 @@ def test_backdoor_reaches_asr_at_gamma_10_and_keeps_the_main_task(tmp_path):
     data = _backdoor_config(10)
     # the clean run: the same model trained without the attack by the in-process reference trainer
     # (bit-identical to a distributed split run, tests/test_e2e_runtime.py)
-    clean = train_reference(from_dict({k: v for k, v in data.items() if k != "attacks"})).history[-1]["test_accuracy"]
+    clean = train_reference(from_dict({k: v for k, v in data.items() if k != "attacks"})).history[-1][
+        "test_accuracy"
+    ]
     attacked = _run(tmp_path, data, "attacked")["backdoor@passive-1"]
     assert attacked["paired_samples"] > 100 and attacked["triggered_test"] > 80
     assert attacked["asr"] >= 0.8
@@ -146,7 +154,9 @@ def test_backdoor_reaches_asr_at_gamma_10_and_keeps_the_main_task(tmp_path):
     # the active party's per-sample predictions of the last evaluation cover the whole test set
     predicted = np.load(tmp_path / "attacked/predictions/test-epoch-009.npz")["sample_ids"]
     triggered = np.load(tmp_path / "attacked/attacks/backdoor@passive-1.npz")["test_poison_ids"]
-    assert len(predicted) == attacked["untriggered_test"] + len(triggered) and set(triggered) <= set(predicted.tolist())
+    assert len(predicted) == attacked["untriggered_test"] + len(triggered) and set(triggered) <= set(
+        predicted.tolist()
+    )
 
 
 @pytest.mark.e2e
@@ -154,7 +164,11 @@ def test_backdoor_under_split_he_rewrites_ciphertexts(tmp_path):
     """The same attack on the encrypted wire (what it computes there equals the plaintext rewrite:
     test_rewrites_on_ciphertexts_equal_the_plaintext_rewrites)."""
     data = _backdoor_config(10, n_target=100, poison_fraction=0.3)
-    data["protocol"] = {"kind": "split-he", "aggregation": "sum", "he": {"key_bits": 512, "allow_insecure_keys": True}}
+    data["protocol"] = {
+        "kind": "split-he",
+        "aggregation": "sum",
+        "he": {"key_bits": 512, "allow_insecure_keys": True},
+    }
     for p in data["parties"][1:]:
         p["bottom"] = {"kind": "mlp", "hidden": [6], "out": 10}
     data["train"].update(batch_size=16, max_steps=3, eval_batch_size=512)
@@ -163,11 +177,18 @@ def test_backdoor_under_split_he_rewrites_ciphertexts(tmp_path):
     score = _run(tmp_path, data, "he")["backdoor@passive-1"]
     out = np.load(tmp_path / "he/attacks/backdoor@passive-1.npz")
     # one rewrite of the embeddings per step with a pair, one of the gradients per step with a poisoned sample
-    assert out["poisoned_steps"] >= 1 and out["cipher_rewrites"] >= 2 * out["poisoned_steps"] and out["plaintext_rewrites"] == 0
+    assert (
+        out["poisoned_steps"] >= 1
+        and out["cipher_rewrites"] >= 2 * out["poisoned_steps"]
+        and out["plaintext_rewrites"] == 0
+    )
     assert score["paired_samples"] >= 1 and 0 <= score["asr"] <= 1
     # everything per-sample the attacker handled was a ciphertext
-    payloads = {e.message.WhichOneof("payload") for e in read_trace(tmp_path / "he/traces/passive-1.trace")
-                if e.short_method == "ExchangeEmbeddings" and e.message.WhichOneof("payload")}
+    payloads = {
+        e.message.WhichOneof("payload")
+        for e in read_trace(tmp_path / "he/traces/passive-1.trace")
+        if e.short_method == "ExchangeEmbeddings" and e.message.WhichOneof("payload")
+    }
     assert payloads == {"cipher"}
 
 
@@ -177,8 +198,11 @@ def test_distributed_backdoor_with_three_colluding_passive_parties(tmp_path):
     data["data"]["normalize"] = "standard"
     data["train"].update(epochs=10, eval_every=10, batch_size=64, optimizer={"kind": "sgd", "lr": 0.05})
     data["attacks"] = [
-        {"name": "backdoor", "party": f"passive-{k}",
-         "params": {"n_target": 50, "poison_fraction": 0.05, "trigger_pixels": [[7, 2 * k + 1]]}}  # one pixel each
+        {
+            "name": "backdoor",
+            "party": f"passive-{k}",
+            "params": {"n_target": 50, "poison_fraction": 0.05, "trigger_pixels": [[7, 2 * k + 1]]},
+        }  # one pixel each
         for k in (1, 2, 3)
     ]
     scores = _run(tmp_path, data, "dist")
@@ -192,7 +216,9 @@ def test_distributed_backdoor_with_three_colluding_passive_parties(tmp_path):
 def test_reproduce_backdoor_builds_valid_configs():
 
     built = cases(build_parser().parse_args(["--out-dir", "x"]))
-    assert len(built) == 1 + 5 + 1 + 2 + 2 * 3  # clean, gamma sweep, split-he, (clean, attacked) distributed and per defense
+    assert (
+        len(built) == 1 + 5 + 1 + 2 + 2 * 3
+    )  # clean, gamma sweep, split-he, (clean, attacked) distributed and per defense
     for case in built:
         cfg = from_dict(case.data)
         assert [a.name for a in cfg.attacks] and all(a.name == "backdoor" for a in cfg.attacks)

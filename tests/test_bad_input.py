@@ -6,7 +6,6 @@ coordinator and the passive parties through real stubs."""
 from __future__ import annotations
 
 import threading
-import time
 
 import grpc
 import numpy as np
@@ -20,12 +19,17 @@ from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tensors
 from vflnet.wire.bridge import GrpcBridge
 
+# How long the active party waits for a missing peer (it bounds test_missing_peer_times_out...), and
+# the client-side deadline of every call here: generous, the calls only take it when something hangs.
+RPC_TIMEOUT_S = 5
+DEADLINE = 30
+
 
 @pytest.fixture
 def active(tmp_path):
     data = base_config(n_passive=2)
     data["run"]["id"] = "bad-input"
-    data["transport"]["rpc_timeout_s"] = 2
+    data["transport"]["rpc_timeout_s"] = RPC_TIMEOUT_S
     cfg = from_dict(data)
     bridge = GrpcBridge(cfg.transport)
     party = PartyHost(cfg, "active", tmp_path, bridge)
@@ -36,6 +40,7 @@ def active(tmp_path):
     address = bridge.bind(server, "active", "127.0.0.1:0")
     server.start()
     channel = grpc.insecure_channel(address)
+    grpc.channel_ready_future(channel).result(timeout=DEADLINE)
     party.test_channel = channel
     yield party, services_pb2_grpc.ActiveStub(channel), services_pb2_grpc.PartyStub(channel), train
     channel.close()
@@ -46,19 +51,21 @@ def _emb(sender="passive-1", step=1, ids=(1, 2, 3), values=None, run_id="bad-inp
     values = np.zeros((len(ids), dim), np.float32) if values is None else values
     return messages_pb2.Embeddings(
         header=messages_pb2.Header(run_id=run_id, step=step, sender=sender, phase=messages_pb2.TRAIN),
-        sample_ids=list(ids), values=tensors.to_proto(values),
+        sample_ids=list(ids),
+        values=tensors.to_proto(values),
     )
 
 
 def _command(step, ids, phase=messages_pb2.TRAIN):
     return messages_pb2.StepCommand(
-        header=messages_pb2.Header(run_id="bad-input", step=step, sender="coordinator", phase=phase), sample_ids=list(ids)
+        header=messages_pb2.Header(run_id="bad-input", step=step, sender="coordinator", phase=phase),
+        sample_ids=list(ids),
     )
 
 
 def _status(fn, *args):
     with pytest.raises(grpc.RpcError) as info:
-        fn(*args, timeout=10)
+        fn(*args, timeout=DEADLINE)
     return info.value.code(), info.value.details()
 
 
@@ -69,7 +76,11 @@ def _status(fn, *args):
         (_emb(sender="coordinator"), grpc.StatusCode.PERMISSION_DENIED, "role 'coordinator'"),
         (_emb(run_id="other-run"), grpc.StatusCode.PERMISSION_DENIED, "run 'other-run'"),
         (_emb(dim=5), grpc.StatusCode.INVALID_ARGUMENT, "shape (3, 5) where (3, 16)"),
-        (_emb(values=np.zeros((3, 16), np.float64)), grpc.StatusCode.INVALID_ARGUMENT, "float32 was expected"),
+        (
+            _emb(values=np.zeros((3, 16), np.float64)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "float32 was expected",
+        ),
         (_emb(values=np.full((3, 16), np.nan, np.float32)), grpc.StatusCode.INVALID_ARGUMENT, "NaN or Inf"),
     ],
 )
@@ -84,14 +95,16 @@ def _full_step(party_stub, active_stub, step, ids):
     results = {}
 
     def send(name):
-        results[name] = active_stub.ExchangeEmbeddings(_emb(sender=name, step=step, ids=ids), timeout=10)
+        results[name] = active_stub.ExchangeEmbeddings(
+            _emb(sender=name, step=step, ids=ids), timeout=DEADLINE
+        )
 
     threads = [threading.Thread(target=send, args=(n,)) for n in ("passive-1", "passive-2")]
     for t in threads:
         t.start()
-    report = party_stub.RunStep(_command(step, ids), timeout=10)
+    report = party_stub.RunStep(_command(step, ids), timeout=DEADLINE)
     for t in threads:
-        t.join(10)
+        t.join(DEADLINE)
     return report, results
 
 
@@ -116,10 +129,12 @@ def test_server_keeps_serving_after_bad_messages_and_rejects_stale_steps(active)
 def test_missing_peer_times_out_with_a_named_party(active):
     party, stub, party_stub, train = active
     ids = train[:4]
-    sender = threading.Thread(target=lambda: _status(stub.ExchangeEmbeddings, _emb(sender="passive-1", step=1, ids=ids)))
+    sender = threading.Thread(
+        target=lambda: _status(stub.ExchangeEmbeddings, _emb(sender="passive-1", step=1, ids=ids))
+    )
     sender.start()
     code, details = _status(party_stub.RunStep, _command(1, ids))
-    sender.join(10)
+    sender.join(DEADLINE)
     assert code == grpc.StatusCode.ABORTED and "no embeddings from passive-2" in details
     assert party.local.version == 0  # nothing was applied
 
@@ -129,14 +144,21 @@ def test_mismatched_sample_ids_and_unknown_ids_are_refused(active):
     code, details = _status(party_stub.RunStep, _command(1, [10**9]))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "not held by this party" in details
     ids = train[:4]
-    pending = stub.ExchangeEmbeddings.future(_emb(sender="passive-1", step=2, ids=train[4:8]), timeout=10)
-    for _ in range(100):  # wait (bounded) until the active party holds them, so the order is fixed
-        slot = party.side.slots.get(2)
-        if slot is not None and "passive-1" in slot.embeddings:
-            break
-        time.sleep(0.05)
+    pending = stub.ExchangeEmbeddings.future(
+        _emb(sender="passive-1", step=2, ids=train[4:8]), timeout=DEADLINE
+    )
+    # the order is fixed: RunStep comes once the active party holds them (its condition is notified
+    # whenever embeddings arrive; RunStep waits on the same one)
+    with party.side.cond:
+        held = party.side.cond.wait_for(
+            lambda: "passive-1" in getattr(party.side.slots.get(2), "embeddings", {}), DEADLINE
+        )
+    assert held, "the active party never stored passive-1's embeddings for step 2"
     code, details = _status(party_stub.RunStep, _command(2, ids))
-    assert pending.exception() is not None  # the passive call is released with the failure too
+    # the passive call is released with the failure too (not by its own deadline)
+    released = pending.exception(timeout=DEADLINE)
+    assert released is not None and released.code() == grpc.StatusCode.ABORTED, released
+    assert "other sample ids" in released.details()
     assert code == grpc.StatusCode.ABORTED and "other sample ids" in details
 
 
@@ -144,7 +166,9 @@ def test_health_service_reports_serving(active):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     party, _, _, _ = active
-    reply = health_pb2_grpc.HealthStub(party.test_channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    reply = health_pb2_grpc.HealthStub(party.test_channel).Check(
+        health_pb2.HealthCheckRequest(service=""), timeout=DEADLINE
+    )
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
@@ -163,6 +187,6 @@ def test_a_message_over_the_payload_ceiling_names_the_setting(active):
         t.start()
     code, details = _status(party_stub.RunStep, _command(1, train[:4]))
     for t in threads:
-        t.join(10)
+        t.join(DEADLINE)
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "transport.max_payload_mb" in details
     assert all(c == grpc.StatusCode.ABORTED and "transport.max_payload_mb" in d for c, d in results.values())

@@ -16,8 +16,14 @@ pytestmark = pytest.mark.e2e
 
 def test_theorem1_is_exact_and_gradient_inversion_recovers_labels_under_split_he(tmp_path, repo):
     data = yaml.safe_load((repo / "configs/label-leak.yaml").read_text())
-    data["protocol"] = {"kind": "split-he", "aggregation": "sum", "he": {"key_bits": 512, "allow_insecure_keys": True}}
-    data["train"].update(epochs=1, max_steps=3, batch_size=32)  # B = 32 <= hidden width 32: Theorem 1 is exact
+    data["protocol"] = {
+        "kind": "split-he",
+        "aggregation": "sum",
+        "he": {"key_bits": 512, "allow_insecure_keys": True},
+    }
+    data["train"].update(
+        epochs=1, max_steps=3, batch_size=32
+    )  # B = 32 <= hidden width 32: Theorem 1 is exact
     data["attacks"] = [
         {"name": "analytic-label-recovery", "party": "passive-1"},
         {"name": "gradient-inversion-label-inference", "party": "passive-1", "params": {"iterations": 1500}},
@@ -31,4 +37,6 @@ def test_theorem1_is_exact_and_gradient_inversion_recovers_labels_under_split_he
     inversion = scores["gradient-inversion-label-inference@passive-1"]
     assert analytic["samples"] == 96 and analytic["label_accuracy"] == 1.0
     assert inversion["samples"] == 96 and inversion["label_accuracy"] >= 0.9
-    assert scores["direct-label-inference@passive-1"]["informed_fraction"] == 0.0  # no per-sample gradient seen
+    assert (
+        scores["direct-label-inference@passive-1"]["informed_fraction"] == 0.0
+    )  # no per-sample gradient seen

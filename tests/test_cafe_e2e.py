@@ -32,7 +32,10 @@ def test_cafe_recovers_every_training_image_from_a_static_param_server(tmp_path,
 
 
 def test_fake_gradients_defeat_cafe_while_training_still_learns(tmp_path, repo):
-    defenses = [{"name": "fake-gradients", "party": p, "params": {"sigma2": 1e-4, "nu": 100}} for p in ("passive-1", "passive-2")]
+    defenses = [
+        {"name": "fake-gradients", "party": p, "params": {"sigma2": 1e-4, "nu": 100}}
+        for p in ("passive-1", "passive-2")
+    ]
     # the attack's strongest setting, where the undefended run above recovers >= 30 dB
     score, _ = _run(tmp_path, repo, "static-defended", defenses=defenses, train={"epochs": 200})
     assert score["psnr"] < 12, score

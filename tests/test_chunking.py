@@ -23,7 +23,9 @@ from vflnet.wire.channels import bind, grpc_options, make_server, open_channel
 from vflnet.wire.chunking import CALL_METHOD, FETCH_METHOD, METHOD_KEY, TICKET_KEY
 
 EXCHANGE = "/vflnet.v1.Active/ExchangeEmbeddings"
-SMALL = TransportConfig(max_message_mb=0.01, max_payload_mb=0.2)  # 10 KiB per gRPC message, 200 KiB per message
+SMALL = TransportConfig(
+    max_message_mb=0.01, max_payload_mb=0.2
+)  # 10 KiB per gRPC message, 200 KiB per message
 LIMIT = int(SMALL.max_message_mb * 1024 * 1024)
 DEADLINE = 10.0
 
@@ -32,7 +34,8 @@ def embeddings(n: int, dim: int, step: int = 1) -> messages_pb2.Embeddings:
     values = np.random.default_rng(step).normal(size=(n, dim)).astype(np.float32)
     return messages_pb2.Embeddings(
         header=messages_pb2.Header(run_id="r1", step=step, sender="passive-1", phase=messages_pb2.TRAIN),
-        sample_ids=list(range(n)), values=tensors.to_proto(values),
+        sample_ids=list(range(n)),
+        values=tensors.to_proto(values),
     )
 
 
@@ -69,8 +72,12 @@ def double_gradients(event: WireEvent) -> messages_pb2.EmbeddingGradients | None
     return out
 
 
-def serve(active: Active, transport: TransportConfig, name: str = "active", chain: Chain | None = None) -> tuple[grpc.Server, str]:
-    server = make_server(transport, name, [ServerChainInterceptor(chain, name)] if chain else [], max_workers=8)
+def serve(
+    active: Active, transport: TransportConfig, name: str = "active", chain: Chain | None = None
+) -> tuple[grpc.Server, str]:
+    server = make_server(
+        transport, name, [ServerChainInterceptor(chain, name)] if chain else [], max_workers=8
+    )
     services_pb2_grpc.add_ActiveServicer_to_server(active, server)
     port = bind(server, "127.0.0.1:0", transport, name)
     server.start()
@@ -111,17 +118,26 @@ def test_an_oversized_exchange_travels_in_chunks_and_mods_see_whole_messages(act
         with raw_channel(address) as raw:  # as one gRPC message it cannot travel
             code, details = status(services_pb2_grpc.ActiveStub(raw).ExchangeEmbeddings, msg)
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
-        channel = intercept_channel(open_channel(address, SMALL, "passive-1"), Chain([client_rec]), "passive-1", address)
+        channel = intercept_channel(
+            open_channel(address, SMALL, "passive-1"), Chain([client_rec]), "passive-1", address
+        )
         stub = services_pb2_grpc.ActiveStub(channel)
         expected = tensors.from_proto(msg.values) * 2
-        np.testing.assert_array_equal(tensors.from_proto(stub.ExchangeEmbeddings(msg, timeout=DEADLINE).values), expected)
-        np.testing.assert_array_equal(tensors.from_proto(stub.ExchangeEmbeddings.future(msg, timeout=DEADLINE).result().values), expected)
+        np.testing.assert_array_equal(
+            tensors.from_proto(stub.ExchangeEmbeddings(msg, timeout=DEADLINE).values), expected
+        )
+        np.testing.assert_array_equal(
+            tensors.from_proto(stub.ExchangeEmbeddings.future(msg, timeout=DEADLINE).result().values),
+            expected,
+        )
         channel.close()
     finally:
         srv.stop(grace=0)
     assert active.received == [msg, msg]  # the servicer got the whole message, twice
     for rec, side in ((server_rec, "server"), (client_rec, "client")):
-        assert [(e.side, e.method, e.direction) for e in rec.events] == [(side, EXCHANGE, d) for d in ("request", "response")] * 2
+        assert [(e.side, e.method, e.direction) for e in rec.events] == [
+            (side, EXCHANGE, d) for d in ("request", "response")
+        ] * 2
         assert all(e.message == msg for e in rec.events if e.direction == "request")
     # the client's tap sees the reply as the server's rewrite left it: whole and doubled
     np.testing.assert_array_equal(client_rec.events[1].tensors()["values"], expected)
@@ -129,7 +145,9 @@ def test_an_oversized_exchange_travels_in_chunks_and_mods_see_whole_messages(act
 
 def test_a_large_reply_to_a_small_request_is_fetched_once_by_ticket(active: Active, server: str) -> None:
     active.repeat = 100  # 20 rows of 50 floats in, 2000 rows out: 400 KB... over the 200 KiB ceiling
-    code, details = status(services_pb2_grpc.ActiveStub(open_channel(server, SMALL, "p")).ExchangeEmbeddings, embeddings(20, 50))
+    code, details = status(
+        services_pb2_grpc.ActiveStub(open_channel(server, SMALL, "p")).ExchangeEmbeddings, embeddings(20, 50)
+    )
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "transport.max_payload_mb" in details
     active.repeat = 20  # 400 rows out: 80 KB
     msg = embeddings(n=20, dim=50)
@@ -139,7 +157,9 @@ def test_a_large_reply_to_a_small_request_is_fetched_once_by_ticket(active: Acti
         call = services_pb2_grpc.ActiveStub(raw).ExchangeEmbeddings.future(msg, timeout=DEADLINE)
         assert call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and FETCH_METHOD in call.details()
         ticket = dict(call.trailing_metadata())[TICKET_KEY]
-        fetch = raw.unary_stream(FETCH_METHOD, messages_pb2.ReplyTicket.SerializeToString, messages_pb2.Chunk.FromString)
+        fetch = raw.unary_stream(
+            FETCH_METHOD, messages_pb2.ReplyTicket.SerializeToString, messages_pb2.Chunk.FromString
+        )
         chunks = list(fetch(messages_pb2.ReplyTicket(token=ticket), timeout=DEADLINE))
         assert len(chunks) > 1 and all(c.ByteSize() <= LIMIT for c in chunks)
         reply = messages_pb2.EmbeddingGradients.FromString(b"".join(c.data for c in chunks))
@@ -148,11 +168,18 @@ def test_a_large_reply_to_a_small_request_is_fetched_once_by_ticket(active: Acti
         assert code == grpc.StatusCode.NOT_FOUND  # one fetch per ticket
     with open_channel(server, SMALL, "passive-1") as channel:  # the chunking channel fetches on its own
         stub = services_pb2_grpc.ActiveStub(channel)
-        np.testing.assert_array_equal(tensors.from_proto(stub.ExchangeEmbeddings(msg, timeout=DEADLINE).values), expected)
-        np.testing.assert_array_equal(tensors.from_proto(stub.ExchangeEmbeddings.future(msg, timeout=DEADLINE).result().values), expected)
+        np.testing.assert_array_equal(
+            tensors.from_proto(stub.ExchangeEmbeddings(msg, timeout=DEADLINE).values), expected
+        )
+        np.testing.assert_array_equal(
+            tensors.from_proto(stub.ExchangeEmbeddings.future(msg, timeout=DEADLINE).result().values),
+            expected,
+        )
 
 
-def test_malformed_chunk_streams_get_an_error_status_and_the_server_keeps_serving(active: Active, server: str) -> None:
+def test_malformed_chunk_streams_get_an_error_status_and_the_server_keeps_serving(
+    active: Active, server: str
+) -> None:
     data = embeddings(n=30, dim=30).SerializeToString()
     third = len(data) // 3 + 1
     parts = [data[i * third : (i + 1) * third] for i in range(3)]
@@ -161,18 +188,47 @@ def test_malformed_chunk_streams_get_an_error_status_and_the_server_keeps_servin
         return [messages_pb2.Chunk(data=d, index=i, count=c) for d, i, c in spec]
 
     cases = {
-        "out of order": (EXCHANGE, chunks((parts[1], 1, 3), (parts[0], 0, 3), (parts[2], 2, 3)), grpc.StatusCode.INVALID_ARGUMENT, "expected chunk 0"),
-        "incomplete": (EXCHANGE, chunks((parts[0], 0, 3), (parts[1], 1, 3)), grpc.StatusCode.INVALID_ARGUMENT, "ended after 2 of 3"),
-        "count changes": (EXCHANGE, chunks((parts[0], 0, 3), (parts[1], 1, 2)), grpc.StatusCode.INVALID_ARGUMENT, "expected chunk 1 of 3"),
+        "out of order": (
+            EXCHANGE,
+            chunks((parts[1], 1, 3), (parts[0], 0, 3), (parts[2], 2, 3)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "expected chunk 0",
+        ),
+        "incomplete": (
+            EXCHANGE,
+            chunks((parts[0], 0, 3), (parts[1], 1, 3)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "ended after 2 of 3",
+        ),
+        "count changes": (
+            EXCHANGE,
+            chunks((parts[0], 0, 3), (parts[1], 1, 2)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "expected chunk 1 of 3",
+        ),
         "empty stream": (EXCHANGE, [], grpc.StatusCode.INVALID_ARGUMENT, "ended after 0"),
-        "not a message": (EXCHANGE, chunks((b"\xff" * 50, 0, 1)), grpc.StatusCode.INVALID_ARGUMENT, "does not decode"),
-        "over the ceiling": (EXCHANGE, chunks(*[(b"x" * 10000, i, 30) for i in range(30)]), grpc.StatusCode.RESOURCE_EXHAUSTED, "transport.max_payload_mb"),
+        "not a message": (
+            EXCHANGE,
+            chunks((b"\xff" * 50, 0, 1)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "does not decode",
+        ),
+        "over the ceiling": (
+            EXCHANGE,
+            chunks(*[(b"x" * 10000, i, 30) for i in range(30)]),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "transport.max_payload_mb",
+        ),
         "unknown method": ("/vflnet.v1.Active/Nope", chunks((data, 0, 1)), grpc.StatusCode.UNIMPLEMENTED, ""),
     }
     with raw_channel(server) as raw:
-        call = raw.stream_stream(CALL_METHOD, messages_pb2.Chunk.SerializeToString, messages_pb2.Chunk.FromString)
+        call = raw.stream_stream(
+            CALL_METHOD, messages_pb2.Chunk.SerializeToString, messages_pb2.Chunk.FromString
+        )
         for what, (method, stream, expected_code, text) in cases.items():
-            code, details = status(lambda s=stream, m=method, **kw: list(call(iter(s), metadata=((METHOD_KEY, m),), **kw)))
+            code, details = status(
+                lambda s=stream, m=method, **kw: list(call(iter(s), metadata=((METHOD_KEY, m),), **kw))
+            )
             assert code == expected_code and text in details, (what, code, details)
     assert active.received == []  # nothing malformed reached the servicer
     with open_channel(server, SMALL, "passive-1") as channel:  # and it still serves, chunked or not
@@ -188,8 +244,15 @@ def test_a_chunked_call_is_authorized_as_the_method_it_carries(tmp_path: Path, a
     tls.make_ca(tmp_path)
     for name, role in (("active", "active"), ("passive-1", "passive"), ("coordinator", "coordinator")):
         tls.issue_party_cert(tmp_path, name, role)
-    transport = dataclasses.replace(SMALL, tls=TLSConfig(
-        enabled=True, ca=str(tmp_path / "ca.pem"), cert=str(tmp_path / "{name}.pem"), key=str(tmp_path / "{name}.key")))
+    transport = dataclasses.replace(
+        SMALL,
+        tls=TLSConfig(
+            enabled=True,
+            ca=str(tmp_path / "ca.pem"),
+            cert=str(tmp_path / "{name}.pem"),
+            key=str(tmp_path / "{name}.key"),
+        ),
+    )
     rec = Recorder()
     srv, address = serve(active, transport, chain=Chain([rec]))
     msg = embeddings(n=100, dim=100)
@@ -199,7 +262,10 @@ def test_a_chunked_call_is_authorized_as_the_method_it_carries(tmp_path: Path, a
         assert code == grpc.StatusCode.PERMISSION_DENIED and EXCHANGE in details and "coordinator" in details
         assert active.received == [] and rec.events == []
         with open_channel(address, transport, "passive-1") as channel:
-            assert services_pb2_grpc.ActiveStub(channel).ExchangeEmbeddings(msg, timeout=DEADLINE).values == msg.values
+            assert (
+                services_pb2_grpc.ActiveStub(channel).ExchangeEmbeddings(msg, timeout=DEADLINE).values
+                == msg.values
+            )
     finally:
         srv.stop(grace=0)
     assert active.received == [msg] and [e.direction for e in rec.events] == ["request", "response"]
@@ -208,10 +274,16 @@ def test_a_chunked_call_is_authorized_as_the_method_it_carries(tmp_path: Path, a
 def _split_he_config(limit_mb: float | None) -> dict:
     data = base_config(n_passive=1, aggregation="sum", active_features=True)
     data["data"]["test_fraction"] = 0.05  # 90 test samples: one evaluation step
-    data["protocol"] = {"kind": "split-he", "aggregation": "sum", "he": {"key_bits": 512, "allow_insecure_keys": True}}
+    data["protocol"] = {
+        "kind": "split-he",
+        "aggregation": "sum",
+        "he": {"key_bits": 512, "allow_insecure_keys": True},
+    }
     for p in data["parties"][1:]:
         p["bottom"] = {"kind": "mlp", "hidden": [6], "out": 10}
-    data["train"].update(batch_size=16, max_steps=2, optimizer={"kind": "sgd", "lr": 0.5}, eval_batch_size=512)
+    data["train"].update(
+        batch_size=16, max_steps=2, optimizer={"kind": "sgd", "lr": 0.5}, eval_batch_size=512
+    )
     if limit_mb is not None:
         data["transport"]["max_message_mb"] = limit_mb
         data["parties"][1]["via"] = "proxy"  # every call to the active party crosses a gRPC proxy
@@ -227,7 +299,9 @@ def _parameters(run_dir: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_split_he_with_a_small_limit_through_a_proxy_ends_with_the_default_runs_parameters(tmp_path: Path) -> None:
+def test_split_he_with_a_small_limit_through_a_proxy_ends_with_the_default_runs_parameters(
+    tmp_path: Path,
+) -> None:
     limit_mb = 0.003  # a training batch's packed encrypted embeddings are 4 KB, the test batch's 23 KB
     small = write_config(tmp_path, _split_he_config(limit_mb), "small.yaml")
     default = write_config(tmp_path, _split_he_config(None), "default.yaml")
@@ -238,8 +312,11 @@ def test_split_he_with_a_small_limit_through_a_proxy_ends_with_the_default_runs_
     assert all(torch.equal(got[k], want[k]) for k in got)  # bit for bit
     limit = int(limit_mb * 1024 * 1024)
     for trace in ("passive-1", "proxy-active"):  # the passive party's own tap and the proxy's
-        sent = [e.message for e in read_trace(tmp_path / "small/traces" / f"{trace}.trace")
-                if e.short_method == "ExchangeEmbeddings" and e.direction == "request" and e.sender == "passive-1"]
+        sent = [
+            e.message
+            for e in read_trace(tmp_path / "small/traces" / f"{trace}.trace")
+            if e.short_method == "ExchangeEmbeddings" and e.direction == "request" and e.sender == "passive-1"
+        ]
         assert [len(m.sample_ids) for m in sent] == [16, 16, 90]  # two training steps, one evaluation
         assert all(m.ByteSize() > limit and list(m.cipher.shape) == [len(m.sample_ids), 10] for m in sent)
     summary = json.loads((tmp_path / "small/summary.json").read_text())

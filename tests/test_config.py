@@ -1,10 +1,11 @@
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import base_config, write_config
+from tests.conftest import REPO, base_config, write_config
 from vflnet.config import ConfigError, from_dict, load
 
 
@@ -14,6 +15,29 @@ def _err(tmp_path, data) -> ConfigError:
         load(path)
     assert str(path) in str(info.value)  # every error names the file
     return info.value
+
+
+def _run_configs() -> list[Path]:
+    """Every vflnet run config in the repository: configs/ and the deployments' own (k8s, lab)."""
+    found = sorted(REPO.glob("configs/*.yaml"))
+    for path in sorted(REPO.glob("deploy/**/*.yaml")):
+        docs = list(yaml.safe_load_all(path.read_text()))  # Kubernetes manifests hold several
+        if len(docs) == 1 and isinstance(docs[0], dict) and {"parties", "protocol"} <= docs[0].keys():
+            found.append(path)
+    return found
+
+
+def test_run_configs_are_found():
+    names = [str(p.relative_to(REPO)) for p in _run_configs()]
+    assert "configs/scoring-cancer.yaml" in names and "deploy/k8s/config/run.yaml" in names
+    assert "deploy/lab/run.yaml" in names and "deploy/k8s/parties.yaml" not in names
+
+
+@pytest.mark.parametrize("path", _run_configs(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_shipped_config_passes_config_check(path, tmp_path, monkeypatch):
+    """What `vflnet config check` does, from an empty directory: nothing a script writes may be needed."""
+    monkeypatch.chdir(tmp_path)
+    load(path)
 
 
 def test_default_config_is_valid(repo):
@@ -49,8 +73,16 @@ def test_wrong_literal_lists_the_choices(tmp_path):
         (lambda d: d["parties"].pop(0), "parties", "exactly one coordinator"),
         (lambda d: d["parties"][2].pop("features"), "parties[2].features", "needs features"),
         (lambda d: d["parties"][2]["bottom"].update(out=0), "parties[2].bottom.out", "embedding size"),
-        (lambda d: d["parties"][2]["features"].update(region=[0, 8, 0, 12]), "parties[2].features", "outside the 8x8"),
-        (lambda d: d["parties"][2]["features"].update(region=None, columns="0:99"), "parties[2].features", "columns must lie"),
+        (
+            lambda d: d["parties"][2]["features"].update(region=[0, 8, 0, 12]),
+            "parties[2].features",
+            "outside the 8x8",
+        ),
+        (
+            lambda d: d["parties"][2]["features"].update(region=None, columns="0:99"),
+            "parties[2].features",
+            "columns must lie",
+        ),
         (lambda d: d["data"].update(dataset="cifar10"), "data", "unknown dataset"),
         (lambda d: d["train"].update(batch_size=0), "train.batch_size", "positive"),
         (lambda d: d["protocol"].update(aggregation="sum"), "protocol.aggregation", "equal bottom output"),
@@ -89,12 +121,21 @@ def test_round_trip_through_dump(tmp_path):
 
 
 def test_cli_config_check_exit_codes(tmp_path, repo):
-    ok = subprocess.run([sys.executable, "-m", "vflnet", "config", "check", str(repo / "configs/digits-2p.yaml")],
-                        capture_output=True, text=True, cwd=repo)
+    ok = subprocess.run(
+        [sys.executable, "-m", "vflnet", "config", "check", str(repo / "configs/digits-2p.yaml")],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+    )
     assert ok.returncode == 0 and "OK" in ok.stdout
     data = base_config()
     data["parties"][2]["bottom"]["kind"] = "transformer"
     path = write_config(tmp_path, data)
-    bad = subprocess.run([sys.executable, "-m", "vflnet", "config", "check", str(path)], capture_output=True, text=True, cwd=repo)
+    bad = subprocess.run(
+        [sys.executable, "-m", "vflnet", "config", "check", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+    )
     assert bad.returncode == 2
     assert f"{path}: key 'parties[2].bottom.kind'" in bad.stderr and "'mlp'" in bad.stderr

@@ -232,13 +232,10 @@ def test_dockerfile() -> None:
     joined = text.replace("\\\n", " ").splitlines()
     lines = [line.strip() for line in joined if line.strip() and not line.lstrip().startswith("#")]
     assert lines[0] == "FROM python:3.11-slim"
-    assert any(
-        re.fullmatch(
-            r"RUN pip install torch==2\.13\.0 --index-url https://download\.pytorch\.org/whl/cpu", line
-        )
-        for line in lines
-    )
-    assert any(line.startswith("RUN pip install .") for line in lines)
+    # CPU torch through the script scripts/setup.sh uses too, before the package pulls in PyPI's torch
+    torch = lines.index("RUN bash scripts/install-torch.sh python")
+    assert "COPY scripts/install-torch.sh ./scripts/" in lines[:torch]
+    assert torch < next(i for i, line in enumerate(lines) if line.startswith("RUN pip install ."))
     copied = [part for line in lines if line.startswith("COPY ") for part in line.split()[1:-1]]
     for needed in ("pyproject.toml", "vflnet", "proto"):
         assert needed in copied
@@ -339,3 +336,62 @@ def test_lab_hosts_match_the_lab_roster() -> None:
 def test_lab_scripts_are_valid_shell(script: str) -> None:
     result = subprocess.run(["sh", "-n", str(LAB / script)], capture_output=True, text=True, timeout=10)
     assert result.returncode == 0, result.stderr
+
+
+# ------------------------------------------------------------------------------------------ CPU torch
+INSTALL_TORCH = REPO / "scripts" / "install-torch.sh"
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def test_setup_installs_torch_with_the_script_before_the_package() -> None:
+    setup = (REPO / "scripts" / "setup.sh").read_text()
+    call = setup.index('install-torch.sh" "$VENV/bin/python"')
+    assert call < setup.index('pip install -q -e ".[dev]"')
+
+
+def _install_torch(tmp_path: Path, *, cpu_index_up: bool, installed: bool = False) -> tuple[str, list[str]]:
+    """Run scripts/install-torch.sh with a stand-in python that logs each call with the pip
+    settings it saw, and installs (touches a file) unless the CPU index is down."""
+    log, marker = tmp_path / "calls", tmp_path / "installed"
+    if installed:
+        marker.touch()
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "$* | find-links=${{PIP_FIND_LINKS-unset}} config=${{PIP_CONFIG_FILE-unset}}" >> {log}\n'
+        'case "$*" in\n'
+        f'  *"m.version"*) [ -e {marker} ] && echo 2.13.0+cpu || exit 1 ;;\n'
+        f"  *{CPU_INDEX}*) {f'touch {marker}' if cpu_index_up else 'exit 1'} ;;\n"
+        f"  *) touch {marker} ;;\n"
+        "esac\n"
+    )
+    fake.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "PIP_FIND_LINKS": "/opt/wheels"}
+    out = subprocess.run(
+        ["bash", str(INSTALL_TORCH), str(fake)], capture_output=True, text=True, env=env, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    calls = [c for c in log.read_text().splitlines() if " pip " in f" {c}"]
+    return out.stdout + out.stderr, calls
+
+
+def test_torch_comes_from_the_cpu_index_alone_when_it_is_reachable(tmp_path: Path) -> None:
+    output, calls = _install_torch(tmp_path, cpu_index_up=True)
+    # one pip call, with the local package sources left out
+    assert calls == [
+        f"-m pip install -q --timeout 10 --retries 0 --index-url {CPU_INDEX} torch==2.13.0"
+        " | find-links=unset config=/dev/null"
+    ]
+    assert f"torch: 2.13.0+cpu installed from PyTorch's CPU index ({CPU_INDEX})" in output
+
+
+def test_torch_falls_back_to_the_local_pip_configuration(tmp_path: Path) -> None:
+    output, calls = _install_torch(tmp_path, cpu_index_up=False)
+    assert len(calls) == 2 and CPU_INDEX in calls[0]
+    assert calls[1] == "-m pip install -q torch==2.13.0 | find-links=/opt/wheels config=unset"
+    assert "unreachable?" in output and "installed from the local pip configuration" in output
+
+
+def test_installed_torch_is_kept(tmp_path: Path) -> None:
+    output, calls = _install_torch(tmp_path, cpu_index_up=False, installed=True)
+    assert calls == [] and "torch: 2.13.0+cpu is already installed" in output

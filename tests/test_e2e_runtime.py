@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -22,31 +23,32 @@ from vflnet.runner.reference import train_reference
 pytestmark = pytest.mark.e2e
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still answers kill(0); treat it as gone
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
+def _wait_exited(pids: list[int], timeout_s: float) -> None:
+    """Wait until every process in ``pids`` has ended, at most ``timeout_s`` in all. A pidfd turns
+    readable when its process ends (a zombie has ended); one already reaped cannot be opened."""
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            ended, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        finally:
+            os.close(fd)
+        assert ended, f"process {pid} still runs {timeout_s:.0f} s after the launcher exited"
 
 
 def test_default_config_trains_digits_to_090_with_two_passive_parties(tmp_path, repo):
     data = yaml.safe_load((repo / "configs/digits-2p.yaml").read_text())
     path = write_config(tmp_path, data)
-    proc = subprocess.run([sys.executable, "-m", "vflnet", "run", str(path), "--run-dir", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=300, cwd=repo)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vflnet", "run", str(path), "--run-dir", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=repo,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "run/summary.json").read_text())
     assert summary["status"] == "completed"
@@ -54,11 +56,24 @@ def test_default_config_trains_digits_to_090_with_two_passive_parties(tmp_path, 
     final = [e for e in epochs if e["kind"] == "epoch"][-1]
     assert final["test_accuracy"] >= 0.90
     # the run directory holds what the issue lists
-    for name in ("config.yaml", "metrics.jsonl", "summary.json", "logs/coordinator.log", "logs/active.log",
-                 "logs/passive-1.log", "logs/passive-2.log", "checkpoints/active.pt", "checkpoints/passive-1.pt"):
+    for name in (
+        "config.yaml",
+        "metrics.jsonl",
+        "summary.json",
+        "logs/coordinator.log",
+        "logs/active.log",
+        "logs/passive-1.log",
+        "logs/passive-2.log",
+        "checkpoints/active.pt",
+        "checkpoints/passive-1.pt",
+    ):
         assert (tmp_path / "run" / name).exists(), name
     step = next(e for e in epochs if e["kind"] == "step")
-    assert step["bytes_sent"]["passive-1/ExchangeEmbeddings"] > step["payload_bytes"]["passive-1/ExchangeEmbeddings"] > 0
+    assert (
+        step["bytes_sent"]["passive-1/ExchangeEmbeddings"]
+        > step["payload_bytes"]["passive-1/ExchangeEmbeddings"]
+        > 0
+    )
     assert "test accuracy" in proc.stdout and "bytes/step" in proc.stdout
 
 
@@ -71,10 +86,17 @@ def test_default_config_trains_digits_to_090_with_two_passive_parties(tmp_path, 
         ("sum", 3, False, {"kind": "adam", "lr": 0.01}),
     ],
 )
-def test_distributed_run_ends_with_the_reference_parameters(tmp_path, aggregation, n_passive, active_features, optimizer):
+def test_distributed_run_ends_with_the_reference_parameters(
+    tmp_path, aggregation, n_passive, active_features, optimizer
+):
     data = base_config(n_passive=n_passive, aggregation=aggregation, active_features=active_features)
-    data["train"].update(epochs=2, batch_size=128, max_steps=14, optimizer=optimizer,
-                         lr_schedule={"kind": "step", "step_size": 1, "gamma": 0.5})
+    data["train"].update(
+        epochs=2,
+        batch_size=128,
+        max_steps=14,
+        optimizer=optimizer,
+        lr_schedule={"kind": "step", "step_size": 1, "gamma": 0.5},
+    )
     data["parties"][-1]["sample_fraction"] = 0.9  # alignment must drop the IDs one party lacks
     path = write_config(tmp_path, data)
     assert run_local(path, run_dir=tmp_path / "run", progress=False) == 0
@@ -114,15 +136,35 @@ def test_cnn_bottoms_and_input_layer_cut_match_the_reference(tmp_path, cut):
                 assert torch.equal(ckpt["modules"][module][name], expected), (party, module, name)
 
 
+# The long runs' transport settings (tests/conftest.py): deadlines for the waits below.
+TRANSPORT = base_config()["transport"]
+
+
 def _start_long_run(tmp_path: Path, repo: Path) -> tuple[subprocess.Popen, Path]:
+    """A run that trains far longer than any test waits, returned once it has taken 5 steps."""
     data = base_config(n_passive=2)
     data["train"].update(epochs=500, batch_size=16)
     path = write_config(tmp_path, data)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "vflnet", "run", str(path), "--run-dir", str(run_dir), "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=repo)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vflnet", "run", str(path), "--run-dir", str(run_dir), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=repo,
+    )
+    # metrics.jsonl is the run's documented per-step record: 5 lines, 5 steps done. Starting and
+    # joining is bounded by join_timeout_s, each step by rpc_timeout_s.
+    timeout_s = TRANSPORT["join_timeout_s"] + 5 * TRANSPORT["rpc_timeout_s"]
     metrics = run_dir / "metrics.jsonl"
-    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5, 120, "training to start")
+    deadline = time.monotonic() + timeout_s
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
+        if proc.poll() is not None:
+            raise AssertionError(f"the run exited ({proc.returncode}) before 5 steps: {proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the run did not take 5 steps within {timeout_s} s")
+        time.sleep(0.2)
     return proc, run_dir
 
 
@@ -132,13 +174,15 @@ def test_killed_party_fails_the_run_quickly_and_names_it(tmp_path, repo):
     os.kill(pids["passive-1"]["pid"], signal.SIGKILL)
     start = time.monotonic()
     try:
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=4 * TRANSPORT["rpc_timeout_s"])
     finally:
         proc.kill()
+    elapsed = time.monotonic() - start
     assert proc.returncode != 0
-    assert time.monotonic() - start < 60
+    # the dead process is noticed, not waited out: the run fails before an RPC deadline could expire
+    assert elapsed < TRANSPORT["rpc_timeout_s"], f"the run took {elapsed:.1f} s to fail"
     assert "passive-1" in err and "FAILED" in err
-    _wait_for(lambda: not any(_alive(p["pid"]) for p in pids.values()), 15, "all processes to exit")
+    _wait_exited([p["pid"] for p in pids.values()], 15)
 
 
 def test_interrupt_tears_down_every_process(tmp_path, repo):
@@ -146,8 +190,8 @@ def test_interrupt_tears_down_every_process(tmp_path, repo):
     pids = json.loads((run_dir / "processes.json").read_text())
     proc.send_signal(signal.SIGINT)
     try:
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=TRANSPORT["rpc_timeout_s"])
     finally:
         proc.kill()
     assert proc.returncode == 130 and "interrupted" in err
-    _wait_for(lambda: not any(_alive(p["pid"]) for p in pids.values()), 15, "all processes to exit")
+    _wait_exited([p["pid"] for p in pids.values()], 15)

@@ -75,7 +75,10 @@ def test_packing_fewer_values_than_slots_keeps_them():
     ("layers", "out"),
     [
         ([nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3)], 3),  # fewer logits than slots: padded rows
-        ([nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 10)], 10),  # more logits than slots
+        (
+            [nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 10)],
+            10,
+        ),  # more logits than slots
         ([nn.Linear(6, 10, bias=False)], 10),  # nothing but the packed weight
     ],
 )

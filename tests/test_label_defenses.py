@@ -285,6 +285,11 @@ def test_reproduction_sweeps_build_valid_runs_with_accepted_parameters() -> None
         for value in values:
             DEFENSES.get(name)(**{param: value})  # raises ValueError naming a parameter it does not accept
             defense = [{"name": name, "party": "active", "params": {param: value}}]
-            cfg = from_dict(config(task, batch=64, epochs=1, max_steps=0, attacks=batch_attacks(3, 10), defenses=defense))
+            cfg = from_dict(
+                config(task, batch=64, epochs=1, max_steps=0, attacks=batch_attacks(3, 10), defenses=defense)
+            )
             assert [d.name for d in cfg.defenses] == [name]
-            assert [a.name for a in cfg.attacks] == ["analytic-label-recovery", "gradient-inversion-label-inference"]
+            assert [a.name for a in cfg.attacks] == [
+                "analytic-label-recovery",
+                "gradient-inversion-label-inference",
+            ]

@@ -25,7 +25,11 @@ def _server_params(run_dir):
 def test_param_server_matches_split_training_or_stays_static(tmp_path, static):
     data = base_config(n_passive=2, active_features=True)
     data["protocol"] = {"kind": "param-server", "aggregation": "concat", "static": static}
-    data["train"].update(max_steps=6, optimizer={"kind": "adam", "lr": 0.01}, lr_schedule={"kind": "step", "step_size": 1, "gamma": 0.5})
+    data["train"].update(
+        max_steps=6,
+        optimizer={"kind": "adam", "lr": 0.01},
+        lr_schedule={"kind": "step", "step_size": 1, "gamma": 0.5},
+    )
     path = write_config(tmp_path, data)
     assert run_local(path, run_dir=tmp_path / "run", progress=False) == 0
     held = _server_params(tmp_path / "run")
@@ -39,7 +43,9 @@ def test_param_server_matches_split_training_or_stays_static(tmp_path, static):
         for party in ("active", "passive-1", "passive-2"):
             view = party_view(cfg, party)
             bottom, top = build_party_modules(cfg, cfg.party(party), tuple(view.x.shape[1:]), view.n_classes)
-            expected_states[party] = {k: m.state_dict() for k, m in (("bottom", bottom), ("top", top)) if m is not None}
+            expected_states[party] = {
+                k: m.state_dict() for k, m in (("bottom", bottom), ("top", top)) if m is not None
+            }
     else:
         expected_states = train_reference(from_dict(plain), evaluate=False).states
     worst = 0.0

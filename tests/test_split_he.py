@@ -70,7 +70,11 @@ def test_unsupported_bottom_is_refused():
 def test_decryption_service_checks_purpose_and_role(keys):
     data = base_config(n_passive=2, aggregation="sum")
     data["run"]["id"] = "he"
-    data["protocol"] = {"kind": "split-he", "aggregation": "sum", "he": {"key_bits": 512, "allow_insecure_keys": True}}
+    data["protocol"] = {
+        "kind": "split-he",
+        "aggregation": "sum",
+        "he": {"key_bits": 512, "allow_insecure_keys": True},
+    }
     cfg = from_dict(data)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -95,10 +99,16 @@ def test_decryption_service_checks_purpose_and_role(keys):
 @pytest.mark.e2e
 def test_split_he_run_ends_with_the_split_parameters(tmp_path):
     data = base_config(n_passive=2, aggregation="sum", active_features=True)
-    data["protocol"] = {"kind": "split-he", "aggregation": "sum", "he": {"key_bits": 512, "allow_insecure_keys": True}}
+    data["protocol"] = {
+        "kind": "split-he",
+        "aggregation": "sum",
+        "he": {"key_bits": 512, "allow_insecure_keys": True},
+    }
     for p in data["parties"][1:]:
         p["bottom"] = {"kind": "mlp", "hidden": [6], "out": 10}
-    data["train"].update(batch_size=16, max_steps=4, optimizer={"kind": "sgd", "lr": 0.5}, eval_batch_size=512)
+    data["train"].update(
+        batch_size=16, max_steps=4, optimizer={"kind": "sgd", "lr": 0.5}, eval_batch_size=512
+    )
     path = write_config(tmp_path, data)
     assert run_local(path, run_dir=tmp_path / "run", progress=False) == 0
     summary = json.loads((tmp_path / "run/summary.json").read_text())

@@ -63,5 +63,9 @@ def test_meter_counts_wire_and_payload_bytes_per_method():
     meter.record("ExchangeEmbeddings", msg)
     sent, payload = meter.take()
     assert sent == {"ExchangeEmbeddings": 2 * (msg.ByteSize() + GRPC_FRAME_PREFIX)}
-    assert payload == {"ExchangeEmbeddings": 2 * 8 * 4 * 4} == {"ExchangeEmbeddings": 2 * tensor_payload_bytes(msg)}
+    assert (
+        payload
+        == {"ExchangeEmbeddings": 2 * 8 * 4 * 4}
+        == {"ExchangeEmbeddings": 2 * tensor_payload_bytes(msg)}
+    )
     assert meter.take() == ({}, {})

@@ -351,7 +351,9 @@ class DirectionScoring(LabelInferenceAttack):
         attacker may have received in another batch)."""
         self._check_view(view)
         if reference.shape != view.grad_logits.shape[1:]:
-            raise ValueError(f"reference has shape {tuple(reference.shape)}, rows have {tuple(view.grad_logits.shape[1:])}")
+            raise ValueError(
+                f"reference has shape {tuple(reference.shape)}, rows have {tuple(view.grad_logits.shape[1:])}"
+            )
         return torch.nn.functional.cosine_similarity(view.grad_logits, reference.unsqueeze(0), dim=1)
 
     def infer(self, view: SampleGradientView, known_position: int, known_label: int) -> Tensor:

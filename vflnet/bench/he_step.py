@@ -197,7 +197,9 @@ def _sendable(ca: CipherArray, workers: int) -> CipherArray:
     return ca if ca.fresh else ca.rerandomize(workers)
 
 
-def engine_step(inputs: StepInputs, public_key: PublicKey, private_key: PrivateKey, workers: int = 1) -> StepOutcome:
+def engine_step(
+    inputs: StepInputs, public_key: PublicKey, private_key: PrivateKey, workers: int = 1
+) -> StepOutcome:
     """One split-he training step (protocols/split_he.py) in one process with the vflnet engine."""
     out = StepOutcome([])
     caches: list[ForwardCache] = []
@@ -212,7 +214,9 @@ def engine_step(inputs: StepInputs, public_key: PublicKey, private_key: PrivateK
     with out.stage("aggregate"):
         total = functools.reduce(operator.add, received)
         masked, r = mask(total, workers=workers)
-        aggregate = unmask(private_key.decrypt_encoded(_sendable(masked, workers), workers), r, masked.frac_bits)
+        aggregate = unmask(
+            private_key.decrypt_encoded(_sendable(masked, workers), workers), r, masked.frac_bits
+        )
     with out.stage("encrypt g"):
         grad = public_key.encrypt(loss_gradient(aggregate, inputs.y), FRAC_BITS, workers=workers)
     for bottom, cache in zip(inputs.bottoms, caches, strict=True):
@@ -300,8 +304,12 @@ def _phe_param_grads(
             weights = layer.weight.detach().double().numpy()
             w = _phe_encode(pk, weights, multiplier_frac_bits(weights))  # [out, in]
             derivative = cache.derivatives[index]
-            relu = derivative is not None and derivative.dtype == np.bool_  # skip inactive units, as the engine does
-            zero = phe.EncryptedNumber(pk, 1, delta[0, 0].exponent + w[0, 0].exponent)  # Enc(0), no randomness
+            relu = (
+                derivative is not None and derivative.dtype == np.bool_
+            )  # skip inactive units, as the engine does
+            zero = phe.EncryptedNumber(
+                pk, 1, delta[0, 0].exponent + w[0, 0].exponent
+            )  # Enc(0), no randomness
             back = np.empty((batch, w.shape[1]), dtype=object)
             for b in range(batch):
                 for i in range(w.shape[1]):
@@ -468,7 +476,10 @@ def main(argv: list[str] | None = None) -> int:
         "--phe-rows", type=int, default=8, help="batch rows phe runs on (scaled up to the batch)"
     )
     parser.add_argument(
-        "--workers", type=int, default=2, help="crypto worker processes of the second engine run (1: no second run)"
+        "--workers",
+        type=int,
+        default=2,
+        help="crypto worker processes of the second engine run (1: no second run)",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -505,7 +516,9 @@ def main(argv: list[str] | None = None) -> int:
             n = min(args.phe_rows, batch)
             reference = phe_step(make_inputs(n, args.seed), pk, sk)
             print(_stage_line(f"phe {bits} bits, {n} rows", reference), flush=True)
-            rows.append(Row(bits, batch, split[batch], dist, engine, engine_n, reference, n, os.getloadavg()[0]))
+            rows.append(
+                Row(bits, batch, split[batch], dist, engine, engine_n, reference, n, os.getloadavg()[0])
+            )
     shutdown_pools()
     print()
     _print_table(rows, args.steps, args.workers)

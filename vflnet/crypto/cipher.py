@@ -387,7 +387,9 @@ class CipherArray:
             pad.reshape(-1)[:] = [mpz(1)] * pad.size  # Enc(0) without randomness; padding stays 0
             padded = np.concatenate([self.data, pad], axis=-1)
         grouped = padded.reshape(self.shape[:-1] + (groups, k))
-        top = min(k, length) - 1  # one group: start at its last value, not at padding (zeros cost squarings too)
+        top = (
+            min(k, length) - 1
+        )  # one group: start at its last value, not at padding (zeros cost squarings too)
         acc = grouped[..., top].copy()
         for j in range(top - 1, -1, -1):
             acc = _chunked(_powmod_scalar_chunk, acc, (1 << width, n2), workers) * grouped[..., j] % n2

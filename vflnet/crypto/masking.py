@@ -57,5 +57,7 @@ def ints_from_bytes(data: bytes, width: int, shape: tuple[int, ...]) -> np.ndarr
     if width <= 0 or len(data) != count * width:
         raise ValueError(f"{len(data)} bytes do not hold {count} integers of width {width}")
     out = np.empty(shape, dtype=object)
-    out.reshape(-1)[:] = [int.from_bytes(data[i * width : (i + 1) * width], "big", signed=True) for i in range(count)]
+    out.reshape(-1)[:] = [
+        int.from_bytes(data[i * width : (i + 1) * width], "big", signed=True) for i in range(count)
+    ]
     return out

@@ -76,7 +76,9 @@ def _tables(bases: np.ndarray, entries: int, modulus: mpz) -> np.ndarray:
     return table
 
 
-def _multi_exp_block(bases: np.ndarray, exps: np.ndarray, modulus: mpz, where: np.ndarray | None) -> np.ndarray:
+def _multi_exp_block(
+    bases: np.ndarray, exps: np.ndarray, modulus: mpz, where: np.ndarray | None
+) -> np.ndarray:
     """multi_exp for one block of rows, in this process.
 
     Negative exponents: with c = max|e|, prod_k b_k^e_k = prod_k b_k^(e_k + c) * (prod_k b_k)^-c, so
@@ -119,12 +121,16 @@ def _multi_exp_block(bases: np.ndarray, exps: np.ndarray, modulus: mpz, where: n
         out[m, j] = evaluate(table, mags[term_of[m].T, j[None, :]], m, exp_bits, w, modulus)
     if offset:
         totals = prod_axis0(bases.T, modulus)  # prod_k b[m, k]
-        corrections = powmod_scalar(object_array([gmpy2.invert(t, modulus) for t in totals], (rows,)), offset, modulus)
+        corrections = powmod_scalar(
+            object_array([gmpy2.invert(t, modulus) for t in totals], (rows,)), offset, modulus
+        )
         out[out_rows, out_cols] = out[out_rows, out_cols] * corrections[out_rows] % modulus
     return out
 
 
-def _straus(table: np.ndarray, mags: np.ndarray, out_rows: np.ndarray, exp_bits: int, w: int, modulus: mpz) -> np.ndarray:
+def _straus(
+    table: np.ndarray, mags: np.ndarray, out_rows: np.ndarray, exp_bits: int, w: int, modulus: mpz
+) -> np.ndarray:
     """Interleaved windows for a list of outputs (row out_rows[p], exponent column mags[:, p]): per
     window, w squarings, then one gathered table entry per (output, term) multiplied together as a
     pairwise tree."""
@@ -135,7 +141,9 @@ def _straus(table: np.ndarray, mags: np.ndarray, out_rows: np.ndarray, exp_bits:
     for t in range(-(-exp_bits // w) - 1, -1, -1):
         shifted = (mags >> (t * w)) & mask
         digits = shifted if shifted.dtype != object else shifted.astype(np.int64)
-        window = prod_axis0(table[out_rows[None, :], term_index, digits], modulus)  # gathered (terms, outputs)
+        window = prod_axis0(
+            table[out_rows[None, :], term_index, digits], modulus
+        )  # gathered (terms, outputs)
         acc = window if acc is None else powmod_scalar(acc, 1 << w, modulus) * window % modulus
     return acc
 
@@ -177,12 +185,16 @@ def _subset_tables(bases: np.ndarray, h: int, modulus: mpz) -> np.ndarray:
     return table
 
 
-def _bit_sliced(table: np.ndarray, mags: np.ndarray, out_rows: np.ndarray, exp_bits: int, w: int, modulus: mpz) -> np.ndarray:
+def _bit_sliced(
+    table: np.ndarray, mags: np.ndarray, out_rows: np.ndarray, exp_bits: int, w: int, modulus: mpz
+) -> np.ndarray:
     """Few terms per output (e.g. [[g]] @ W, 10 logits): one bit of every exponent at a time, the
     terms' bits of a group picking one subset product, one squaring per bit (`w` is unused)."""
     groups, h = table.shape[1], table.shape[2].bit_length() - 1
     terms, outputs = mags.shape
-    padded = np.concatenate([mags, np.zeros((groups * h - terms, outputs), dtype=np.int64)]).reshape(groups, h, outputs)
+    padded = np.concatenate([mags, np.zeros((groups * h - terms, outputs), dtype=np.int64)]).reshape(
+        groups, h, outputs
+    )
     weights = (1 << np.arange(h, dtype=np.int64))[None, :, None]
     group_index = np.arange(groups)[:, None]
     acc = None

@@ -23,7 +23,9 @@ def split_train_test(ids: np.ndarray, test_fraction: float, seed: int) -> tuple[
     return np.sort(ids[order[n_test:]]), np.sort(ids[order[:n_test]])
 
 
-def epoch_batches(train_ids: np.ndarray, batch_size: int, epoch: int, seed: int, drop_last: bool) -> list[np.ndarray]:
+def epoch_batches(
+    train_ids: np.ndarray, batch_size: int, epoch: int, seed: int, drop_last: bool
+) -> list[np.ndarray]:
     """The seeded shuffle of one epoch, cut into batches of sample IDs."""
     rng = np.random.default_rng([seed, 2, epoch])
     shuffled = train_ids[rng.permutation(len(train_ids))]

@@ -32,7 +32,9 @@ Loader = Callable[[dict[str, Any]], Dataset]
 _REGISTRY: dict[str, tuple[Loader, str, set[str]]] = {}
 
 
-def register_dataset(name: str, description: str, params: set[str] | None = None) -> Callable[[Loader], Loader]:
+def register_dataset(
+    name: str, description: str, params: set[str] | None = None
+) -> Callable[[Loader], Loader]:
     def wrap(fn: Loader) -> Loader:
         if name in _REGISTRY:
             raise ValueError(f"dataset {name!r} is registered twice")
@@ -53,11 +55,15 @@ def load_dataset(name: str, params: dict[str, Any] | None = None) -> Dataset:
     fn, _, allowed = _REGISTRY[name]
     unknown = set(params) - allowed
     if unknown:
-        raise KeyError(f"dataset {name!r} takes no parameter(s) {sorted(unknown)}; allowed: {sorted(allowed) or 'none'}")
+        raise KeyError(
+            f"dataset {name!r} takes no parameter(s) {sorted(unknown)}; allowed: {sorted(allowed) or 'none'}"
+        )
     return fn(params)
 
 
-def _make(name: str, x: np.ndarray, y: np.ndarray, *, is_image: bool, ids: np.ndarray | None = None) -> Dataset:
+def _make(
+    name: str, x: np.ndarray, y: np.ndarray, *, is_image: bool, ids: np.ndarray | None = None
+) -> Dataset:
     y = np.asarray(y)
     classes, y_index = np.unique(y, return_inverse=True)
     return Dataset(
@@ -94,6 +100,25 @@ def _breast_cancer(params: dict[str, Any]) -> Dataset:
     return _make("breast_cancer", d.data, d.target, is_image=False)
 
 
+@register_dataset(
+    "breast_cancer_rare",
+    "breast_cancer with malignant = 1 kept rare: all 357 benign + n_positive (40) seeded malignant (Li et al.'s setting)",
+    {"n_positive", "seed"},
+)
+def _breast_cancer_rare(params: dict[str, Any]) -> Dataset:
+    from sklearn.datasets import load_breast_cancer
+
+    d = load_breast_cancer()
+    y = 1 - d.target  # malignant = 1
+    n_positive = int(params.get("n_positive", 40))
+    if not 1 <= n_positive <= int(y.sum()):
+        raise ValueError(f"dataset 'breast_cancer_rare': n_positive must lie in 1..{int(y.sum())}")
+    rng = np.random.default_rng(int(params.get("seed", 0)))
+    malignant = rng.choice(np.flatnonzero(y == 1), n_positive, replace=False)
+    keep = np.sort(np.concatenate([np.flatnonzero(y == 0), malignant]))
+    return _make("breast_cancer_rare", d.data[keep], y[keep], is_image=False)
+
+
 @register_dataset("wine", "scikit-learn wine (178 x 13, 3 classes)")
 def _wine(params: dict[str, Any]) -> Dataset:
     from sklearn.datasets import load_wine
@@ -113,7 +138,9 @@ def _iris(params: dict[str, Any]) -> Dataset:
 _SYNTHETIC = {"n_samples", "n_features", "n_informative", "n_redundant", "n_classes", "class_sep", "seed"}
 
 
-@register_dataset("synthetic", "scikit-learn make_classification (seeded; paper 003 uses such sets)", _SYNTHETIC)
+@register_dataset(
+    "synthetic", "scikit-learn make_classification (seeded; paper 003 uses such sets)", _SYNTHETIC
+)
 def _synthetic(params: dict[str, Any]) -> Dataset:
     from sklearn.datasets import make_classification
 
@@ -130,7 +157,11 @@ def _synthetic(params: dict[str, Any]) -> Dataset:
     return _make("synthetic", x, y, is_image=False)
 
 
-@register_dataset("csv", "your CSV file: params path, label_column, id_column (optional)", {"path", "label_column", "id_column"})
+@register_dataset(
+    "csv",
+    "your CSV file: params path, label_column, id_column (optional)",
+    {"path", "label_column", "id_column"},
+)
 def _csv(params: dict[str, Any]) -> Dataset:
     if "path" not in params or "label_column" not in params:
         raise KeyError("dataset 'csv' needs params 'path' and 'label_column'")

@@ -77,7 +77,9 @@ def party_view(cfg: Config, party_name: str, dataset: Dataset | None = None) -> 
     keep = np.arange(len(data.ids))
     if party.sample_fraction < 1.0:
         rng = np.random.default_rng([party_seed(cfg, party), 3])
-        keep = np.sort(rng.choice(len(keep), size=int(round(len(keep) * party.sample_fraction)), replace=False))
+        keep = np.sort(
+            rng.choice(len(keep), size=int(round(len(keep) * party.sample_fraction)), replace=False)
+        )
     order = keep[np.argsort(data.ids[keep], kind="stable")]
     x = None
     if party.features is not None:
@@ -121,7 +123,8 @@ def check_against_dataset(cfg: Config) -> None:
         width = outs[0] if cfg.protocol.aggregation == "sum" else sum(outs)
         if width != data.n_classes:
             raise ConfigError(
-                src, "model.top.kind",
+                src,
+                "model.top.kind",
                 f"with no top model the aggregated embedding ({width}) must equal the number of classes "
                 f"of {cfg.data.dataset!r} ({data.n_classes})",
             )

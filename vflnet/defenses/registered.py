@@ -30,7 +30,10 @@ class GaussianGradientNoise(Defense):
     name = "dp-gaussian"
     description = "clip each per-sample gradient to clip_norm, add N(0, scale^2) noise (DP-G)"
     roles = _ACTIVE
-    params = {"scale": _p(0.01, "noise standard deviation", 0.0), "clip_norm": _p(0.2, "per-sample L2 clip", 1e-12)}
+    params = {
+        "scale": _p(0.01, "noise standard deviation", 0.0),
+        "clip_norm": _p(0.2, "per-sample L2 clip", 1e-12),
+    }
 
     def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
         return ld.GaussianNoise(num_classes, self.p["scale"], self.p["clip_norm"], seed)
@@ -111,7 +114,9 @@ _CAE_PARAMS = {
 @DEFENSES.register
 class CAE(Defense):
     name = "cae"
-    description = "confusional autoencoder: train on soft fake labels, decode predictions (paper 004 Alg. 4-5)"
+    description = (
+        "confusional autoencoder: train on soft fake labels, decode predictions (paper 004 Alg. 4-5)"
+    )
     roles = _ACTIVE
     params = dict(_CAE_PARAMS)
 
@@ -151,13 +156,17 @@ class FakeGradientsDefense(Defense):
     params = {
         "nu": _p(1000, "candidate vectors drawn per round", 1, integer=True),
         "sigma2": _p(1.1, "variance of the candidates", 1e-12),
-        "max_rounds": _p(100, "rounds before the closest candidate is taken (keeps the loop finite)", 1, integer=True),
+        "max_rounds": _p(
+            100, "rounds before the closest candidate is taken (keeps the loop finite)", 1, integer=True
+        ),
     }
 
     def build(self, num_classes: int, seed: int) -> Any:
         from vflnet.defenses.fake_gradients import FakeGradients
 
-        return _numpy_transform(FakeGradients(self.p["nu"], self.p["sigma2"], None, self.p["max_rounds"], seed))
+        return _numpy_transform(
+            FakeGradients(self.p["nu"], self.p["sigma2"], None, self.p["max_rounds"], seed)
+        )
 
 
 @DEFENSES.register
@@ -166,7 +175,10 @@ class DpGradientUpload(Defense):
     description = "clip the whole upload to clip_norm and add N(0, (noise_multiplier * clip_norm)^2) noise (DP baseline)"
     roles = frozenset({"passive", "active"})
     acts_on = "upload"
-    params = {"clip_norm": _p(3.0, "L2 clip of the upload", 1e-12), "noise_multiplier": _p(1.0, "noise std / clip_norm", 0.0)}
+    params = {
+        "clip_norm": _p(3.0, "L2 clip of the upload", 1e-12),
+        "noise_multiplier": _p(1.0, "noise std / clip_norm", 0.0),
+    }
 
     def build(self, num_classes: int, seed: int) -> Any:
         from vflnet.defenses.dp_gradients import DpGradients

@@ -146,6 +146,9 @@ def mean_batch_auc(scores: ArrayLike | torch.Tensor, truth: ArrayLike, batches: 
     labels, groups = _labels(truth, "truth"), _labels(batches, "batches")
     if not values.shape == labels.shape == groups.shape:
         raise ValueError("scores, truth and batches disagree on the number of rows")
-    aucs = [binary_auc(values[groups == g], labels[groups == g]) for g in np.unique(groups)
-            if len(np.unique(labels[groups == g])) == 2]
+    aucs = [
+        binary_auc(values[groups == g], labels[groups == g])
+        for g in np.unique(groups)
+        if len(np.unique(labels[groups == g])) == 2
+    ]
     return float(np.mean(aucs)) if aucs else float("nan")

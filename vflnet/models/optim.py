@@ -20,7 +20,9 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimizerConfig) 
     raise ValueError(f"unknown optimizer {cfg.kind!r}")
 
 
-def build_schedule(optimizer: torch.optim.Optimizer, cfg: LRScheduleConfig) -> torch.optim.lr_scheduler.LRScheduler | None:
+def build_schedule(
+    optimizer: torch.optim.Optimizer, cfg: LRScheduleConfig
+) -> torch.optim.lr_scheduler.LRScheduler | None:
     """Stepped once per epoch by the party when the coordinator starts a new epoch."""
     if cfg.kind == "none":
         return None

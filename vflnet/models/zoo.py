@@ -46,15 +46,23 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
-def cafe_config(cfg: ModelConfig, input_shape: tuple[int, ...], n_workers: int = 1, n_classes: int = 10) -> Any:
+def cafe_config(
+    cfg: ModelConfig, input_shape: tuple[int, ...], n_workers: int = 1, n_classes: int = 10
+) -> Any:
     """The CAFE paper's worker model (paper 002) for one image region: `channels` are its two conv
     widths, `hidden` its [fc1, fc2] widths, `out` the worker output size."""
     from vflnet.models.cafe_net import CafeNetConfig
 
     fc1, fc2 = (cfg.hidden + [256, 64])[:2] if len(cfg.hidden) < 2 else cfg.hidden[:2]
     return CafeNetConfig(
-        kind="conv" if cfg.kind == "cafe-conv" else "fc", n_workers=n_workers, region_shape=tuple(input_shape),
-        n_classes=n_classes, conv_channels=tuple(cfg.channels[:2]), fc1_out=fc1, fc2_out=fc2, worker_out=cfg.out,
+        kind="conv" if cfg.kind == "cafe-conv" else "fc",
+        n_workers=n_workers,
+        region_shape=tuple(input_shape),
+        n_classes=n_classes,
+        conv_channels=tuple(cfg.channels[:2]),
+        fc1_out=fc1,
+        fc2_out=fc2,
+        worker_out=cfg.out,
     )
 
 
@@ -78,7 +86,9 @@ class TopModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig, in_dim: int, n_classes: int) -> None:
         super().__init__()
-        self.input_activation = _ACTIVATIONS[cfg.input_activation]() if cfg.input_activation != "none" else nn.Identity()
+        self.input_activation = (
+            _ACTIVATIONS[cfg.input_activation]() if cfg.input_activation != "none" else nn.Identity()
+        )
         if cfg.kind == "none":
             self.net: nn.Module = nn.Identity()
         elif cfg.kind == "linear":

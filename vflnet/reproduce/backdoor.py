@@ -22,7 +22,6 @@ from vflnet.runner.local import run_local
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "backdoor-digits.yaml"
 
 
-
 def _fig6(gamma: float) -> str:
     """The paper's claim for one point of the gamma sweep (Fig. 6, MNIST; no numbers in the text)."""
     if gamma < 10:
@@ -34,9 +33,24 @@ def _fig6(gamma: float) -> str:
 
 # --defenses choice -> (defense, its params, row label, the paper's claim)
 DEFENSES = {
-    "cae": ("cae", {"lambda_2": 1.0}, "CAE (lambda_2 = 1)", "Fig. 9: CAE cuts backdoor accuracy to the DP/GS level, MTA stays high"),
-    "cae0": ("cae", {"lambda_2": 0.0}, "CAE (lambda_2 = 0)", "Fig. 9 / 10a: lambda_2 = 0 does not stop the backdoor"),
-    "dcae": ("dcae", {"lambda_2": 1.0}, "DCAE (lambda_2 = 1, 12 bins)", "Fig. 9: slightly lower MTA and backdoor accuracy than CAE"),
+    "cae": (
+        "cae",
+        {"lambda_2": 1.0},
+        "CAE (lambda_2 = 1)",
+        "Fig. 9: CAE cuts backdoor accuracy to the DP/GS level, MTA stays high",
+    ),
+    "cae0": (
+        "cae",
+        {"lambda_2": 0.0},
+        "CAE (lambda_2 = 0)",
+        "Fig. 9 / 10a: lambda_2 = 0 does not stop the backdoor",
+    ),
+    "dcae": (
+        "dcae",
+        {"lambda_2": 1.0},
+        "DCAE (lambda_2 = 1, 12 bins)",
+        "Fig. 9: slightly lower MTA and backdoor accuracy than CAE",
+    ),
 }
 
 
@@ -64,8 +78,16 @@ def _distributed(base: dict[str, Any], gamma: float) -> dict[str, Any]:
     data["parties"] = data["parties"][:2]
     data["attacks"] = []
     for k in (1, 2, 3):
-        data["parties"].append(dict(copy.deepcopy(passive), name=f"passive-{k}", features={"region": [0, 8, 2 * k, 2 * k + 2]}))
-        data["attacks"].append({"name": "backdoor", "party": f"passive-{k}", "params": dict(params, trigger_pixels=[[7, 2 * k + 1]])})
+        data["parties"].append(
+            dict(copy.deepcopy(passive), name=f"passive-{k}", features={"region": [0, 8, 2 * k, 2 * k + 2]})
+        )
+        data["attacks"].append(
+            {
+                "name": "backdoor",
+                "party": f"passive-{k}",
+                "params": dict(params, trigger_pixels=[[7, 2 * k + 1]]),
+            }
+        )
     return data
 
 
@@ -80,24 +102,47 @@ def cases(args: argparse.Namespace) -> list[Case]:
         out.append(Case(f"backdoor, gamma = {gamma:g}", _fig6(gamma), _with_attack(base, gamma=gamma)))
     if args.split_he:
         data = _with_attack(base, gamma=10)
-        data["protocol"] = {"kind": "split-he", "aggregation": "sum",
-                            "he": {"key_bits": args.key_bits, "allow_insecure_keys": args.key_bits < 2048}}
+        data["protocol"] = {
+            "kind": "split-he",
+            "aggregation": "sum",
+            "he": {"key_bits": args.key_bits, "allow_insecure_keys": args.key_bits < 2048},
+        }
         data["train"]["eval_batch_size"] = 512
         if args.he_steps:
             data["train"]["max_steps"] = args.he_steps
         steps = f", {args.he_steps} steps" if args.he_steps else ""
-        out.append(Case(f"backdoor, gamma = 10, split-he ({args.key_bits}-bit Paillier{steps})",
-                        "Sec. 5: the rewrite works on ciphertexts (ct x scalar), no key needed", data))
+        out.append(
+            Case(
+                f"backdoor, gamma = 10, split-he ({args.key_bits}-bit Paillier{steps})",
+                "Sec. 5: the rewrite works on ciphertexts (ct x scalar), no key needed",
+                data,
+            )
+        )
     if args.distributed:
-        out.append(Case("clean run, 4 parties (1 active + 3 passive)", "-", _with_attack(_distributed(base, 10), poison_training=False)))
-        out.append(Case("distributed: 3 colluding passive parties, 1-pixel trigger each, gamma = 10",
-                        "Fig. 9(d): stronger than the two-party attack", _distributed(base, 10)))
+        out.append(
+            Case(
+                "clean run, 4 parties (1 active + 3 passive)",
+                "-",
+                _with_attack(_distributed(base, 10), poison_training=False),
+            )
+        )
+        out.append(
+            Case(
+                "distributed: 3 colluding passive parties, 1-pixel trigger each, gamma = 10",
+                "Fig. 9(d): stronger than the two-party attack",
+                _distributed(base, 10),
+            )
+        )
     for name in args.defenses:
         defense, params, label, paper = DEFENSES[name]
         for clean in (True, False):
             data = _with_attack(base, gamma=10, poison_training=not clean)
             data["defenses"] = [{"name": defense, "party": "active", "params": params}]
-            out.append(Case(f"clean run, {label}", "-", data) if clean else Case(f"backdoor, gamma = 10, {label}", paper, data))
+            out.append(
+                Case(f"clean run, {label}", "-", data)
+                if clean
+                else Case(f"backdoor, gamma = 10, {label}", paper, data)
+            )
     return out
 
 
@@ -111,7 +156,13 @@ def run_case(case: Case, out_dir: Path, index: int) -> dict[str, Any]:
         raise RuntimeError(f"{case.label}: run failed; see {out_dir / name}/logs")
     scores = json.loads((out_dir / name / "attacks/scores.json").read_text())
     score = scores["backdoor@passive-1"]
-    return {"label": case.label, "paper": case.paper, "run": name, "seconds": time.perf_counter() - start, **score}
+    return {
+        "label": case.label,
+        "paper": case.paper,
+        "run": name,
+        "seconds": time.perf_counter() - start,
+        **score,
+    }
 
 
 def report(rows: list[dict[str, Any]], command: str, total_s: float) -> str:
@@ -134,8 +185,10 @@ def report(rows: list[dict[str, Any]], command: str, total_s: float) -> str:
     for r in rows:
         if r["label"].startswith("clean run"):
             clean = r["mta_untriggered"]
-        lines.append(f"| {r['label']} | {r['asr']:.3f} | {r['mta_untriggered']:.3f} | {r['mta_untriggered'] - clean:+.3f} | "
-                     f"{r['paired_samples']:.0f} | {r['paper']} | {r['run']} | {r['seconds']:.0f} s |")
+        lines.append(
+            f"| {r['label']} | {r['asr']:.3f} | {r['mta_untriggered']:.3f} | {r['mta_untriggered'] - clean:+.3f} | "
+            f"{r['paired_samples']:.0f} | {r['paper']} | {r['run']} | {r['seconds']:.0f} s |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -144,12 +197,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", type=Path, required=True)
     p.add_argument("--quick", action="store_true", help="gamma 0 and 10, CAE only, split-he for 3 steps")
     p.add_argument("--gammas", type=lambda s: [float(v) for v in s.split(",")], default=[0, 1, 5, 10, 20])
-    p.add_argument("--defenses", type=lambda s: [v for v in s.split(",") if v and v != "none"], default=["cae", "cae0", "dcae"],
-                   help="comma list of cae, cae0 (lambda_2 = 0), dcae; 'none' for no defense runs")
+    p.add_argument(
+        "--defenses",
+        type=lambda s: [v for v in s.split(",") if v and v != "none"],
+        default=["cae", "cae0", "dcae"],
+        help="comma list of cae, cae0 (lambda_2 = 0), dcae; 'none' for no defense runs",
+    )
     p.add_argument("--no-distributed", dest="distributed", action="store_false")
     p.add_argument("--no-split-he", dest="split_he", action="store_false")
-    p.add_argument("--key-bits", type=int, default=512, help="split-he key size (below 2048 is marked insecure)")
-    p.add_argument("--he-steps", type=int, default=0, help="stop the split-he run after this many steps (0: the full run)")
+    p.add_argument(
+        "--key-bits", type=int, default=512, help="split-he key size (below 2048 is marked insecure)"
+    )
+    p.add_argument(
+        "--he-steps",
+        type=int,
+        default=0,
+        help="stop the split-he run after this many steps (0: the full run)",
+    )
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     return p

@@ -24,7 +24,9 @@ _PASS_THROUGH = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vflnet reproduce", description=__doc__)
-    parser.add_argument("name", choices=sorted(EXPERIMENTS), help="; ".join(f"{k}: {v}" for k, v in EXPERIMENTS.items()))
+    parser.add_argument(
+        "name", choices=sorted(EXPERIMENTS), help="; ".join(f"{k}: {v}" for k, v in EXPERIMENTS.items())
+    )
     parser.add_argument("--out-dir", type=Path, default=None, help="default: runs/reproduce-NAME")
     parser.add_argument("--quick", action="store_true", help="a smaller setting (minutes, not hours)")
     return parser
@@ -45,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         # exercised end to end by configs/cafe-digits.yaml and tests/test_cafe_e2e.py.
         from vflnet.attacks import cafe_reproduce
 
-        return cafe_reproduce.main([*rest, "--out-dir", str(out_dir)] + (["--no-paper-timing"] if args.quick else []))
+        return cafe_reproduce.main(
+            [*rest, "--out-dir", str(out_dir)] + (["--no-paper-timing"] if args.quick else [])
+        )
     if args.name in _PASS_THROUGH:
         module = importlib.import_module(_PASS_THROUGH[args.name])
         return int(module.main([*rest, "--out-dir", str(out_dir)] + (["--quick"] if args.quick else [])) or 0)

