@@ -18,7 +18,7 @@ from vflnet.config import from_dict
 from vflnet.data.partition import party_view
 from vflnet.interceptors.trace import read_trace
 from vflnet.models.zoo import build_party_modules
-from vflnet.plugins import ATTACKS
+from vflnet.registry import ATTACKS
 from vflnet.runner.local import run_local
 
 pytestmark = pytest.mark.e2e

@@ -17,7 +17,7 @@ from vflnet.crypto import generate_keypair
 from vflnet.crypto.wire import cipher_from_proto, cipher_to_proto
 from vflnet.interceptors.events import WireEvent
 from vflnet.interceptors.trace import read_trace
-from vflnet.plugins import ATTACKS
+from vflnet.registry import ATTACKS
 from vflnet.reproduce.backdoor import build_parser, cases
 from vflnet.runner.local import run_local
 from vflnet.runner.reference import train_reference

@@ -275,7 +275,7 @@ def test_registry_lists_every_defense_by_name() -> None:
 
 def test_reproduction_sweeps_build_valid_runs_with_accepted_parameters() -> None:
     from vflnet.config import from_dict
-    from vflnet.plugins import DEFENSES
+    from vflnet.registry import DEFENSES
     from vflnet.reproduce.label_inference import BREAST_CANCER, DIGITS, SWEEPS, batch_attacks, config
 
     # every label defense of the active party has a sweep

@@ -18,7 +18,7 @@ from vflnet.data.datasets import load_dataset
 from vflnet.interceptors.setup import run_split, threat_model_knowledge
 from vflnet.interceptors.trace import read_trace
 from vflnet.metrics.labels import mean_batch_auc
-from vflnet.plugins import ATTACKS
+from vflnet.registry import ATTACKS
 from vflnet.runner.local import run_local
 
 pytestmark = pytest.mark.e2e

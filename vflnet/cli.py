@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.file}: OK ({len(cfg.parties)} parties, protocol {cfg.protocol.kind}, dataset {cfg.data.dataset})")
             return 0
         if args.command in ("attacks", "defenses"):
-            from vflnet.plugins import ATTACKS, DEFENSES, describe
+            from vflnet.registry import ATTACKS, DEFENSES, describe
 
             print(describe(ATTACKS if args.command == "attacks" else DEFENSES))
             return 0

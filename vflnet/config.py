@@ -387,7 +387,7 @@ def validate(cfg: Config) -> None:
 
 
 def _validate_plugins(cfg: Config) -> None:
-    from vflnet.plugins import ATTACKS, DEFENSES, load_plugin_modules, validate_params
+    from vflnet.registry import ATTACKS, DEFENSES, load_plugin_modules, validate_params
 
     src = cfg.source
     try:

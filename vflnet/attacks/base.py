@@ -21,7 +21,7 @@ import numpy as np
 from google.protobuf.message import Message
 
 from vflnet.interceptors.events import WireEvent
-from vflnet.plugins import Param, validate_params
+from vflnet.registry import Param, validate_params
 from vflnet.v1 import messages_pb2
 
 

@@ -22,7 +22,7 @@ from vflnet.attacks.label_inference import (
     last_layer_view,
 )
 from vflnet.interceptors.events import WireEvent
-from vflnet.plugins import ATTACKS, Param
+from vflnet.registry import ATTACKS, Param
 
 
 class _BatchLabelAttack(LabelAttack):

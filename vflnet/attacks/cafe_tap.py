@@ -20,8 +20,8 @@ from vflnet.attacks.base import Attack, Tap
 from vflnet.attacks.cafe import CafeAttack, CafeParams, ServerObservation
 from vflnet.interceptors.events import WireEvent
 from vflnet.models.cafe_net import TOP, CafeVFL, worker_name
-from vflnet.plugins import ATTACKS, Param
 from vflnet.protocols.param_server import from_tensor_map
+from vflnet.registry import ATTACKS, Param
 from vflnet.v1 import messages_pb2
 
 

@@ -13,7 +13,7 @@ import torch
 from vflnet.attacks.base import PerSampleGradientAttack
 from vflnet.attacks.label_inference import DirectLabelInference, SampleGradientView
 from vflnet.interceptors.events import WireEvent
-from vflnet.plugins import ATTACKS, Param
+from vflnet.registry import ATTACKS, Param
 
 
 @ATTACKS.register

@@ -13,7 +13,7 @@ import numpy as np
 
 from vflnet.attacks.base import AttackContext
 from vflnet.interceptors.trace import read_trace
-from vflnet.plugins import ATTACKS
+from vflnet.registry import ATTACKS
 
 
 def build_parser() -> argparse.ArgumentParser:

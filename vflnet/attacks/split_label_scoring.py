@@ -35,7 +35,7 @@ from vflnet.attacks.label_inference import (
 )
 from vflnet.interceptors.events import WireEvent
 from vflnet.metrics.labels import mean_batch_auc
-from vflnet.plugins import ATTACKS, Param
+from vflnet.registry import ATTACKS, Param
 
 _SEED = Param(
     0, "seed of the guesses made when gradients are encrypted", lambda v: isinstance(v, int), "an integer"

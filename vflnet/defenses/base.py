@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from vflnet.config import Config
-from vflnet.plugins import Param, validate_params
+from vflnet.registry import Param, validate_params
 
 
 class Defense(ABC):
@@ -32,7 +32,7 @@ class Defense(ABC):
 def build_upload_defenses(cfg: Config, party: str) -> list[Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]]:
     """The transforms a party applies to its gradient upload (param-server), in config order."""
     from vflnet.data.partition import party_seed
-    from vflnet.plugins import DEFENSES
+    from vflnet.registry import DEFENSES
 
     out = []
     for entry in cfg.defenses:

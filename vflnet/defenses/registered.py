@@ -10,7 +10,7 @@ from typing import Any
 
 from vflnet.defenses import label_defenses as ld
 from vflnet.defenses.base import Defense
-from vflnet.plugins import DEFENSES, Param
+from vflnet.registry import DEFENSES, Param
 
 _ACTIVE = frozenset({"active"})
 

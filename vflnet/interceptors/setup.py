@@ -20,7 +20,7 @@ from vflnet.data.datasets import Dataset, load_dataset
 from vflnet.data.partition import party_view
 from vflnet.interceptors.chain import Chain
 from vflnet.interceptors.trace import TraceWriter, trace_path
-from vflnet.plugins import ATTACKS, load_plugin_modules
+from vflnet.registry import ATTACKS, load_plugin_modules
 
 log = logging.getLogger(__name__)
 

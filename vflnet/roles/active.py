@@ -19,9 +19,9 @@ from vflnet.config import Config
 from vflnet.crypto.wire import cipher_to_proto
 from vflnet.data.partition import party_seed
 from vflnet.defenses.label_defenses import LabelDefense
-from vflnet.plugins import DEFENSES
 from vflnet.protocols.split import ActiveSplit, StepResult, predict
 from vflnet.protocols.split_he import ActiveHE
+from vflnet.registry import DEFENSES
 from vflnet.roles.common import check_run, check_sender, header, wait_for
 from vflnet.roles.party import PartyBase
 from vflnet.roles.serve import serve_party

@@ -15,7 +15,7 @@ from vflnet.config import Config
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import party_view
 from vflnet.interceptors.setup import attack_output_path
-from vflnet.plugins import ATTACKS, load_plugin_modules
+from vflnet.registry import ATTACKS, load_plugin_modules
 
 
 def final_test_predictions(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
