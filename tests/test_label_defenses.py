@@ -17,7 +17,6 @@ from vflnet.attacks.label_inference import (
     SampleGradientView,
 )
 from vflnet.defenses.label_defenses import (
-    LABEL_DEFENSES,
     CAEDefense,
     ConfusionalAutoEncoder,
     DCAEDefense,
@@ -259,18 +258,21 @@ def test_transforms_reject_misshaped_gradients() -> None:
         GaussianNoise(10, scale=0.1).transform(torch.zeros(4, 10), LABELS)
 
 
-def test_registry_lists_every_defense_by_name() -> None:
-    assert set(LABEL_DEFENSES) == {
-        "none",
-        "dp_gaussian",
-        "dp_laplace",
-        "gradient_sparsification",
-        "discrete_sgd",
-        "rounding",
-        "marvell",
-        "cae",
-        "dcae",
+def test_every_label_defense_is_the_implementation_of_one_registered_name() -> None:
+    from vflnet.registry import DEFENSES
+
+    pairs = [(cls.implementation, name) for name, cls in DEFENSES.all().items() if cls.acts_on == "labels"]
+    assert dict(pairs) == {
+        GaussianNoise: "dp-gaussian",
+        LaplaceNoise: "dp-laplace",
+        GradientSparsification: "gradient-sparsification",
+        DiscreteSGD: "discrete-sgd",
+        GradientRounding: "rounding",
+        Marvell: "marvell",
+        CAEDefense: "cae",
+        DCAEDefense: "dcae",
     }
+    assert len(pairs) == len(dict(pairs))
 
 
 def test_reproduction_sweeps_build_valid_runs_with_accepted_parameters() -> None:

@@ -73,6 +73,8 @@ class Attack(ABC):
     wants_own_view: ClassVar[bool] = False  # receive an OwnStepView of the host party after each training step
     changes_own_data: ClassVar[bool] = False  # rewrites the host party's own feature rows (`own_data`)
     params: ClassVar[dict[str, Param]] = {}
+    # the view-level algorithm this attack runs, if it is one of vflnet.attacks.label_inference's
+    algorithm: ClassVar[type | None] = None
 
     def __init__(self, context: AttackContext, **params: Any) -> None:
         if context.role not in self.roles:

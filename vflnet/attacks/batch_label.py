@@ -79,15 +79,17 @@ class AnalyticBatchLabels(_BatchLabelAttack):
     name = "analytic-label-recovery"
     description = "paper 004 Theorem 1: per-sample logit gradients from the last layer's batch gradient (exact when B <= rank)"
     params = {"max_batches": _MAX_BATCHES}
+    algorithm = AnalyticLabelRecovery
 
     def infer(self, view: BatchGradientView) -> torch.Tensor:
-        return AnalyticLabelRecovery().infer(last_layer_view(view))
+        return self.algorithm().infer(last_layer_view(view))
 
 
 @ATTACKS.register
 class GradientInversionBatchLabels(_BatchLabelAttack):
     name = "gradient-inversion-label-inference"
     description = "paper 004 Algorithm 2: dummy labels optimised to reproduce the batch-level parameter gradient"
+    algorithm = GradientInversionLabelInference
     params = {
         "max_batches": _MAX_BATCHES,
         "iterations": Param(1500, "optimisation steps per batch", lambda v: isinstance(v, int) and v > 0, "a positive integer"),
@@ -104,6 +106,6 @@ class GradientInversionBatchLabels(_BatchLabelAttack):
         if method == "auto":
             entries = view.features.shape[0] * view.num_classes * sum(g.numel() for g in view.param_grads.values())
             method = "jacobian" if entries <= _JACOBIAN_ENTRIES else "double_backprop"
-        attack = GradientInversionLabelInference(iterations=self.p["iterations"], lr=self.p["lr"], seed=self.p["seed"],
-                                                 method=method)
+        attack = self.algorithm(iterations=self.p["iterations"], lr=self.p["lr"], seed=self.p["seed"],
+                              method=method)
         return attack.infer(view)

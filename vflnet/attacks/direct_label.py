@@ -20,6 +20,7 @@ from vflnet.registry import ATTACKS, Param
 class DirectLabelAttack(PerSampleGradientAttack):
     name = "direct-label-inference"
     description = "paper 004 Lemma 1: label = argmin of the per-sample gradient a passive party receives"
+    algorithm = DirectLabelInference
     params = {"seed": Param(0, "seed of the guesses made when gradients are encrypted", lambda v: isinstance(v, int), "an integer")}
 
     def __init__(self, context, **params) -> None:  # type: ignore[no-untyped-def]
@@ -32,7 +33,7 @@ class DirectLabelAttack(PerSampleGradientAttack):
         grad = reply.tensors().get("values")
         if grad is not None:
             view = SampleGradientView(torch.from_numpy(ids), torch.from_numpy(grad))
-            guesses, informed = DirectLabelInference().infer(view).numpy(), True
+            guesses, informed = self.algorithm().infer(view).numpy(), True
         else:
             cipher = reply.ciphertexts()["cipher"]
             n_classes = int(cipher.shape[1])

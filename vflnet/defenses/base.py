@@ -20,6 +20,7 @@ class Defense(ABC):
     roles: ClassVar[frozenset[str]]
     params: ClassVar[dict[str, Param]] = {}
     acts_on: ClassVar[str] = "labels"  # "labels": active-party label defense; "upload": param-server gradient upload
+    implementation: ClassVar[type]  # the class `build` makes (for label defenses: a LabelDefense subclass)
 
     def __init__(self, **params: Any) -> None:
         self.p = validate_params("defense", self.name, self.params, params)
