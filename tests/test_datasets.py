@@ -31,7 +31,11 @@ def test_user_csv_and_npz(tmp_path):
     np.savez(npz, x=np.ones((4, 3)), y=np.array([0, 1, 2, 1]), ids=np.array([5, 6, 7, 8]))
     d = load_dataset("npz", {"path": str(npz)})
     assert d.features.shape == (4, 3) and d.ids.tolist() == [5, 6, 7, 8] and d.n_classes == 3
-    with pytest.raises(KeyError, match="takes no parameter"):
+    with pytest.raises(ValueError, match="takes no parameter"):
         load_dataset("digits", {"path": "x"})
+    with pytest.raises(ValueError, match="parameter 'label_column': expected a string"):
+        load_dataset("csv", {"path": str(csv)})
+    with pytest.raises(ValueError, match="parameter 'n_classes': expected an integer >= 2"):
+        load_dataset("synthetic", {"n_classes": 1})
     with pytest.raises(KeyError, match="unknown dataset 'cifar10'"):
         load_dataset("cifar10")

@@ -20,6 +20,14 @@ _MODULE_COMMANDS = {
     "lab": ("vflnet.lab.cli", "multi-host network lab in Linux network namespaces (root)"),
 }
 
+# Subcommands that list a registry (vflnet.registry): command -> (registry, help).
+_LISTS = {
+    "datasets": ("DATASETS", "list the registered datasets (no downloads) and their parameters"),
+    "models": ("MODELS", "list the registered model kinds (`kind:` of a bottom or top model block)"),
+    "attacks": ("ATTACKS", "list the registered attacks and their parameters"),
+    "defenses": ("DEFENSES", "list the registered defenses and their parameters"),
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vflnet", description="Vertical federated learning over a real wire: attacks and defenses.")
@@ -44,9 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = csub.add_parser("check", help="validate a config file and exit")
     c.add_argument("file", type=Path)
 
-    p = sub.add_parser("datasets", help="list the bundled datasets")
-    sub.add_parser("attacks", help="list the registered attacks and their parameters")
-    sub.add_parser("defenses", help="list the registered defenses and their parameters")
+    for name, (_, help_text) in _LISTS.items():
+        sub.add_parser(name, help=help_text)
     for name, (module, help_text) in _MODULE_COMMANDS.items():
         sub.add_parser(name, parents=[importlib.import_module(module).build_parser()], add_help=False, help=help_text)
 
@@ -114,16 +121,10 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load(args.file)
             print(f"{args.file}: OK ({len(cfg.parties)} parties, protocol {cfg.protocol.kind}, dataset {cfg.data.dataset})")
             return 0
-        if args.command in ("attacks", "defenses"):
-            from vflnet.registry import ATTACKS, DEFENSES, describe
+        if args.command in _LISTS:
+            from vflnet import registry
 
-            print(describe(ATTACKS if args.command == "attacks" else DEFENSES))
-            return 0
-        if args.command == "datasets":
-            from vflnet.data.datasets import available
-
-            for name, desc in available().items():
-                print(f"{name:15s} {desc}")
+            print(registry.describe(getattr(registry, _LISTS[args.command][0])))
             return 0
         if args.command == "bench":
             if args.what == "transport":
