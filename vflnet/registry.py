@@ -135,10 +135,12 @@ PROTOCOLS = Registry("protocol", "vflnet.protocols")
 
 def describe(registry: Registry) -> str:
     """What the CLI prints: one line per entry (name, where it sits, description), then its params."""
+    entries = registry.all()
+    width = max((len(name) for name in entries), default=0)
     lines = []
-    for name, entry in registry.all().items():
+    for name, entry in entries.items():
         where = getattr(entry, "where", None) or ", ".join(sorted(getattr(entry, "roles", ())))
-        lines.append(f"{name}  [{where}]  {entry.description}" if where else f"{name}  {entry.description}")
+        lines.append(f"{name:<{width}}  " + (f"[{where}]  " if where else "") + entry.description)
         for key, p in getattr(entry, "params", {}).items():
             lines.append(f"    {key} (default {p.default!r}): {p.help}")
     return "\n".join(lines)

@@ -7,10 +7,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vflnet.config import Config, ConfigError, FeaturesConfig, PartyConfig
+from vflnet.config import Config, ConfigError, FeaturesConfig, ModelConfig, PartyConfig
 from vflnet.data.datasets import Dataset, load_dataset
+from vflnet.registry import MODELS
 
-IMAGE_BOTTOMS = ("cnn", "cafe-conv", "cafe-fc")  # bottoms that take [n, 1, h, w] regions
+
+def takes_image(bottom: ModelConfig) -> bool:
+    """Whether a bottom model of this kind takes [n, 1, h, w] image regions (the kind's registry entry)."""
+    return bool(MODELS.get(bottom.kind).image_input)
 
 
 @dataclass
@@ -77,12 +81,14 @@ def party_view(cfg: Config, party_name: str, dataset: Dataset | None = None) -> 
     keep = np.arange(len(data.ids))
     if party.sample_fraction < 1.0:
         rng = np.random.default_rng([party_seed(cfg, party), 3])
-        keep = np.sort(rng.choice(len(keep), size=int(round(len(keep) * party.sample_fraction)), replace=False))
+        keep = np.sort(
+            rng.choice(len(keep), size=int(round(len(keep) * party.sample_fraction)), replace=False)
+        )
     order = keep[np.argsort(data.ids[keep], kind="stable")]
     x = None
     if party.features is not None:
         assert party.bottom is not None
-        x = select_features(data, party.features, as_image=party.bottom.kind in IMAGE_BOTTOMS)[order]
+        x = select_features(data, party.features, as_image=takes_image(party.bottom))[order]
     y = data.labels[order] if party.role == "active" else None
     return PartyData(ids=data.ids[order], x=x, y=y, n_classes=data.n_classes)
 
@@ -113,7 +119,7 @@ def check_against_dataset(cfg: Config) -> None:
             continue
         try:
             assert party.bottom is not None
-            select_features(data, party.features, as_image=party.bottom.kind in IMAGE_BOTTOMS)
+            select_features(data, party.features, as_image=takes_image(party.bottom))
         except ValueError as exc:
             raise ConfigError(src, f"parties[{i}].features", str(exc)) from exc
     outs = [p.bottom.out for p in cfg.feature_parties if p.bottom is not None]
@@ -121,7 +127,8 @@ def check_against_dataset(cfg: Config) -> None:
         width = outs[0] if cfg.protocol.aggregation == "sum" else sum(outs)
         if width != data.n_classes:
             raise ConfigError(
-                src, "model.top.kind",
+                src,
+                "model.top.kind",
                 f"with no top model the aggregated embedding ({width}) must equal the number of classes "
                 f"of {cfg.data.dataset!r} ({data.n_classes})",
             )
