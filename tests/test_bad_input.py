@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from tests.conftest import base_config
-from vflnet.config import from_dict
 from vflnet.data.alignment import intersect, split_train_test
 from vflnet.roles.active import ActiveParty, ActiveServicer
 from vflnet.roles.serve import PartyServicer
 from vflnet.v1 import messages_pb2, services_pb2_grpc
+from vflnet.validation import config_from_dict
 from vflnet.wire import tensors
 from vflnet.wire.channels import add_standard_services
 
@@ -28,7 +28,7 @@ def active(tmp_path):
     data = base_config(n_passive=2)
     data["run"]["id"] = "bad-input"
     data["transport"]["rpc_timeout_s"] = 2
-    cfg = from_dict(data)
+    cfg = config_from_dict(data)
     party = ActiveParty(cfg, "active", tmp_path)
     train, _ = split_train_test(intersect([party.data.ids]), 0.2, cfg.run.seed)
     party._prepare(train)

@@ -5,19 +5,20 @@ import pytest
 import yaml
 
 from tests.conftest import base_config, write_config
-from vflnet.config import ConfigError, from_dict, load
+from vflnet.config import ConfigError
+from vflnet.validation import config_from_dict, load_config
 
 
 def _err(tmp_path, data) -> ConfigError:
     path = write_config(tmp_path, data)
     with pytest.raises(ConfigError) as info:
-        load(path)
+        load_config(path)
     assert str(path) in str(info.value)  # every error names the file
     return info.value
 
 
 def test_default_config_is_valid(repo):
-    cfg = load(repo / "configs" / "digits-2p.yaml")
+    cfg = load_config(repo / "configs" / "digits-2p.yaml")
     assert [p.role for p in cfg.parties] == ["coordinator", "active", "passive", "passive"]
 
 
@@ -76,15 +77,15 @@ def test_top_none_needs_class_count(tmp_path):
 def test_not_a_mapping_and_bad_yaml(tmp_path):
     (tmp_path / "a.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping at the top level"):
-        load(tmp_path / "a.yaml")
+        load_config(tmp_path / "a.yaml")
     (tmp_path / "b.yaml").write_text("run: {id: [\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
-        load(tmp_path / "b.yaml")
+        load_config(tmp_path / "b.yaml")
 
 
 def test_round_trip_through_dump(tmp_path):
-    cfg = from_dict(base_config(n_passive=3))
-    again = from_dict(yaml.safe_load(yaml.safe_dump(cfg.to_dict())))
+    cfg = config_from_dict(base_config(n_passive=3))
+    again = config_from_dict(yaml.safe_load(yaml.safe_dump(cfg.to_dict())))
     assert again.to_dict() == cfg.to_dict()
 
 

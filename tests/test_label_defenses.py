@@ -276,9 +276,9 @@ def test_every_label_defense_is_the_implementation_of_one_registered_name() -> N
 
 
 def test_reproduction_sweeps_build_valid_runs_with_accepted_parameters() -> None:
-    from vflnet.config import from_dict
     from vflnet.registry import DEFENSES
     from vflnet.reproduce.label_inference import BREAST_CANCER, DIGITS, SWEEPS, batch_attacks, config
+    from vflnet.validation import config_from_dict
 
     # every label defense of the active party has a sweep
     assert set(SWEEPS) == {name for name, cls in DEFENSES.all().items() if cls.acts_on == "labels"}
@@ -287,6 +287,6 @@ def test_reproduction_sweeps_build_valid_runs_with_accepted_parameters() -> None
         for value in values:
             DEFENSES.get(name)(**{param: value})  # raises ValueError naming a parameter it does not accept
             defense = [{"name": name, "party": "active", "params": {param: value}}]
-            cfg = from_dict(config(task, batch=64, epochs=1, max_steps=0, attacks=batch_attacks(3, 10), defenses=defense))
+            cfg = config_from_dict(config(task, batch=64, epochs=1, max_steps=0, attacks=batch_attacks(3, 10), defenses=defense))
             assert [d.name for d in cfg.defenses] == [name]
             assert [a.name for a in cfg.attacks] == ["analytic-label-recovery", "gradient-inversion-label-inference"]

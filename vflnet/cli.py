@@ -30,7 +30,9 @@ _LISTS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vflnet", description="Vertical federated learning over a real wire: attacks and defenses.")
+    parser = argparse.ArgumentParser(
+        prog="vflnet", description="Vertical federated learning over a real wire: attacks and defenses."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run a local cluster (one process per party) from a config")
@@ -38,14 +40,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", type=Path, default=None, help="run directory (default: <run.dir>/<run.id>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    p = sub.add_parser("party", help="start one role's process (how docker-compose and lab machines start parties)")
+    p = sub.add_parser(
+        "party", help="start one role's process (how docker-compose and lab machines start parties)"
+    )
     p.add_argument("--role", choices=ROLES, required=True)
     p.add_argument("--config", type=Path, required=True)
     p.add_argument("--name", required=True, help="this party's name in the config roster")
     p.add_argument("--run-dir", type=Path, default=None, help="default: <run.dir>/<run.id>")
     p.add_argument("--listen", default=None, help="host:port to serve on (default: the roster address)")
     p.add_argument("--coordinator", default=None, help="coordinator host:port (default: its roster address)")
-    p.add_argument("--advertise", default=None, help="host:port other parties use to reach this one (default: --listen)")
+    p.add_argument(
+        "--advertise", default=None, help="host:port other parties use to reach this one (default: --listen)"
+    )
 
     p = sub.add_parser("config", help="config tools")
     csub = p.add_subparsers(dest="config_command", required=True)
@@ -55,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, help_text) in _LISTS.items():
         sub.add_parser(name, help=help_text)
     for name, (module, help_text) in _MODULE_COMMANDS.items():
-        sub.add_parser(name, parents=[importlib.import_module(module).build_parser()], add_help=False, help=help_text)
+        sub.add_parser(
+            name, parents=[importlib.import_module(module).build_parser()], add_help=False, help=help_text
+        )
 
     p = sub.add_parser("bench", help="benchmarks that print figures side by side")
     p.add_argument("what", choices=["transport", "paillier", "he-step"])
@@ -64,18 +72,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_party(args: argparse.Namespace) -> int:
-    from vflnet.config import ConfigError, load
+    from vflnet.config import ConfigError
     from vflnet.roles.common import setup_logging, setup_torch
+    from vflnet.validation import load_config
 
-    cfg = load(args.config)
+    cfg = load_config(args.config)
     try:
         me = cfg.party(args.name)
     except KeyError as exc:
         raise ConfigError(str(args.config), "parties", str(exc).strip('"')) from exc
     if me.role != args.role:
-        raise ConfigError(str(args.config), "parties", f"party {args.name!r} has role {me.role!r} in the roster, not {args.role!r}")
+        raise ConfigError(
+            str(args.config),
+            "parties",
+            f"party {args.name!r} has role {me.role!r} in the roster, not {args.role!r}",
+        )
     if not cfg.run.id:
-        raise ConfigError(str(args.config), "run.id", "required when parties are started one by one (all must agree on it)")
+        raise ConfigError(
+            str(args.config), "run.id", "required when parties are started one by one (all must agree on it)"
+        )
     run_dir = args.run_dir or Path(cfg.run.dir) / cfg.run.id
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(args.name, cfg.runtime.log_level)
@@ -87,7 +102,9 @@ def _cmd_party(args: argparse.Namespace) -> int:
         return coordinator.main(cfg, run_dir, listen)
     coord = args.coordinator or cfg.coordinator.address
     if not coord:
-        raise ConfigError(str(args.config), "parties", "the coordinator has no address: give --coordinator HOST:PORT")
+        raise ConfigError(
+            str(args.config), "parties", "the coordinator has no address: give --coordinator HOST:PORT"
+        )
     # `via: HOST:PORT`: peers reach this party through a proxy there (`via: proxy` is `vflnet run`'s own proxy)
     via = me.via if ":" in me.via else ""
     advertise = via or args.advertise or me.address or listen
@@ -116,10 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "party":
             return _cmd_party(args)
         if args.command == "config":
-            from vflnet.config import load
+            from vflnet.validation import load_config
 
-            cfg = load(args.file)
-            print(f"{args.file}: OK ({len(cfg.parties)} parties, protocol {cfg.protocol.kind}, dataset {cfg.data.dataset})")
+            cfg = load_config(args.file)
+            print(
+                f"{args.file}: OK ({len(cfg.parties)} parties, protocol {cfg.protocol.kind}, dataset {cfg.data.dataset})"
+            )
             return 0
         if args.command in _LISTS:
             from vflnet import registry

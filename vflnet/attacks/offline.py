@@ -38,9 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     party, run_id = events[0].party, events[0].run_id or ""
     cfg = None
     if args.config:
-        from vflnet.config import load
+        from vflnet.validation import load_config
 
-        cfg = load(args.config)
+        cfg = load_config(args.config)
     role = args.role or (cfg.party(party).role if cfg else None)
     if role is None:
         print("give --role or --config (the host party's role)")

@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from vflnet.config import from_dict
 from vflnet.runner.local import run_local
 from vflnet.runner.reference import train_reference
+from vflnet.validation import config_from_dict
 
 DIGITS_MLP: dict[str, Any] = {
     "run": {"id": "bench-digits-mlp", "seed": 0},
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 d = _distributed(case, Path(tmp))
             if best_d is None or d["steps_per_s"] > best_d["steps_per_s"]:
                 best_d = d
-            ref = train_reference(from_dict(copy.deepcopy(case)), evaluate=False)
+            ref = train_reference(config_from_dict(copy.deepcopy(case)), evaluate=False)
             best_r = max(best_r, ref.steps_per_second)
             print(f"  {name} run {i + 1}: distributed {d['steps_per_s']:.1f} steps/s, reference {ref.steps_per_second:.1f} steps/s", flush=True)
         assert best_d is not None

@@ -482,9 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     transport = TransportConfig()
     run_id = args.run_id
     if args.config:
-        from vflnet.config import load
+        from vflnet.validation import load_config
 
-        cfg = load(args.config)
+        cfg = load_config(args.config)
         transport, run_id = cfg.transport, run_id or cfg.run.id
     if args.allow_plaintext_remote:
         transport = dataclasses.replace(transport, allow_plaintext_remote=True)

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from vflnet.config import Config, dump, load
+from vflnet.config import Config, dump
 from vflnet.runner.report import print_summary
 from vflnet.runner.scoring import score_run
+from vflnet.validation import load_config
 
 PR_SET_PDEATHSIG = 1
 
@@ -223,7 +224,7 @@ def prepare_run_dir(cfg: Config, config_path: Path, run_dir: Path | None) -> tup
 
 def run_local(config_path: str | Path, *, run_dir: Path | None = None, progress: bool = True) -> int:
     config_path = Path(config_path)
-    cfg = load(config_path)
+    cfg = load_config(config_path)
     run_dir, resolved = prepare_run_dir(cfg, config_path, run_dir)
     print(f"run {cfg.run.id}: {len(cfg.parties)} processes, run directory {run_dir}", file=sys.stderr)
     cluster = LocalCluster(cfg, run_dir, resolved)
