@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     csub = p.add_subparsers(dest="config_command", required=True)
     c = csub.add_parser("check", help="validate a config file and exit")
     c.add_argument("file", type=Path)
+    csub.add_parser(
+        "docs",
+        help="write docs/config.md from the schema (--check: only compare)",
+        add_help=False,
+        parents=[importlib.import_module("vflnet.docs_config").build_parser()],
+    )
 
     for name, (_, help_text) in _LISTS.items():
         sub.add_parser(name, help=help_text)
@@ -132,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_local(args.config, run_dir=args.run_dir, progress=not args.no_progress)
         if args.command == "party":
             return _cmd_party(args)
+        if args.command == "config" and args.config_command == "docs":
+            from vflnet.docs_config import main as docs_main
+
+            return docs_main(argv[2:])
         if args.command == "config":
             from vflnet.validation import load_config
 
