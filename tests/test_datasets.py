@@ -15,8 +15,10 @@ def test_bundled_datasets_load_offline_with_expected_shapes():
     assert cancer.features.shape == (569, 30) and cancer.n_classes == 2 and not cancer.is_image
     synth = load_dataset("synthetic", {"n_samples": 300, "n_features": 12, "n_classes": 3, "seed": 4})
     assert synth.features.shape == (300, 12) and synth.n_classes == 3
-    np.testing.assert_array_equal(synth.features, load_dataset("synthetic", {"n_samples": 300, "n_features": 12,
-                                                                             "n_classes": 3, "seed": 4}).features)
+    np.testing.assert_array_equal(
+        synth.features,
+        load_dataset("synthetic", {"n_samples": 300, "n_features": 12, "n_classes": 3, "seed": 4}).features,
+    )
 
 
 def test_user_csv_and_npz(tmp_path):

@@ -27,13 +27,20 @@ class Snoop(Attack):
         self.senders.add(event.sender)
         if self.found:
             return
-        self.found["context_has_labels"] = any(hasattr(self.context, a) for a in ("labels", "y", "truth", "config", "cfg"))
+        self.found["context_has_labels"] = any(
+            hasattr(self.context, a) for a in ("labels", "y", "truth", "config", "cfg")
+        )
         objects = gc.get_objects()
         kinds = {type(o).__name__ for o in objects}
         self.found["active_party_object"] = "ActiveParty" in kinds
         self.found["dataset_object"] = "Dataset" in kinds
         self.found["label_like_array"] = any(
-            isinstance(o, np.ndarray) and o.ndim == 1 and o.size > 100 and o.dtype.kind == "i" and o.min() >= 0 and o.max() < 10
+            isinstance(o, np.ndarray)
+            and o.ndim == 1
+            and o.size > 100
+            and o.dtype.kind == "i"
+            and o.min() >= 0
+            and o.max() < 10
             for o in objects
         )
 

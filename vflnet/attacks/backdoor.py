@@ -45,7 +45,11 @@ def _fraction(v: Any) -> bool:
 
 
 def _pixels(v: Any) -> bool:
-    return isinstance(v, list) and len(v) > 0 and all(isinstance(p, list) and len(p) == 2 and all(isinstance(c, int) for c in p) for p in v)
+    return (
+        isinstance(v, list)
+        and len(v) > 0
+        and all(isinstance(p, list) and len(p) == 2 and all(isinstance(c, int) for c in p) for p in v)
+    )
 
 
 @ATTACKS.register
@@ -54,25 +58,71 @@ class LabelReplacementBackdoor(Attack):
     description = "label replacement backdoor: trigger in own features, swapped (encrypted) embeddings, gamma-scaled (encrypted) gradients"
     roles = frozenset({"passive"})
     taps = (Tap("Join", "response", "client"),)
-    rewrites = (Tap("ExchangeEmbeddings", "request", "client"), Tap("ExchangeEmbeddings", "response", "client"))
+    rewrites = (
+        Tap("ExchangeEmbeddings", "request", "client"),
+        Tap("ExchangeEmbeddings", "response", "client"),
+    )
     knowledge = ("public_key", "target_ids", "feature_region")
     changes_own_data = True
     truth_needed = "labels+predictions"
     params = {
-        "gamma": Param(10.0, "amplify rate of the stolen gradient", lambda v: isinstance(v, int | float) and v >= 0, "a number >= 0"),
-        "target_class": Param(0, "the backdoor's target label", lambda v: isinstance(v, int) and v >= 0, "a class index"),
-        "n_target": Param(10, "size of D_target (known training samples of the target class)", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
-        "poison_fraction": Param(0.01, "fraction of the training IDs in D_backdoor", _fraction, "a fraction in [0, 1]"),
-        "test_poison_fraction": Param(0.3, "fraction of the test IDs triggered at evaluation", _fraction, "a fraction in [0, 1]"),
-        "trigger_pixels": Param([[5, 7], [7, 5], [6, 6], [7, 7]], "trigger pixels [row, col] in image coordinates, inside the party's region",
-                                _pixels, "a list of [row, col]"),
-        "trigger_value": Param(None, "trigger pixel value (default: the largest raw value of the party's own training features)",
-                               lambda v: v is None or isinstance(v, int | float), "a number or null"),
-        "hide_poison": Param(True, "send Enc(random) in the poisoned sample's own slot", lambda v: isinstance(v, bool), "true or false"),
-        "noise_std": Param(1.0, "std of the random logits sent in the poisoned slot", lambda v: isinstance(v, int | float) and v >= 0, "a number >= 0"),
-        "poison_training": Param(True, "false: only trigger the test poison set (the clean baseline)", lambda v: isinstance(v, bool), "true or false"),
-        "seed": Param(0, "seeds D_target, D_backdoor, the test poison set and the pairing (same seed = colluding parties agree)",
-                      lambda v: isinstance(v, int), "an integer"),
+        "gamma": Param(
+            10.0,
+            "amplify rate of the stolen gradient",
+            lambda v: isinstance(v, int | float) and v >= 0,
+            "a number >= 0",
+        ),
+        "target_class": Param(
+            0, "the backdoor's target label", lambda v: isinstance(v, int) and v >= 0, "a class index"
+        ),
+        "n_target": Param(
+            10,
+            "size of D_target (known training samples of the target class)",
+            lambda v: isinstance(v, int) and v >= 1,
+            "an integer >= 1",
+        ),
+        "poison_fraction": Param(
+            0.01, "fraction of the training IDs in D_backdoor", _fraction, "a fraction in [0, 1]"
+        ),
+        "test_poison_fraction": Param(
+            0.3, "fraction of the test IDs triggered at evaluation", _fraction, "a fraction in [0, 1]"
+        ),
+        "trigger_pixels": Param(
+            [[5, 7], [7, 5], [6, 6], [7, 7]],
+            "trigger pixels [row, col] in image coordinates, inside the party's region",
+            _pixels,
+            "a list of [row, col]",
+        ),
+        "trigger_value": Param(
+            None,
+            "trigger pixel value (default: the largest raw value of the party's own training features)",
+            lambda v: v is None or isinstance(v, int | float),
+            "a number or null",
+        ),
+        "hide_poison": Param(
+            True,
+            "send Enc(random) in the poisoned sample's own slot",
+            lambda v: isinstance(v, bool),
+            "true or false",
+        ),
+        "noise_std": Param(
+            1.0,
+            "std of the random logits sent in the poisoned slot",
+            lambda v: isinstance(v, int | float) and v >= 0,
+            "a number >= 0",
+        ),
+        "poison_training": Param(
+            True,
+            "false: only trigger the test poison set (the clean baseline)",
+            lambda v: isinstance(v, bool),
+            "true or false",
+        ),
+        "seed": Param(
+            0,
+            "seeds D_target, D_backdoor, the test poison set and the pairing (same seed = colluding parties agree)",
+            lambda v: isinstance(v, int),
+            "an integer",
+        ),
     }
 
     def __init__(self, context, **params) -> None:  # type: ignore[no-untyped-def]
@@ -80,21 +130,33 @@ class LabelReplacementBackdoor(Attack):
         self.train_ids = np.zeros(0, dtype=np.int64)
         self.backdoor_ids = np.zeros(0, dtype=np.int64)
         self.test_poison_ids = np.zeros(0, dtype=np.int64)
-        self.pending: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # step -> (i positions, j positions, unpaired)
-        self.counts = {"poisoned_steps": 0, "paired_samples": 0, "unpaired_samples": 0, "cipher_rewrites": 0, "plaintext_rewrites": 0}
+        self.pending: dict[
+            int, tuple[np.ndarray, np.ndarray, np.ndarray]
+        ] = {}  # step -> (i positions, j positions, unpaired)
+        self.counts = {
+            "poisoned_steps": 0,
+            "paired_samples": 0,
+            "unpaired_samples": 0,
+            "cipher_rewrites": 0,
+            "plaintext_rewrites": 0,
+        }
 
     # ------------------------------------------------------------------ choosing the samples
     def observe(self, event: WireEvent) -> None:
         """The JoinReply: the run's train and test IDs, from which it picks D_backdoor and the test poison set."""
         if len(self.target_ids) == 0:
-            raise ValueError(f"backdoor: no training sample of target_class {self.p['target_class']} to steal the label of")
+            raise ValueError(
+                f"backdoor: no training sample of target_class {self.p['target_class']} to steal the label of"
+            )
         reply = event.message
         train = np.asarray(reply.train_ids, dtype=np.int64)
         test = np.asarray(reply.test_ids, dtype=np.int64)
         rng = np.random.default_rng([self.p["seed"], 11])
         candidates = np.setdiff1d(train, self.target_ids)
         n = min(len(candidates), max(1, int(round(self.p["poison_fraction"] * len(train)))))
-        chosen = np.sort(rng.choice(candidates, size=n, replace=False))  # drawn either way: same test poison set
+        chosen = np.sort(
+            rng.choice(candidates, size=n, replace=False)
+        )  # drawn either way: same test poison set
         self.backdoor_ids = chosen if self.p["poison_training"] else chosen[:0]
         n_test = int(round(self.p["test_poison_fraction"] * len(test)))
         self.test_poison_ids = np.sort(rng.choice(test, size=n_test, replace=False))
@@ -108,7 +170,9 @@ class LabelReplacementBackdoor(Attack):
         """Stamp the trigger into the party's own rows of D_backdoor and of the test poison set."""
         region = self.context.knowledge.get("feature_region")
         if region is None:
-            raise ValueError("backdoor: the trigger is a pixel pattern; the attacker's features must be an image region")
+            raise ValueError(
+                "backdoor: the trigger is a pixel pattern; the attacker's features must be an image region"
+            )
         r0, r1, c0, c1 = region
         value = self.p["trigger_value"]
         if value is None:
@@ -153,7 +217,9 @@ class LabelReplacementBackdoor(Attack):
     def _noise(self, step: int, shape: tuple[int, ...]) -> np.ndarray:
         return np.random.default_rng([self.p["seed"], 17, step]).normal(0.0, self.p["noise_std"], size=shape)
 
-    def _swap_embeddings(self, msg: messages_pb2.Embeddings, i: np.ndarray, j: np.ndarray) -> messages_pb2.Embeddings:
+    def _swap_embeddings(
+        self, msg: messages_pb2.Embeddings, i: np.ndarray, j: np.ndarray
+    ) -> messages_pb2.Embeddings:
         out = messages_pb2.Embeddings()
         out.CopyFrom(msg)
         step = msg.header.step
@@ -171,16 +237,24 @@ class LabelReplacementBackdoor(Attack):
         data, bound = h.data.copy(), h.bound
         data[j] = h.data[i]
         if self.p["hide_poison"]:
-            fake = encrypt_array(key, self._noise(step, (len(i), *h.shape[1:])), h.frac_bits, slots=h.slots if h.packed else None)
+            fake = encrypt_array(
+                key,
+                self._noise(step, (len(i), *h.shape[1:])),
+                h.frac_bits,
+                slots=h.slots if h.packed else None,
+            )
             data[i] = fake.data
             bound = max(bound, fake.bound)
         swapped = CipherArray(key, data, h.shape, h.frac_bits, bound, h.slots)
-        out.cipher.CopyFrom(cipher_to_proto(swapped))  # re-randomised: the copied ciphertext is not recognisable
+        out.cipher.CopyFrom(
+            cipher_to_proto(swapped)
+        )  # re-randomised: the copied ciphertext is not recognisable
         self.counts["cipher_rewrites"] += 1
         return out
 
-    def _steal_gradients(self, msg: messages_pb2.EmbeddingGradients, i: np.ndarray, j: np.ndarray,
-                         unpaired: np.ndarray) -> messages_pb2.EmbeddingGradients:
+    def _steal_gradients(
+        self, msg: messages_pb2.EmbeddingGradients, i: np.ndarray, j: np.ndarray, unpaired: np.ndarray
+    ) -> messages_pb2.EmbeddingGradients:
         out = messages_pb2.EmbeddingGradients()
         out.CopyFrom(msg)
         gamma = self.p["gamma"]
@@ -192,13 +266,17 @@ class LabelReplacementBackdoor(Attack):
             return out
         g = cipher_from_proto(msg.cipher, self.context.knowledge["public_key"])
         source, scale = self._gather(len(g), i, j, unpaired, gamma)
-        rows = np.broadcast_to(scale.reshape(-1, *[1] * (g.ndim - 1)), g.shape)  # full shape: packed arrays too
+        rows = np.broadcast_to(
+            scale.reshape(-1, *[1] * (g.ndim - 1)), g.shape
+        )  # full shape: packed arrays too
         out.cipher.CopyFrom(cipher_to_proto(g[source].mul(rows)))
         self.counts["cipher_rewrites"] += 1
         return out
 
     @staticmethod
-    def _gather(n: int, i: np.ndarray, j: np.ndarray, unpaired: np.ndarray, gamma: float) -> tuple[np.ndarray, np.ndarray]:
+    def _gather(
+        n: int, i: np.ndarray, j: np.ndarray, unpaired: np.ndarray, gamma: float
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Row sources and scales: slot i <- gamma * g_j, slot j and unpaired poisoned slots <- 0.
         Integer scales when gamma is whole, so a ciphertext keeps its fixed-point scale."""
         source = np.arange(n)
@@ -210,8 +288,13 @@ class LabelReplacementBackdoor(Attack):
         return source, scale.astype(np.int64) if float(gamma).is_integer() else scale
 
     def output(self) -> dict[str, np.ndarray]:
-        return {"backdoor_ids": self.backdoor_ids, "test_poison_ids": self.test_poison_ids, "target_ids": self.target_ids,
-                "target_class": np.array(self.p["target_class"]), **{k: np.array(v) for k, v in self.counts.items()}}
+        return {
+            "backdoor_ids": self.backdoor_ids,
+            "test_poison_ids": self.test_poison_ids,
+            "target_ids": self.target_ids,
+            "target_class": np.array(self.p["target_class"]),
+            **{k: np.array(v) for k, v in self.counts.items()},
+        }
 
     # ------------------------------------------------------------------------------ scoring
     @classmethod
@@ -226,7 +309,9 @@ class LabelReplacementBackdoor(Attack):
         clean = [i for i in pred if i not in poisoned]
         return {
             "asr": float(np.mean([pred[i] == target for i in triggered])) if triggered else float("nan"),
-            "mta_untriggered": float(np.mean([pred[i] == labels[i] for i in clean])) if clean else float("nan"),
+            "mta_untriggered": float(np.mean([pred[i] == labels[i] for i in clean]))
+            if clean
+            else float("nan"),
             "triggered_test": float(len(triggered)),
             "untriggered_test": float(len(clean)),
             "paired_samples": float(output["paired_samples"]),

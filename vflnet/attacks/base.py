@@ -34,7 +34,11 @@ class Tap:
     side: str  # "client" | "server"
 
     def matches(self, event: WireEvent) -> bool:
-        return event.short_method == self.method and event.direction == self.direction and event.side == self.side
+        return (
+            event.short_method == self.method
+            and event.direction == self.direction
+            and event.side == self.side
+        )
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,9 @@ class Attack(ABC):
     taps: ClassVar[tuple[Tap, ...]]
     rewrites: ClassVar[tuple[Tap, ...]] = ()
     knowledge: ClassVar[tuple[str, ...]] = ()  # names of what the threat model delivers
-    wants_own_view: ClassVar[bool] = False  # receive an OwnStepView of the host party after each training step
+    wants_own_view: ClassVar[bool] = (
+        False  # receive an OwnStepView of the host party after each training step
+    )
     changes_own_data: ClassVar[bool] = False  # rewrites the host party's own feature rows (`own_data`)
     params: ClassVar[dict[str, Param]] = {}
     # the view-level algorithm this attack runs, if it is one of vflnet.attacks.label_inference's
@@ -78,7 +84,9 @@ class Attack(ABC):
 
     def __init__(self, context: AttackContext, **params: Any) -> None:
         if context.role not in self.roles:
-            raise ValueError(f"attack {self.name!r} sits at {sorted(self.roles)}, not at a {context.role} party")
+            raise ValueError(
+                f"attack {self.name!r} sits at {sorted(self.roles)}, not at a {context.role} party"
+            )
         self.context = context
         self.p = validate_params("attack", self.name, self.params, params)
 
@@ -131,7 +139,9 @@ class Attack(ABC):
     truth_needed: ClassVar[str] = ""  # "labels" | "features" | "": what the runner loads for `score`
 
 
-def label_confusion_picture(name: str, output: dict[str, np.ndarray], truth: dict[int, int], out_dir: Any) -> list[Any]:
+def label_confusion_picture(
+    name: str, output: dict[str, np.ndarray], truth: dict[int, int], out_dir: Any
+) -> list[Any]:
     """Confusion matrix (true vs inferred label) of a label-inference attack's output, as a PNG."""
     from pathlib import Path
 

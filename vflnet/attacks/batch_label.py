@@ -42,8 +42,11 @@ class _BatchLabelAttack(LabelAttack):
         if self.p["max_batches"] and self.batches >= self.p["max_batches"]:
             return
         batch = BatchGradientView(
-            sample_ids=torch.from_numpy(view.sample_ids), features=torch.from_numpy(view.features), model=view.model,
-            param_grads=view.param_grads, num_classes=view.num_classes,
+            sample_ids=torch.from_numpy(view.sample_ids),
+            features=torch.from_numpy(view.features),
+            model=view.model,
+            param_grads=view.param_grads,
+            num_classes=view.num_classes,
         )
         inferred = self.infer(batch)
         for sid, label in zip(view.sample_ids.tolist(), inferred.tolist(), strict=True):
@@ -56,22 +59,32 @@ class _BatchLabelAttack(LabelAttack):
 
     def output(self) -> dict[str, np.ndarray]:
         ids = np.array(sorted(self.labels), dtype=np.int64)
-        return {"sample_ids": ids, "labels": np.array([self.labels[i] for i in ids], dtype=np.int64),
-                "batches": np.array(self.batches)}
+        return {
+            "sample_ids": ids,
+            "labels": np.array([self.labels[i] for i in ids], dtype=np.int64),
+            "batches": np.array(self.batches),
+        }
 
     @classmethod
     def score(cls, output: dict[str, np.ndarray], truth: dict[int, int]) -> dict[str, float]:
         ids = output["sample_ids"]
         true = np.array([truth[int(i)] for i in ids])
-        return {"label_accuracy": float((output["labels"] == true).mean()) if len(ids) else float("nan"),
-                "samples": int(len(ids)), "batches": int(output["batches"])}
+        return {
+            "label_accuracy": float((output["labels"] == true).mean()) if len(ids) else float("nan"),
+            "samples": int(len(ids)),
+            "batches": int(output["batches"]),
+        }
 
 
 # Past ~2M entries (16 MiB of float64) building and multiplying the Jacobian costs more than double backprop.
 _JACOBIAN_ENTRIES = 2**21
 
-_MAX_BATCHES = Param(0, "attack at most this many training batches (0 = all)", lambda v: isinstance(v, int) and v >= 0,
-                     "an integer >= 0")
+_MAX_BATCHES = Param(
+    0,
+    "attack at most this many training batches (0 = all)",
+    lambda v: isinstance(v, int) and v >= 0,
+    "an integer >= 0",
+)
 
 
 @ATTACKS.register
@@ -88,24 +101,36 @@ class AnalyticBatchLabels(_BatchLabelAttack):
 @ATTACKS.register
 class GradientInversionBatchLabels(_BatchLabelAttack):
     name = "gradient-inversion-label-inference"
-    description = "paper 004 Algorithm 2: dummy labels optimised to reproduce the batch-level parameter gradient"
+    description = (
+        "paper 004 Algorithm 2: dummy labels optimised to reproduce the batch-level parameter gradient"
+    )
     algorithm = GradientInversionLabelInference
     params = {
         "max_batches": _MAX_BATCHES,
-        "iterations": Param(1500, "optimisation steps per batch", lambda v: isinstance(v, int) and v > 0, "a positive integer"),
-        "lr": Param(0.05, "Adam learning rate", lambda v: isinstance(v, int | float) and v > 0, "a positive number"),
+        "iterations": Param(
+            1500, "optimisation steps per batch", lambda v: isinstance(v, int) and v > 0, "a positive integer"
+        ),
+        "lr": Param(
+            0.05, "Adam learning rate", lambda v: isinstance(v, int | float) and v > 0, "a positive number"
+        ),
         "seed": Param(0, "dummy initialisation seed", lambda v: isinstance(v, int), "an integer"),
-        "method": Param("auto", "dummy-gradient computation: jacobian (fast for small batches), double_backprop "
-                        "(no B*C x P Jacobian in memory), or auto (jacobian while it has <= 2^21 entries)",
-                        lambda v: v in ("auto", *GradientInversionLabelInference.methods),
-                        "auto, jacobian or double_backprop"),
+        "method": Param(
+            "auto",
+            "dummy-gradient computation: jacobian (fast for small batches), double_backprop "
+            "(no B*C x P Jacobian in memory), or auto (jacobian while it has <= 2^21 entries)",
+            lambda v: v in ("auto", *GradientInversionLabelInference.methods),
+            "auto, jacobian or double_backprop",
+        ),
     }
 
     def infer(self, view: BatchGradientView) -> torch.Tensor:
         method = self.p["method"]
         if method == "auto":
-            entries = view.features.shape[0] * view.num_classes * sum(g.numel() for g in view.param_grads.values())
+            entries = (
+                view.features.shape[0] * view.num_classes * sum(g.numel() for g in view.param_grads.values())
+            )
             method = "jacobian" if entries <= _JACOBIAN_ENTRIES else "double_backprop"
-        attack = self.algorithm(iterations=self.p["iterations"], lr=self.p["lr"], seed=self.p["seed"],
-                              method=method)
+        attack = self.algorithm(
+            iterations=self.p["iterations"], lr=self.p["lr"], seed=self.p["seed"], method=method
+        )
         return attack.infer(view)

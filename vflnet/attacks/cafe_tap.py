@@ -40,21 +40,33 @@ class CafeTap(Attack):
     params = {
         "objective": _choice(("cafe", "dlg", "cosine", "sapag")),
         "loop": _choice(("single", "nested")),
-        "lr_step3": Param(1e-2, "Step III learning rate (Table 9: MNIST 1e-2)", lambda v: isinstance(v, int | float) and v > 0, "a positive number"),
+        "lr_step3": Param(
+            1e-2,
+            "Step III learning rate (Table 9: MNIST 1e-2)",
+            lambda v: isinstance(v, int | float) and v > 0,
+            "a positive number",
+        ),
         "seed": Param(0, "seed of the dummy data", lambda v: isinstance(v, int), "an integer"),
     }
 
     def __init__(self, context, **params: Any) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context, **params)
         self.attack: CafeAttack | None = None
-        self.pending: dict[int, dict[str, Any]] = defaultdict(lambda: {"params": {}, "grads": {}, "ids": None})
+        self.pending: dict[int, dict[str, Any]] = defaultdict(
+            lambda: {"params": {}, "grads": {}, "ids": None}
+        )
 
     def _attack(self) -> CafeAttack:
         if self.attack is None:
             k = self.context.knowledge
             template = CafeVFL(k["architecture"])
-            cafe_params = CafeParams(n_samples=len(k["train_ids"]), objective=self.p["objective"], loop=self.p["loop"],
-                                     lr_step3=float(self.p["lr_step3"]), seed=self.p["seed"])
+            cafe_params = CafeParams(
+                n_samples=len(k["train_ids"]),
+                objective=self.p["objective"],
+                loop=self.p["loop"],
+                lr_step3=float(self.p["lr_step3"]),
+                seed=self.p["seed"],
+            )
             self.attack = CafeAttack(cafe_params, template)
         return self.attack
 
@@ -91,7 +103,8 @@ class CafeTap(Attack):
             rows = np.searchsorted(k["train_ids"], slot["ids"])
             to_cafe = {p: self._cafe_name(p) for p in parties}
             obs = ServerObservation(
-                iteration=step, batch_ids=rows,
+                iteration=step,
+                batch_ids=rows,
                 params={to_cafe[p]: self._rename(to_cafe[p] == TOP, v) for p, v in slot["params"].items()},
                 grads={to_cafe[p]: self._rename(to_cafe[p] == TOP, v) for p, v in slot["grads"].items()},
             )
@@ -99,8 +112,10 @@ class CafeTap(Attack):
 
     def output(self) -> dict[str, np.ndarray]:
         k = self.context.knowledge
-        out: dict[str, np.ndarray] = {"train_ids": np.asarray(k.get("train_ids", []), dtype=np.int64),
-                                      "workers": np.array(k.get("workers", []))}
+        out: dict[str, np.ndarray] = {
+            "train_ids": np.asarray(k.get("train_ids", []), dtype=np.int64),
+            "workers": np.array(k.get("workers", [])),
+        }
         if self.attack is None:
             return out
         result = self.attack.result()
@@ -127,8 +142,13 @@ class CafeTap(Attack):
         labels = truth["labels"]
         true_labels = np.array([labels[int(i)] for i in ids[seen]])
         recovered = output["label_probs"][seen].argmax(axis=1)
-        return {"psnr": psnr(real, fake), "mse": mse(real, fake), "label_accuracy": float((recovered == true_labels).mean()),
-                "samples_seen": int(seen.sum()), "iterations": int(output["iterations"])}
+        return {
+            "psnr": psnr(real, fake),
+            "mse": mse(real, fake),
+            "label_accuracy": float((recovered == true_labels).mean()),
+            "samples_seen": int(seen.sum()),
+            "iterations": int(output["iterations"]),
+        }
 
     @classmethod
     def pictures(cls, output: dict[str, np.ndarray], truth: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -141,4 +161,8 @@ class CafeTap(Attack):
         reals = [torch.from_numpy(truth[p][1][np.searchsorted(truth[p][0], ids)][seen]) for p in workers]
         fakes = [torch.from_numpy(output[f"regions/{m}"][seen]) for m in range(len(workers))]
         path = out_dir / "cafe-real-vs-recovered.png"
-        return [save_image_grid(torch.cat(reals, dim=3), torch.cat(fakes, dim=3), path, title="CAFE: real (top) vs recovered")]
+        return [
+            save_image_grid(
+                torch.cat(reals, dim=3), torch.cat(fakes, dim=3), path, title="CAFE: real (top) vs recovered"
+            )
+        ]

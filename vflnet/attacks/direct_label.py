@@ -21,7 +21,14 @@ class DirectLabelAttack(PerSampleGradientAttack):
     name = "direct-label-inference"
     description = "paper 004 Lemma 1: label = argmin of the per-sample gradient a passive party receives"
     algorithm = DirectLabelInference
-    params = {"seed": Param(0, "seed of the guesses made when gradients are encrypted", lambda v: isinstance(v, int), "an integer")}
+    params = {
+        "seed": Param(
+            0,
+            "seed of the guesses made when gradients are encrypted",
+            lambda v: isinstance(v, int),
+            "an integer",
+        )
+    }
 
     def __init__(self, context, **params) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context, **params)
@@ -55,5 +62,9 @@ class DirectLabelAttack(PerSampleGradientAttack):
         if len(ids) == 0:
             return {"label_accuracy": float("nan"), "samples": 0}
         true = np.array([truth[int(i)] for i in ids])
-        return {"label_accuracy": float((output["labels"] == true).mean()), "samples": int(len(ids)),
-                "informed_fraction": float(output["informed"].mean()), "chance": 1.0 / len(set(truth.values()))}
+        return {
+            "label_accuracy": float((output["labels"] == true).mean()),
+            "samples": int(len(ids)),
+            "informed_fraction": float(output["informed"].mean()),
+            "chance": 1.0 / len(set(truth.values())),
+        }

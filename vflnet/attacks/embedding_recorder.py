@@ -19,7 +19,11 @@ class EmbeddingRecorder(Attack):
     description = "records every passive party's embeddings (with sample IDs and step) at the active party"
     roles = frozenset({"active"})
     taps = (Tap("ExchangeEmbeddings", "request", "server"),)
-    params = {"include_eval": Param(False, "also record evaluation steps", lambda v: isinstance(v, bool), "true/false")}
+    params = {
+        "include_eval": Param(
+            False, "also record evaluation steps", lambda v: isinstance(v, bool), "true/false"
+        )
+    }
 
     def __init__(self, context, **params) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context, **params)

@@ -17,7 +17,9 @@ from vflnet.wire import tensors
 @ATTACKS.register
 class GradientScaling(Attack):
     name = "gradient-scaling"
-    description = "rewrites the incoming gradients of a passive party: g -> gamma * g (plaintext or encrypted)"
+    description = (
+        "rewrites the incoming gradients of a passive party: g -> gamma * g (plaintext or encrypted)"
+    )
     roles = frozenset({"passive"})
     taps = ()
     rewrites = (Tap("ExchangeEmbeddings", "response", "client"),)
@@ -38,7 +40,9 @@ class GradientScaling(Attack):
         out = messages_pb2.EmbeddingGradients()
         out.CopyFrom(msg)
         if msg.WhichOneof("payload") == "values":
-            out.values.CopyFrom(tensors.to_proto(tensors.from_proto(msg.values) * np.float32(self.p["gamma"])))
+            out.values.CopyFrom(
+                tensors.to_proto(tensors.from_proto(msg.values) * np.float32(self.p["gamma"]))
+            )
         else:
             from vflnet.crypto.wire import cipher_from_proto, cipher_to_proto
 

@@ -149,7 +149,9 @@ class LabelInferenceAttack:
 
     def _check_view(self, view: object) -> None:
         if not isinstance(view, self.view_type):
-            raise TypeError(f"{type(self).__name__} needs a {self.view_type.__name__}, got {type(view).__name__}")
+            raise TypeError(
+                f"{type(self).__name__} needs a {self.view_type.__name__}, got {type(view).__name__}"
+            )
 
 
 class DirectLabelInference(LabelInferenceAttack):
@@ -348,7 +350,9 @@ class DirectionScoring(LabelInferenceAttack):
         attacker may have received in another batch)."""
         self._check_view(view)
         if reference.shape != view.grad_logits.shape[1:]:
-            raise ValueError(f"reference has shape {tuple(reference.shape)}, rows have {tuple(view.grad_logits.shape[1:])}")
+            raise ValueError(
+                f"reference has shape {tuple(reference.shape)}, rows have {tuple(view.grad_logits.shape[1:])}"
+            )
         return torch.nn.functional.cosine_similarity(view.grad_logits, reference.unsqueeze(0), dim=1)
 
     def infer(self, view: SampleGradientView, known_position: int, known_label: int) -> Tensor:

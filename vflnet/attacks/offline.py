@@ -19,11 +19,25 @@ from vflnet.registry import ATTACKS
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vflnet attack", description=__doc__)
     parser.add_argument("name", help="attack name (see `vflnet attacks`)")
-    parser.add_argument("--trace", type=Path, required=True, help="trace file of the party that hosts the attack")
-    parser.add_argument("--role", choices=["coordinator", "active", "passive"], help="host party's role (default: from --config)")
-    parser.add_argument("--config", type=Path, help="the run's config: gives the role, and scores the output against ground truth")
-    parser.add_argument("--run-dir", type=Path, help="the run's directory, for scores that need the run's outputs (backdoor: "
-                        "the active party's test predictions); default: the trace's run (<run>/traces/PARTY.trace)")
+    parser.add_argument(
+        "--trace", type=Path, required=True, help="trace file of the party that hosts the attack"
+    )
+    parser.add_argument(
+        "--role",
+        choices=["coordinator", "active", "passive"],
+        help="host party's role (default: from --config)",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="the run's config: gives the role, and scores the output against ground truth",
+    )
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        help="the run's directory, for scores that need the run's outputs (backdoor: "
+        "the active party's test predictions); default: the trace's run (<run>/traces/PARTY.trace)",
+    )
     parser.add_argument("--params", default="{}", help="attack parameters as JSON")
     parser.add_argument("--out", type=Path, help="write the output arrays to this .npz")
     return parser

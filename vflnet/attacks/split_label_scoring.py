@@ -203,9 +203,7 @@ class DirectionScoringAttack(_GradientScoring):
             return None  # the known sample never came with a plaintext gradient
         nearest = min(self.references, key=lambda s: (abs(s - step), s))
         view = SampleGradientView(torch.from_numpy(ids), torch.from_numpy(grad))
-        return (
-            self.algorithm().similarity(view, torch.from_numpy(self.references[nearest])).double().numpy()
-        )
+        return self.algorithm().similarity(view, torch.from_numpy(self.references[nearest])).double().numpy()
 
     def says_positive(self, scores: np.ndarray) -> np.ndarray:
         return scores > 0

@@ -28,8 +28,18 @@ DIGITS_MLP: dict[str, Any] = {
     "parties": [
         {"name": "coordinator", "role": "coordinator"},
         {"name": "active", "role": "active"},
-        {"name": "passive-1", "role": "passive", "features": {"region": [0, 8, 0, 4]}, "bottom": {"kind": "mlp", "hidden": [64], "out": 32}},
-        {"name": "passive-2", "role": "passive", "features": {"region": [0, 8, 4, 8]}, "bottom": {"kind": "mlp", "hidden": [64], "out": 32}},
+        {
+            "name": "passive-1",
+            "role": "passive",
+            "features": {"region": [0, 8, 0, 4]},
+            "bottom": {"kind": "mlp", "hidden": [64], "out": 32},
+        },
+        {
+            "name": "passive-2",
+            "role": "passive",
+            "features": {"region": [0, 8, 4, 8]},
+            "bottom": {"kind": "mlp", "hidden": [64], "out": 32},
+        },
     ],
     "model": {"top": {"kind": "mlp", "hidden": [64]}},
     "train": {"epochs": 6, "batch_size": 256, "optimizer": {"kind": "adam", "lr": 0.003}, "eval_every": 100},
@@ -42,8 +52,18 @@ MNIST_CNN: dict[str, Any] = {
     "parties": [
         {"name": "coordinator", "role": "coordinator"},
         {"name": "active", "role": "active"},
-        {"name": "passive-1", "role": "passive", "features": {"region": [0, 28, 0, 14]}, "bottom": {"kind": "cnn", "channels": [16, 32], "out": 64}},
-        {"name": "passive-2", "role": "passive", "features": {"region": [0, 28, 14, 28]}, "bottom": {"kind": "cnn", "channels": [16, 32], "out": 64}},
+        {
+            "name": "passive-1",
+            "role": "passive",
+            "features": {"region": [0, 28, 0, 14]},
+            "bottom": {"kind": "cnn", "channels": [16, 32], "out": 64},
+        },
+        {
+            "name": "passive-2",
+            "role": "passive",
+            "features": {"region": [0, 28, 14, 28]},
+            "bottom": {"kind": "cnn", "channels": [16, 32], "out": 64},
+        },
     ],
     "model": {"top": {"kind": "mlp", "hidden": [128]}},
     "train": {"epochs": 1, "batch_size": 128, "optimizer": {"kind": "adam", "lr": 0.001}, "eval_every": 100},
@@ -88,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
                 best_d = d
             ref = train_reference(config_from_dict(copy.deepcopy(case)), evaluate=False)
             best_r = max(best_r, ref.steps_per_second)
-            print(f"  {name} run {i + 1}: distributed {d['steps_per_s']:.1f} steps/s, reference {ref.steps_per_second:.1f} steps/s", flush=True)
+            print(
+                f"  {name} run {i + 1}: distributed {d['steps_per_s']:.1f} steps/s, reference {ref.steps_per_second:.1f} steps/s",
+                flush=True,
+            )
         assert best_d is not None
         rows.append((name, best_d, best_r))
     print()
@@ -96,12 +119,23 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print("-" * len(header))
     for name, d, r in rows:
-        print(f"{name:18s} {d['steps_per_s']:12.1f} {r:10.1f} {d['steps_per_s'] / r:6.2f} {d['wire']:12.0f} {d['payload']:14.0f} "
-              f"{100 * (d['wire'] / d['payload'] - 1):8.2f}%")
+        print(
+            f"{name:18s} {d['steps_per_s']:12.1f} {r:10.1f} {d['steps_per_s'] / r:6.2f} {d['wire']:12.0f} {d['payload']:14.0f} "
+            f"{100 * (d['wire'] / d['payload'] - 1):8.2f}%"
+        )
     by_name = {name: d for name, d, _ in rows}
     if "digits-mlp-b256" in by_name and "digits-mlp-b256+tap" in by_name:
-        plain, tapped = by_name["digits-mlp-b256"]["steps_per_s"], by_name["digits-mlp-b256+tap"]["steps_per_s"]
-        print(f"\ntrace tap on every party: {1000 / tapped - 1000 / plain:+.2f} ms per step ({100 * (plain / tapped - 1):+.1f}%)")
-    print("\nsteps/s: training steps per second (1 torch thread per process; distributed = coordinator-timed step wall time)")
-    print("wire: serialized protobuf bytes + 5-byte gRPC frame prefix of every party message in a step; tensor: raw tensor bytes inside")
+        plain, tapped = (
+            by_name["digits-mlp-b256"]["steps_per_s"],
+            by_name["digits-mlp-b256+tap"]["steps_per_s"],
+        )
+        print(
+            f"\ntrace tap on every party: {1000 / tapped - 1000 / plain:+.2f} ms per step ({100 * (plain / tapped - 1):+.1f}%)"
+        )
+    print(
+        "\nsteps/s: training steps per second (1 torch thread per process; distributed = coordinator-timed step wall time)"
+    )
+    print(
+        "wire: serialized protobuf bytes + 5-byte gRPC frame prefix of every party message in a step; tensor: raw tensor bytes inside"
+    )
     return 0

@@ -19,7 +19,9 @@ class Defense(ABC):
     description: ClassVar[str]
     roles: ClassVar[frozenset[str]]
     params: ClassVar[dict[str, Param]] = {}
-    acts_on: ClassVar[str] = "labels"  # "labels": active-party label defense; "upload": param-server gradient upload
+    acts_on: ClassVar[str] = (
+        "labels"  # "labels": active-party label defense; "upload": param-server gradient upload
+    )
     implementation: ClassVar[type]  # the class `build` makes (for label defenses: a LabelDefense subclass)
 
     def __init__(self, **params: Any) -> None:
@@ -30,7 +32,9 @@ class Defense(ABC):
         """The object the host party uses (for active-party label defenses: a LabelDefense)."""
 
 
-def build_upload_defenses(cfg: Config, party: str) -> list[Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]]:
+def build_upload_defenses(
+    cfg: Config, party: str
+) -> list[Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]]:
     """The transforms a party applies to its gradient upload (param-server), in config order."""
     from vflnet.data.partition import party_seed
     from vflnet.registry import DEFENSES

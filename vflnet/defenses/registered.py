@@ -34,7 +34,10 @@ class GaussianGradientNoise(Defense):
     description = "clip each per-sample gradient to clip_norm, add N(0, scale^2) noise (DP-G)"
     implementation = ld.GaussianNoise
     roles = _ACTIVE
-    params = {"scale": _p(0.01, "noise standard deviation", 0.0), "clip_norm": _p(0.2, "per-sample L2 clip", 1e-12)}
+    params = {
+        "scale": _p(0.01, "noise standard deviation", 0.0),
+        "clip_norm": _p(0.2, "per-sample L2 clip", 1e-12),
+    }
 
     def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
         return self.implementation(num_classes, self.p["scale"], self.p["clip_norm"], seed)
@@ -120,7 +123,9 @@ _CAE_PARAMS = {
 @DEFENSES.register
 class CAE(Defense):
     name = "cae"
-    description = "confusional autoencoder: train on soft fake labels, decode predictions (paper 004 Alg. 4-5)"
+    description = (
+        "confusional autoencoder: train on soft fake labels, decode predictions (paper 004 Alg. 4-5)"
+    )
     implementation = ld.CAEDefense
     roles = _ACTIVE
     params = dict(_CAE_PARAMS)
@@ -163,11 +168,15 @@ class FakeGradientsDefense(Defense):
     params = {
         "nu": _p(1000, "candidate vectors drawn per round", 1, integer=True),
         "sigma2": _p(1.1, "variance of the candidates", 1e-12),
-        "max_rounds": _p(100, "rounds before the closest candidate is taken (keeps the loop finite)", 1, integer=True),
+        "max_rounds": _p(
+            100, "rounds before the closest candidate is taken (keeps the loop finite)", 1, integer=True
+        ),
     }
 
     def build(self, num_classes: int, seed: int) -> Any:
-        return _numpy_transform(self.implementation(self.p["nu"], self.p["sigma2"], None, self.p["max_rounds"], seed))
+        return _numpy_transform(
+            self.implementation(self.p["nu"], self.p["sigma2"], None, self.p["max_rounds"], seed)
+        )
 
 
 @DEFENSES.register
@@ -177,7 +186,10 @@ class DpGradientUpload(Defense):
     roles = frozenset({"passive", "active"})
     acts_on = "upload"
     implementation = DpGradients
-    params = {"clip_norm": _p(3.0, "L2 clip of the upload", 1e-12), "noise_multiplier": _p(1.0, "noise std / clip_norm", 0.0)}
+    params = {
+        "clip_norm": _p(3.0, "L2 clip of the upload", 1e-12),
+        "noise_multiplier": _p(1.0, "noise std / clip_norm", 0.0),
+    }
 
     def build(self, num_classes: int, seed: int) -> Any:
         return _numpy_transform(self.implementation(self.p["clip_norm"], self.p["noise_multiplier"], seed))
