@@ -1,9 +1,9 @@
 import numpy as np
 
 from tests.conftest import base_config
-from vflnet.config import from_dict
 from vflnet.data.alignment import epoch_batches, intersect, split_train_test
 from vflnet.data.partition import party_view
+from vflnet.validation import config_from_dict
 
 
 def test_intersection_and_split_are_deterministic_and_disjoint():
@@ -29,7 +29,7 @@ def test_epoch_batches_cover_each_id_once_and_change_per_epoch():
 def test_party_views_hold_only_their_columns_and_only_active_holds_labels():
     data = base_config(n_passive=2)
     data["parties"][3]["sample_fraction"] = 0.5
-    cfg = from_dict(data)
+    cfg = config_from_dict(data)
     active, p1, p2 = (party_view(cfg, n) for n in ("active", "passive-1", "passive-2"))
     assert active.x is None and active.y is not None
     assert p1.y is None and p1.x.shape == (1797, 32)

@@ -14,12 +14,12 @@ import yaml
 
 from tests.conftest import write_config
 from vflnet.attacks.base import AttackContext
-from vflnet.config import from_dict
 from vflnet.data.partition import party_view
 from vflnet.interceptors.trace import read_trace
 from vflnet.models.zoo import build_party_modules
-from vflnet.plugins import ATTACKS
+from vflnet.registry import ATTACKS
 from vflnet.runner.local import run_local
+from vflnet.validation import config_from_dict
 
 pytestmark = pytest.mark.e2e
 
@@ -129,7 +129,7 @@ def test_rewrite_changes_training_as_expected(tmp_path, repo):
     data["trace"] = {"parties": []}
     path = write_config(tmp_path, data)
     assert run_local(path, run_dir=tmp_path / "run", progress=False) == 0
-    cfg = from_dict(data)
+    cfg = config_from_dict(data)
     for name, frozen in (("passive-1", True), ("passive-2", False)):
         view = party_view(cfg, name)
         initial, _ = build_party_modules(cfg, cfg.party(name), tuple(view.x.shape[1:]), view.n_classes)
@@ -172,7 +172,7 @@ def test_config_check_rejects_unknown_attacks_and_bad_params(tmp_path, repo):
         data = _label_leak(repo)
         data["attacks"] = [attack]
         with pytest.raises(ConfigError) as info:
-            from_dict(data, "x.yaml")
+            config_from_dict(data, "x.yaml")
         assert info.value.key == key and text in info.value.message
 
 

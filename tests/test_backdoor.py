@@ -12,16 +12,16 @@ import pytest
 
 from tests.conftest import base_config, write_config
 from vflnet.attacks.base import AttackContext
-from vflnet.config import from_dict
 from vflnet.crypto import generate_keypair
 from vflnet.crypto.wire import cipher_from_proto, cipher_to_proto
 from vflnet.interceptors.events import WireEvent
 from vflnet.interceptors.trace import read_trace
-from vflnet.plugins import ATTACKS
+from vflnet.registry import ATTACKS
 from vflnet.reproduce.backdoor import build_parser, cases
 from vflnet.runner.local import run_local
 from vflnet.runner.reference import train_reference
 from vflnet.v1 import messages_pb2
+from vflnet.validation import config_from_dict
 from vflnet.wire import tensors
 
 TRAIN_IDS = np.arange(12, dtype=np.int64)
@@ -144,7 +144,7 @@ def test_backdoor_reaches_asr_at_gamma_10_and_keeps_the_main_task(tmp_path):
     data = _backdoor_config(10)
     # the clean run: the same model trained without the attack by the in-process reference trainer
     # (bit-identical to a distributed split run, tests/test_e2e_runtime.py)
-    clean = train_reference(from_dict({k: v for k, v in data.items() if k != "attacks"})).history[-1][
+    clean = train_reference(config_from_dict({k: v for k, v in data.items() if k != "attacks"})).history[-1][
         "test_accuracy"
     ]
     attacked = _run(tmp_path, data, "attacked")["backdoor@passive-1"]
@@ -220,8 +220,8 @@ def test_reproduce_backdoor_builds_valid_configs():
         len(built) == 1 + 5 + 1 + 2 + 2 * 3
     )  # clean, gamma sweep, split-he, (clean, attacked) distributed and per defense
     for case in built:
-        cfg = from_dict(case.data)
+        cfg = config_from_dict(case.data)
         assert [a.name for a in cfg.attacks] and all(a.name == "backdoor" for a in cfg.attacks)
-    distributed = from_dict(built[8].data)
+    distributed = config_from_dict(built[8].data)
     assert [p.name for p in distributed.passives] == ["passive-1", "passive-2", "passive-3"]
     assert [a.params["trigger_pixels"] for a in distributed.attacks] == [[[7, 3]], [[7, 5]], [[7, 7]]]

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import base_config
-from vflnet.config import from_dict
 from vflnet.data.alignment import intersect, split_train_test
 from vflnet.roles.party import PartyHost
 from vflnet.v1 import messages_pb2, services_pb2_grpc
+from vflnet.validation import config_from_dict
 from vflnet.wire import tensors
 from vflnet.wire.bridge import GrpcBridge
 
@@ -30,7 +30,7 @@ def active(tmp_path):
     data = base_config(n_passive=2)
     data["run"]["id"] = "bad-input"
     data["transport"]["rpc_timeout_s"] = RPC_TIMEOUT_S
-    cfg = from_dict(data)
+    cfg = config_from_dict(data)
     bridge = GrpcBridge(cfg.transport)
     party = PartyHost(cfg, "active", tmp_path, bridge)
     train, _ = split_train_test(intersect([party.data.ids]), 0.2, cfg.run.seed)

@@ -1,47 +1,24 @@
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import REPO, base_config, write_config
-from vflnet.config import ConfigError, from_dict, load
+from tests.conftest import base_config, write_config
+from vflnet.config import ConfigError
+from vflnet.validation import config_from_dict, load_config
 
 
 def _err(tmp_path, data) -> ConfigError:
     path = write_config(tmp_path, data)
     with pytest.raises(ConfigError) as info:
-        load(path)
+        load_config(path)
     assert str(path) in str(info.value)  # every error names the file
     return info.value
 
 
-def _run_configs() -> list[Path]:
-    """Every vflnet run config in the repository: configs/ and the deployments' own (k8s, lab)."""
-    found = sorted(REPO.glob("configs/*.yaml"))
-    for path in sorted(REPO.glob("deploy/**/*.yaml")):
-        docs = list(yaml.safe_load_all(path.read_text()))  # Kubernetes manifests hold several
-        if len(docs) == 1 and isinstance(docs[0], dict) and {"parties", "protocol"} <= docs[0].keys():
-            found.append(path)
-    return found
-
-
-def test_run_configs_are_found():
-    names = [str(p.relative_to(REPO)) for p in _run_configs()]
-    assert "configs/scoring-cancer.yaml" in names and "deploy/k8s/config/run.yaml" in names
-    assert "deploy/lab/run.yaml" in names and "deploy/k8s/parties.yaml" not in names
-
-
-@pytest.mark.parametrize("path", _run_configs(), ids=lambda p: str(p.relative_to(REPO)))
-def test_every_shipped_config_passes_config_check(path, tmp_path, monkeypatch):
-    """What `vflnet config check` does, from an empty directory: nothing a script writes may be needed."""
-    monkeypatch.chdir(tmp_path)
-    load(path)
-
-
 def test_default_config_is_valid(repo):
-    cfg = load(repo / "configs" / "digits-2p.yaml")
+    cfg = load_config(repo / "configs" / "digits-2p.yaml")
     assert [p.role for p in cfg.parties] == ["coordinator", "active", "passive", "passive"]
 
 
@@ -108,15 +85,15 @@ def test_top_none_needs_class_count(tmp_path):
 def test_not_a_mapping_and_bad_yaml(tmp_path):
     (tmp_path / "a.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping at the top level"):
-        load(tmp_path / "a.yaml")
+        load_config(tmp_path / "a.yaml")
     (tmp_path / "b.yaml").write_text("run: {id: [\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
-        load(tmp_path / "b.yaml")
+        load_config(tmp_path / "b.yaml")
 
 
 def test_round_trip_through_dump(tmp_path):
-    cfg = from_dict(base_config(n_passive=3))
-    again = from_dict(yaml.safe_load(yaml.safe_dump(cfg.to_dict())))
+    cfg = config_from_dict(base_config(n_passive=3))
+    again = config_from_dict(yaml.safe_load(yaml.safe_dump(cfg.to_dict())))
     assert again.to_dict() == cfg.to_dict()
 
 

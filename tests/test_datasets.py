@@ -21,23 +21,6 @@ def test_bundled_datasets_load_offline_with_expected_shapes():
     )
 
 
-def test_rare_positive_breast_cancer_keeps_every_benign_and_a_seeded_few_malignant():
-    cancer = load_dataset("breast_cancer")  # sklearn's labels: malignant = 0
-    rare = load_dataset("breast_cancer_rare")
-    assert rare.features.shape == (397, 30) and rare.n_classes == 2 and not rare.is_image
-    assert rare.labels.sum() == 40 and rare.ids.tolist() == list(range(397))  # malignant = 1 here
-    # every row is a breast_cancer row with the flipped label, in the original order
-    rows = {tuple(x): 1 - y for x, y in zip(cancer.features.tolist(), cancer.labels.tolist(), strict=True)}
-    assert [rows[tuple(x)] for x in rare.features.tolist()] == rare.labels.tolist()
-    assert len({tuple(x) for x in rare.features.tolist()}) == 397
-    again = load_dataset("breast_cancer_rare", {"n_positive": 40, "seed": 0})
-    np.testing.assert_array_equal(again.features, rare.features)
-    other = load_dataset("breast_cancer_rare", {"n_positive": 10, "seed": 1})
-    assert len(other.ids) == 367 and other.labels.sum() == 10
-    with pytest.raises(ValueError, match="n_positive must lie in 1..212"):
-        load_dataset("breast_cancer_rare", {"n_positive": 500})
-
-
 def test_user_csv_and_npz(tmp_path):
     csv = tmp_path / "d.csv"
     csv.write_text("uid,a,b,label\n10,1.0,2.0,yes\n11,0.5,-1.0,no\n12,3.0,0.0,yes\n")
@@ -50,7 +33,11 @@ def test_user_csv_and_npz(tmp_path):
     np.savez(npz, x=np.ones((4, 3)), y=np.array([0, 1, 2, 1]), ids=np.array([5, 6, 7, 8]))
     d = load_dataset("npz", {"path": str(npz)})
     assert d.features.shape == (4, 3) and d.ids.tolist() == [5, 6, 7, 8] and d.n_classes == 3
-    with pytest.raises(KeyError, match="takes no parameter"):
+    with pytest.raises(ValueError, match="takes no parameter"):
         load_dataset("digits", {"path": "x"})
+    with pytest.raises(ValueError, match="parameter 'label_column': expected a string"):
+        load_dataset("csv", {"path": str(csv)})
+    with pytest.raises(ValueError, match="parameter 'n_classes': expected an integer >= 2"):
+        load_dataset("synthetic", {"n_classes": 1})
     with pytest.raises(KeyError, match="unknown dataset 'cifar10'"):
         load_dataset("cifar10")

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from vflnet import cli
-from vflnet.config import Config, load
+from vflnet import cli, validation
+from vflnet.config import Config
 from vflnet.wire import certs_cli, healthcheck
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def port(address: str) -> int:
 
 
 def load_config(path: Path) -> Config:
-    return load(path, check_data=False)
+    return validation.load_config(path, check_data=False)
 
 
 def job(cfg: Config) -> dict[str, Any]:

@@ -16,9 +16,9 @@ import torch
 import yaml
 
 from tests.conftest import base_config, write_config
-from vflnet.config import from_dict
 from vflnet.runner.local import run_local
 from vflnet.runner.reference import train_reference
+from vflnet.validation import config_from_dict
 
 pytestmark = pytest.mark.e2e
 
@@ -103,7 +103,7 @@ def test_distributed_run_ends_with_the_reference_parameters(
     plan = json.loads((tmp_path / "run/plan.json").read_text())
     assert plan["n_train"] + plan["n_test"] == round(1797 * 0.9)
 
-    reference = train_reference(from_dict(data), evaluate=False)
+    reference = train_reference(config_from_dict(data), evaluate=False)
     assert reference.steps == 14
     worst = 0.0
     for party, modules in reference.states.items():
@@ -128,7 +128,7 @@ def test_cnn_bottoms_and_input_layer_cut_match_the_reference(tmp_path, cut):
     data["train"].update(max_steps=6, batch_size=128)
     path = write_config(tmp_path, data)
     assert run_local(path, run_dir=tmp_path / "run", progress=False) == 0
-    reference = train_reference(from_dict(data), evaluate=False)
+    reference = train_reference(config_from_dict(data), evaluate=False)
     for party, modules in reference.states.items():
         ckpt = torch.load(tmp_path / "run/checkpoints" / f"{party}.pt")
         for module, state in modules.items():

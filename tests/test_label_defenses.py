@@ -17,7 +17,6 @@ from vflnet.attacks.label_inference import (
     SampleGradientView,
 )
 from vflnet.defenses.label_defenses import (
-    LABEL_DEFENSES,
     CAEDefense,
     ConfusionalAutoEncoder,
     DCAEDefense,
@@ -259,24 +258,27 @@ def test_transforms_reject_misshaped_gradients() -> None:
         GaussianNoise(10, scale=0.1).transform(torch.zeros(4, 10), LABELS)
 
 
-def test_registry_lists_every_defense_by_name() -> None:
-    assert set(LABEL_DEFENSES) == {
-        "none",
-        "dp_gaussian",
-        "dp_laplace",
-        "gradient_sparsification",
-        "discrete_sgd",
-        "rounding",
-        "marvell",
-        "cae",
-        "dcae",
+def test_every_label_defense_is_the_implementation_of_one_registered_name() -> None:
+    from vflnet.registry import DEFENSES
+
+    pairs = [(cls.implementation, name) for name, cls in DEFENSES.all().items() if cls.acts_on == "labels"]
+    assert dict(pairs) == {
+        GaussianNoise: "dp-gaussian",
+        LaplaceNoise: "dp-laplace",
+        GradientSparsification: "gradient-sparsification",
+        DiscreteSGD: "discrete-sgd",
+        GradientRounding: "rounding",
+        Marvell: "marvell",
+        CAEDefense: "cae",
+        DCAEDefense: "dcae",
     }
+    assert len(pairs) == len(dict(pairs))
 
 
 def test_reproduction_sweeps_build_valid_runs_with_accepted_parameters() -> None:
-    from vflnet.config import from_dict
-    from vflnet.plugins import DEFENSES
+    from vflnet.registry import DEFENSES
     from vflnet.reproduce.label_inference import BREAST_CANCER, DIGITS, SWEEPS, batch_attacks, config
+    from vflnet.validation import config_from_dict
 
     # every label defense of the active party has a sweep
     assert set(SWEEPS) == {name for name, cls in DEFENSES.all().items() if cls.acts_on == "labels"}
@@ -285,7 +287,7 @@ def test_reproduction_sweeps_build_valid_runs_with_accepted_parameters() -> None
         for value in values:
             DEFENSES.get(name)(**{param: value})  # raises ValueError naming a parameter it does not accept
             defense = [{"name": name, "party": "active", "params": {param: value}}]
-            cfg = from_dict(
+            cfg = config_from_dict(
                 config(task, batch=64, epochs=1, max_steps=0, attacks=batch_attacks(3, 10), defenses=defense)
             )
             assert [d.name for d in cfg.defenses] == [name]

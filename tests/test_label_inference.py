@@ -11,12 +11,12 @@ import torch
 from test_label_sim import Split, TwoPartyVFL, digits, one_torch_thread  # noqa: F401 (autouse fixture)
 
 from vflnet.attacks.label_inference import (
-    LABEL_ATTACKS,
     AnalyticLabelRecovery,
     BatchGradientView,
     DirectionScoring,
     DirectLabelInference,
     GradientInversionLabelInference,
+    LabelInferenceAttack,
     LastLayerGradientView,
     ModelCompletionView,
     NormScoring,
@@ -183,13 +183,16 @@ def test_views_reject_inconsistent_inputs() -> None:
         last_layer_view(view, "missing")
 
 
-def test_registry_lists_every_attack_by_name() -> None:
-    assert set(LABEL_ATTACKS) == {
-        "direct_label_inference",
-        "analytic_label_recovery",
-        "gradient_inversion_label_inference",
-        "norm_scoring",
-        "direction_scoring",
-        "passive_model_completion",
+def test_every_algorithm_is_reached_through_one_registered_attack_name() -> None:
+    from vflnet.registry import ATTACKS
+
+    pairs = [(cls.algorithm, name) for name, cls in ATTACKS.all().items() if cls.algorithm is not None]
+    assert dict(pairs) == {
+        DirectLabelInference: "direct-label-inference",
+        AnalyticLabelRecovery: "analytic-label-recovery",
+        GradientInversionLabelInference: "gradient-inversion-label-inference",
+        NormScoring: "norm-scoring",
+        DirectionScoring: "direction-scoring",
+        PassiveModelCompletion: "passive-model-completion",
     }
-    assert all(cls.name == name for name, cls in LABEL_ATTACKS.items())
+    assert len(pairs) == len(dict(pairs)) == len(LabelInferenceAttack.__subclasses__())

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from tests.conftest import base_config, write_config
-from vflnet.config import from_dict
 from vflnet.data.partition import party_view
 from vflnet.models.zoo import build_party_modules
 from vflnet.runner.local import run_local
 from vflnet.runner.reference import train_reference
+from vflnet.validation import config_from_dict
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +38,7 @@ def test_param_server_matches_split_training_or_stays_static(tmp_path, static):
 
     plain = dict(data, protocol={"kind": "split", "aggregation": "concat"})
     if static:  # the parameters the coordinator holds at the end are the initial ones
-        cfg = from_dict(plain)
+        cfg = config_from_dict(plain)
         expected_states = {}
         for party in ("active", "passive-1", "passive-2"):
             view = party_view(cfg, party)
@@ -47,7 +47,7 @@ def test_param_server_matches_split_training_or_stays_static(tmp_path, static):
                 k: m.state_dict() for k, m in (("bottom", bottom), ("top", top)) if m is not None
             }
     else:
-        expected_states = train_reference(from_dict(plain), evaluate=False).states
+        expected_states = train_reference(config_from_dict(plain), evaluate=False).states
     worst = 0.0
     for party, modules in expected_states.items():
         for module, state in modules.items():

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from tests.conftest import base_config, write_config
-from vflnet.config import ConfigError, from_dict, load
+from vflnet.config import ConfigError
 from vflnet.interceptors.trace import read_trace
 from vflnet.runner.local import run_local
 from vflnet.runner.reference import train_reference
 from vflnet.v1 import messages_pb2
+from vflnet.validation import config_from_dict, load_config
 
 pytestmark = pytest.mark.e2e
 
@@ -107,7 +108,8 @@ def test_plugin_protocol_runs_over_grpc_and_loopback_like_the_reference(tmp_path
     seen = {e.short_method for e in read_trace(grpc_run / "traces/passive-1.trace")}
     assert {"Forward", "Backward"} <= seen and "ExchangeEmbeddings" not in seen
     reference = train_reference(
-        from_dict(dict(data, protocol={"kind": "split", "aggregation": "concat"}, plugins=[])), evaluate=False
+        config_from_dict(dict(data, protocol={"kind": "split", "aggregation": "concat"}, plugins=[])),
+        evaluate=False,
     )
     got = _states(grpc_run, list(reference.states))
     worst = max(
@@ -124,10 +126,10 @@ def test_plugin_protocol_settings_are_checked(tmp_path):
     data["plugins"] = ["tests.plugins.pull_protocol"]
     data["protocol"] = {"kind": "pull", "params": {"gradient_scale": -1}}
     with pytest.raises(ConfigError, match=r"protocol\.params.*gradient_scale"):
-        load(write_config(tmp_path, data))
+        load_config(write_config(tmp_path, data))
     data["protocol"] = {"kind": "no-such-protocol"}
     with pytest.raises(ConfigError, match=r"protocol\.kind.*no-such-protocol.*pull"):
-        load(write_config(tmp_path, data))
+        load_config(write_config(tmp_path, data))
 
 
 @pytest.mark.parametrize("bridge", ["grpc", "loopback"])
@@ -138,7 +140,7 @@ def test_prediction_phase_delivers_the_reference_models_outputs_to_the_active_pa
     data["trace"] = {"parties": ["passive-1", "active"]}
     run = _run(tmp_path, data, bridge)
     got = np.load(run / "predictions/predict-epoch-001.npz")
-    cfg = from_dict(data)
+    cfg = config_from_dict(data)
     assert json.loads((run / "plan.json").read_text())["n_test"] > 50  # a prefix of the test set was served
     reference = train_reference(cfg, evaluate=False, predict_ids=got["sample_ids"])
     assert len(got["sample_ids"]) == 50
@@ -168,7 +170,7 @@ def test_model_release_is_a_traced_message_and_the_only_way_to_a_model(tmp_path)
     data["attacks"] = [{"name": "model-thief", "party": "passive-1"}]
     data["trace"] = {"parties": ["passive-1", "active"]}
     with pytest.raises(ConfigError, match=r"attacks\[0\].*released_model.*no model_release"):
-        load(write_config(tmp_path, data))
+        load_config(write_config(tmp_path, data))
     data["model_release"] = [{"owner": "active", "recipient": "passive-1", "modules": ["top"]}]
     run = _run(tmp_path, data, "grpc")
     stolen = np.load(run / "attacks/model-thief@passive-1.npz")

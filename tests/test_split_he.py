@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from tests.conftest import base_config, write_config
-from vflnet.config import from_dict
 from vflnet.crypto import generate_keypair
 from vflnet.crypto.masking import ints_from_bytes, ints_to_bytes, mask, unmask
 from vflnet.crypto.wire import cipher_to_proto
@@ -23,6 +22,7 @@ from vflnet.protocols.split_he import DecryptionService
 from vflnet.runner.local import run_local
 from vflnet.runner.reference import train_reference
 from vflnet.v1 import messages_pb2
+from vflnet.validation import config_from_dict
 from vflnet.wire.errors import RpcFailure
 
 
@@ -75,7 +75,7 @@ def test_decryption_service_checks_purpose_and_role(keys):
         "aggregation": "sum",
         "he": {"key_bits": 512, "allow_insecure_keys": True},
     }
-    cfg = from_dict(data)
+    cfg = config_from_dict(data)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         service = DecryptionService(SimpleNamespace(cfg=cfg, run_dir=None))
@@ -118,7 +118,7 @@ def test_split_he_run_ends_with_the_split_parameters(tmp_path):
     assert "passive-1/aggregate_logits" not in summary["decryptions"]["requests"]
 
     plain = dict(data, protocol={"kind": "split", "aggregation": "sum"})
-    reference = train_reference(from_dict(plain), evaluate=False)
+    reference = train_reference(config_from_dict(plain), evaluate=False)
     worst = 0.0
     for party, modules in reference.states.items():
         ckpt = torch.load(tmp_path / "run/checkpoints" / f"{party}.pt")

@@ -13,12 +13,12 @@ import pytest
 from tests.conftest import base_config, write_config
 from vflnet.attacks.base import AttackContext
 from vflnet.attacks.knowledge import run_split, threat_model_knowledge
-from vflnet.config import from_dict, load
 from vflnet.data.datasets import load_dataset
 from vflnet.interceptors.trace import read_trace
 from vflnet.metrics.labels import mean_batch_auc
-from vflnet.plugins import ATTACKS
+from vflnet.registry import ATTACKS
 from vflnet.runner.local import run_local
+from vflnet.validation import config_from_dict, load_config
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +54,7 @@ def _scoring_run(tmp_path: Path, name: str, protocol: dict, defenses: list, **tr
 def _offline_equals_online(run_dir: Path) -> None:
     """The same attack over the recorded trace, with the knowledge its threat model grants, gives the same
     output (what `vflnet attack NAME --trace ... --config ...` does)."""
-    cfg = load(run_dir / "config.yaml")
+    cfg = load_config(run_dir / "config.yaml")
     events = list(read_trace(run_dir / "traces/passive-1.trace"))
     for name in ("norm-scoring", "direction-scoring"):
         attack = ATTACKS.get(name)(AttackContext("passive-1", "passive", cfg.run.id))
@@ -107,7 +107,7 @@ def test_leak_auc_is_per_batch_and_skips_one_class_batches():
 
 
 def test_aux_labels_are_nested_training_samples_per_class():
-    cfg = from_dict(base_config())
+    cfg = config_from_dict(base_config())
     digits = load_dataset("digits")
     train, _ = run_split(cfg, digits)
     label_of = dict(zip(digits.ids.tolist(), digits.labels.tolist(), strict=True))

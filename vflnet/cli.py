@@ -20,6 +20,14 @@ _MODULE_COMMANDS = {
     "lab": ("vflnet.lab.cli", "multi-host network lab in Linux network namespaces (root)"),
 }
 
+# Subcommands that list a registry (vflnet.registry): command -> (registry, help).
+_LISTS = {
+    "datasets": ("DATASETS", "list the registered datasets (no downloads) and their parameters"),
+    "models": ("MODELS", "list the registered model kinds (`kind:` of a bottom or top model block)"),
+    "attacks": ("ATTACKS", "list the registered attacks and their parameters"),
+    "defenses": ("DEFENSES", "list the registered defenses and their parameters"),
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -49,10 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     csub = p.add_subparsers(dest="config_command", required=True)
     c = csub.add_parser("check", help="validate a config file and exit")
     c.add_argument("file", type=Path)
+    csub.add_parser(
+        "docs",
+        help="write docs/config.md from the schema (--check: only compare)",
+        add_help=False,
+        parents=[importlib.import_module("vflnet.docs_config").build_parser()],
+    )
 
-    p = sub.add_parser("datasets", help="list the bundled datasets")
-    sub.add_parser("attacks", help="list the registered attacks and their parameters")
-    sub.add_parser("defenses", help="list the registered defenses and their parameters")
+    for name, (_, help_text) in _LISTS.items():
+        sub.add_parser(name, help=help_text)
     for name, (module, help_text) in _MODULE_COMMANDS.items():
         sub.add_parser(
             name, parents=[importlib.import_module(module).build_parser()], add_help=False, help=help_text
@@ -65,10 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_party(args: argparse.Namespace) -> int:
-    from vflnet.config import ConfigError, load
+    from vflnet.config import ConfigError
     from vflnet.roles.common import setup_logging, setup_torch
+    from vflnet.validation import load_config
 
-    cfg = load(args.config)
+    cfg = load_config(args.config)
     try:
         me = cfg.party(args.name)
     except KeyError as exc:
@@ -123,24 +137,22 @@ def main(argv: list[str] | None = None) -> int:
             return run_local(args.config, run_dir=args.run_dir, progress=not args.no_progress)
         if args.command == "party":
             return _cmd_party(args)
-        if args.command == "config":
-            from vflnet.config import load
+        if args.command == "config" and args.config_command == "docs":
+            from vflnet.docs_config import main as docs_main
 
-            cfg = load(args.file)
+            return docs_main(argv[2:])
+        if args.command == "config":
+            from vflnet.validation import load_config
+
+            cfg = load_config(args.file)
             print(
                 f"{args.file}: OK ({len(cfg.parties)} parties, protocol {cfg.protocol.kind}, dataset {cfg.data.dataset})"
             )
             return 0
-        if args.command in ("attacks", "defenses"):
-            from vflnet.plugins import ATTACKS, DEFENSES, describe
+        if args.command in _LISTS:
+            from vflnet import registry
 
-            print(describe(ATTACKS if args.command == "attacks" else DEFENSES))
-            return 0
-        if args.command == "datasets":
-            from vflnet.data.datasets import available
-
-            for name, desc in available().items():
-                print(f"{name:15s} {desc}")
+            print(registry.describe(getattr(registry, _LISTS[args.command][0])))
             return 0
         if args.command == "bench":
             if args.what == "transport":

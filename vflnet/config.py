@@ -1,9 +1,14 @@
-"""Run configuration: typed sections, strict YAML parsing, and one clear error per mistake.
+"""Run configuration: the schema (typed sections), strict YAML parsing, and one clear error per mistake.
 
 Every section is a dataclass; :func:`parse` walks the YAML against the annotations and rejects an
 unknown key, a wrong type or a bad value with a :class:`ConfigError` that names the file, the dotted
-key and what was expected. :func:`load` adds the checks that need the dataset (column ranges, class
-counts) so ``vflnet config check`` catches them before any process starts.
+key and what was expected, then runs the checks that need nothing but the config itself
+(:func:`validate`). Every field carries a one-line ``help`` (see :func:`setting`) from which
+docs/config.md is generated (``vflnet config docs``).
+
+This module imports nothing else from vflnet. The checks against the registries (plug-in modules,
+attack/defense/dataset/model names and parameters) and against the dataset's shape live one level up,
+in :mod:`vflnet.validation`: load a config with ``vflnet.validation.load_config``.
 """
 
 from __future__ import annotations
@@ -11,11 +16,14 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+NO_MODEL = "none"  # the model kind that means "no model here" (a top that passes the aggregate through)
 
 
 class ConfigError(ValueError):
@@ -25,172 +33,306 @@ class ConfigError(ValueError):
         super().__init__(f"{where}key '{key}': {message}" if key else f"{where}{message}")
 
 
+def setting(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    factory: Callable[[], Any] | None = None,
+    shown: str | None = None,
+) -> Any:
+    """A schema field with its one-line help for docs/config.md; ``shown`` overrides how its default
+    is written there (e.g. "required")."""
+    metadata: dict[str, Any] = {"help": help}
+    if shown is not None:
+        metadata["shown"] = shown
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
 # ---------------------------------------------------------------------------------------- sections
 @dataclass
 class RunConfig:
-    id: str = ""  # empty: `vflnet run` derives one from the file name and the time
-    dir: str = "runs"  # parent folder of run directories
-    seed: int = 0
+    """Identity and seeding of a run."""
+
+    id: str = setting(
+        "",
+        "run id; every message carries it. Empty: `vflnet run` uses `<file stem>-<time>`. "
+        "Required when parties are started one by one.",
+    )
+    dir: str = setting("runs", "parent folder of run directories")
+    seed: int = setting(
+        0,
+        "seeds model initialisation (per party: `seed*1000 + roster index`), the train/test split "
+        "and the batch schedule",
+    )
 
 
 @dataclass
 class HEConfig:
-    key_bits: int = 2048
-    frac_bits: int = 20
-    allow_insecure_keys: bool = False  # needed for key_bits < 1024 (tests only)
-    workers: int = 1
+    key_bits: int = setting(
+        2048, "Paillier modulus size; under 1024 needs `he.allow_insecure_keys: true` and prints a warning"
+    )
+    frac_bits: int = setting(20, "fixed-point fractional bits of encrypted logits and gradients")
+    allow_insecure_keys: bool = setting(False, "permit keys under 1024 bits (tests only)")
+    workers: int = setting(1, "processes per party for Paillier work")
 
 
 @dataclass
 class ProtocolConfig:
-    kind: str = "split"
-    aggregation: Literal["concat", "sum"] = "concat"
-    static: bool = False  # param-server: the coordinator never applies updates (CAFE's strongest setting)
-    he: HEConfig = field(default_factory=HEConfig)
-    params: dict[str, Any] = field(default_factory=dict)
+    """How the parties train together."""
+
+    kind: str = setting(
+        "split",
+        "`split` (plaintext), `split-he` (Paillier, paper 004 Alg. 1; needs `aggregation: sum` and "
+        "`model.top.kind: none`) or `param-server` (the coordinator holds parameters and optimizer; paper 002)",
+    )
+    aggregation: Literal["concat", "sum"] = setting(
+        "concat", "`concat` (concatenate embeddings, then the top model) or `sum` (add them)"
+    )
+    static: bool = setting(
+        False, "param-server only: the coordinator never applies updates (CAFE's strongest setting)"
+    )
+    he: HEConfig = setting(factory=HEConfig, help="Paillier settings of `split-he`")
+    params: dict[str, Any] = setting(
+        factory=dict, help="the protocol's own settings (plug-in protocols); checked by the protocol"
+    )
 
 
 @dataclass
 class DataConfig:
-    dataset: str = "digits"
-    params: dict[str, Any] = field(default_factory=dict)
-    test_fraction: float = 0.2
-    normalize: Literal["auto", "none", "standard", "minmax"] = "auto"
+    """The dataset every party loads its own columns and IDs of (only the active party keeps labels)."""
+
+    dataset: str = setting("digits", "a registered dataset (table below; `vflnet datasets`)")
+    params: dict[str, Any] = setting(factory=dict, help="the dataset's parameters (table below)")
+    test_fraction: float = setting(0.2, "held-out share of the aligned IDs")
+    normalize: Literal["auto", "none", "standard", "minmax"] = setting(
+        "auto",
+        "`auto` (images: none, already in [0,1]; tabular: standard), `none`, `standard`, `minmax`; "
+        "each party uses statistics of its own training rows only",
+    )
 
 
 @dataclass
 class FeaturesConfig:
-    columns: str | list[int] | None = None  # "0:32" / "0:8,16:24" / [0, 3, 5]
-    region: list[int] | None = None  # image rectangle [row0, row1, col0, col1], half-open
+    columns: str | list[int] | None = setting(None, 'flat column indices: `"0:32"`, `"0:8,16:24"` or a list')
+    region: list[int] | None = setting(None, "image rectangle `[row0, row1, col0, col1]` (half-open)")
 
 
 @dataclass
 class ModelConfig:
-    kind: Literal["none", "linear", "mlp", "cnn", "cafe-conv", "cafe-fc"] = "mlp"
-    hidden: list[int] = field(default_factory=list)
-    out: int = 0  # bottom models: embedding size; top models: ignored (number of classes)
-    bias: bool = True
-    activation: Literal["relu", "tanh", "sigmoid"] = "relu"
-    channels: list[int] = field(default_factory=lambda: [8, 16])  # cnn only
-    input_activation: Literal["none", "relu", "tanh", "sigmoid"] = "none"  # top only: applied to the aggregate
+    """A model block: `kind` is a registered model kind (table below; `vflnet models`), the other keys
+    are read by the kinds that use them.
+
+    An **input-layer cut** (paper 000): every party's bottom is `{kind: linear, bias: false, out: H}`,
+    `aggregation: sum`, and `model.top: {kind: mlp, input_activation: relu, ...}` — the sum of the
+    column blocks is the first layer of the joint network, its bias and activation live at the active party."""
+
+    kind: str = setting("mlp", "a model kind that can sit here (bottom or top; table below)")
+    hidden: list[int] = setting(factory=list, help="hidden layer widths (mlp; cafe-*: [fc1, fc2])")
+    out: int = setting(0, "bottom: embedding size (required); top: ignored (number of classes)")
+    bias: bool = setting(True, "bias on the last linear layer")
+    activation: Literal["relu", "tanh", "sigmoid"] = setting("relu", "nonlinearity between hidden layers")
+    channels: list[int] = setting(
+        factory=lambda: [8, 16], help="conv widths (cnn; cafe-conv: its two conv layers)"
+    )
+    input_activation: Literal["none", "relu", "tanh", "sigmoid"] = setting(
+        "none", "top only: nonlinearity applied to the aggregate first"
+    )
 
 
 @dataclass
 class PartyConfig:
-    name: str = ""
-    role: Literal["coordinator", "active", "passive"] = "passive"
-    address: str = ""  # host:port this party serves on; empty = any free loopback port (local runs)
-    via: str = ""  # host:port of a proxy in front of this party: the address other parties are given
-    features: FeaturesConfig | None = None
-    bottom: ModelConfig | None = None
-    sample_fraction: float = 1.0  # keep a seeded subset of IDs (exercises alignment)
+    """One party of the roster: exactly one `coordinator`, one `active` (it holds the labels), one or
+    more `passive`. The active party may hold features (then it has a bottom model too) or not.
+
+    `via: proxy` on a party (under `vflnet run`) starts a proxy process in front of it whose trace is
+    `<run>/traces/proxy-NAME.trace`; `via: HOST:PORT` (deployments) makes the party advertise a proxy
+    you run yourself."""
+
+    name: str = setting("", "unique party name (also its certificate CN under TLS)", shown="required")
+    role: Literal["coordinator", "active", "passive"] = setting(
+        "passive", "`coordinator`, `active` or `passive`"
+    )
+    address: str = setting(
+        "", "`host:port` it serves on (deployments); empty: any free loopback port (`vflnet run`)"
+    )
+    via: str = setting(
+        "", "`host:port` of a proxy in front of this party: the address other parties are given"
+    )
+    features: FeaturesConfig | None = setting(
+        None, "the party's feature slice: exactly one of columns or region"
+    )
+    bottom: ModelConfig | None = setting(
+        None, "the party's bottom model (a model block); required with features"
+    )
+    sample_fraction: float = setting(1.0, "keep a seeded subset of the IDs (exercises alignment)")
 
 
 @dataclass
 class TopConfig:
-    top: ModelConfig = field(default_factory=lambda: ModelConfig(kind="linear"))
+    """The active party's model over the aggregated embedding."""
+
+    top: ModelConfig = setting(
+        factory=lambda: ModelConfig(kind="linear"),
+        help="the top model (a model block)",
+        shown="`{kind: linear}`",
+    )
 
 
 @dataclass
 class OptimizerConfig:
-    kind: Literal["sgd", "momentum", "adam"] = "sgd"
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    kind: Literal["sgd", "momentum", "adam"] = setting(
+        "sgd", "`sgd`, `momentum`, `adam` (each party optimises its own parameters)"
+    )
+    lr: float = setting(0.1, "learning rate")
+    momentum: float = setting(0.9, "momentum (`momentum`)")
+    weight_decay: float = setting(0.0, "L2 weight decay")
+    betas: list[float] = setting(factory=lambda: [0.9, 0.999], help="Adam's betas")
 
 
 @dataclass
 class LRScheduleConfig:
-    kind: Literal["none", "step"] = "none"
-    step_size: int = 1  # epochs
-    gamma: float = 0.1
+    kind: Literal["none", "step"] = setting(
+        "none", "`none` or `step` (multiply the LR by `gamma` every `step_size` epochs)"
+    )
+    step_size: int = setting(1, "epochs between steps")
+    gamma: float = setting(0.1, "LR factor per step")
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 5
-    batch_size: int = 64
-    drop_last: bool = False
-    max_steps: int = 0  # stop after this many training steps (0 = no limit)
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    lr_schedule: LRScheduleConfig = field(default_factory=LRScheduleConfig)
-    eval_every: int = 1  # epochs
-    eval_batch_size: int = 512
-    checkpoint_every: int = 1  # epochs
+    """Training: epochs, batches, optimizer, evaluation and checkpoints."""
 
-
-@dataclass
-class TLSConfig:
-    enabled: bool = False
-    ca: str = ""
-    cert: str = ""  # may contain {name}
-    key: str = ""  # may contain {name}
-
-
-@dataclass
-class TransportConfig:
-    max_message_mb: float = 64.0  # per gRPC message; a larger message travels in chunks
-    max_payload_mb: float = 1024.0  # per logical message, chunked or not
-    rpc_timeout_s: float = 60.0
-    join_timeout_s: float = 120.0
-    idle_timeout_s: float = 600.0  # a party exits if the coordinator is silent this long
-    tls: TLSConfig = field(default_factory=TLSConfig)
-    allow_plaintext_remote: bool = False  # plaintext gRPC to a non-loopback address needs this
-    bridge: Literal["grpc", "loopback"] = "grpc"
-
-
-@dataclass
-class RuntimeConfig:
-    torch_threads: int = 1
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-
-
-@dataclass
-class PluginConfig:
-    name: str = ""
-    party: str = ""
-    params: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class TraceConfig:
-    parties: list[str] = field(default_factory=list)  # record the wire of these parties ("all" = every one)
-    max_mb: float = 1024.0  # per trace file; recording stops (and says so) at the cap
+    epochs: int = setting(5, "passes over the training IDs")
+    batch_size: int = setting(64, "samples per training step")
+    drop_last: bool = setting(False, "drop a final short batch")
+    max_steps: int = setting(0, "stop after this many training steps (0 = no limit)")
+    optimizer: OptimizerConfig = setting(factory=OptimizerConfig, help="")
+    lr_schedule: LRScheduleConfig = setting(factory=LRScheduleConfig, help="")
+    eval_every: int = setting(1, "evaluate on the test split every N epochs (and after the last)")
+    eval_batch_size: int = setting(512, "samples per evaluation step")
+    checkpoint_every: int = setting(1, "per-party checkpoints every N epochs (and at shutdown)")
 
 
 @dataclass
 class PredictConfig:
-    set: Literal["none", "test", "train"] = "none"
-    count: int = 0
-    batch_size: int = 256
-    when: Literal["end", "every_epoch"] = "end"
+    """The prediction (serving) phase: the trained parties label a set of sample IDs together, the
+    active party recording the predictions."""
+
+    set: Literal["none", "test", "train"] = setting(
+        "none", "which sample IDs are served: `none` (no prediction phase), `test` or `train` split"
+    )
+    count: int = setting(0, "how many: 0 = all of the set, else the first `count` of it in a fixed order")
+    batch_size: int = setting(256, "samples per prediction step")
+    when: Literal["end", "every_epoch"] = setting("end", "`end` (after training) or `every_epoch`")
 
 
 @dataclass
-class ReleaseConfig:
-    owner: str = ""
-    recipient: str = ""
-    modules: list[str] = field(default_factory=list)
-    when: Literal["end", "start"] = "end"
+class ModelReleaseConfig:
+    """An explicit, recorded protocol step in which `owner` hands its trained model parts to
+    `recipient`: white-box knowledge a threat model grants. The coordinator may receive, but it owns no
+    model parts; a passive party owns a `bottom`, the active party a `top` (unless `model.top.kind` is
+    `none`) and a `bottom` if it holds features."""
+
+    owner: str = setting("", "the party (roster name) that hands over its model parts", shown="required")
+    recipient: str = setting("", "the party (roster name) that receives them", shown="required")
+    modules: list[Literal["bottom", "top"]] = setting(factory=list, help="non-empty: `bottom` and/or `top`")
+    when: Literal["end", "start"] = setting(
+        "end", "`end` (after training) or `start` (before the first step)"
+    )
+
+
+@dataclass
+class TLSConfig:
+    enabled: bool = setting(False, "mutual TLS on every channel (`vflnet certs` makes the files)")
+    ca: str = setting("", "PEM path of the CA certificate")
+    cert: str = setting("", "PEM path of the party's certificate; `{name}` becomes the party name")
+    key: str = setting("", "PEM path of the party's key; `{name}` becomes the party name")
+
+
+@dataclass
+class TransportConfig:
+    """How messages travel between the parties."""
+
+    bridge: Literal["grpc", "loopback"] = setting(
+        "grpc",
+        "transport of the local runner: `grpc` (one process per party) or `loopback` (every role in one "
+        "process; messages are still serialized through protobuf and the interceptor chains)",
+    )
+    max_message_mb: float = setting(
+        64.0,
+        "gRPC send/receive limit per gRPC message; a larger message travels in chunks (docs/protocols.md, "
+        "Large messages). Every party and proxy must use the same value",
+    )
+    max_payload_mb: float = setting(
+        1024.0,
+        "ceiling on one logical message, chunked or not: a bigger one is refused before sending, with an "
+        "error naming this key",
+    )
+    rpc_timeout_s: float = setting(60.0, "deadline of every RPC and of waiting for peers within a step")
+    join_timeout_s: float = setting(120.0, "how long the coordinator waits for the whole roster")
+    idle_timeout_s: float = setting(600.0, "a party exits if the coordinator is silent this long")
+    tls: TLSConfig = setting(factory=TLSConfig, help="")
+    allow_plaintext_remote: bool = setting(
+        False, "permit plaintext gRPC to a non-loopback address (logs a warning)"
+    )
+
+
+@dataclass
+class RuntimeConfig:
+    torch_threads: int = setting(
+        1, "torch threads per process (fixed so float reductions match the reference)"
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = setting("INFO", "log level of every process")
+
+
+@dataclass
+class PluginConfig:
+    """An attack or a defense by registered name (`vflnet attacks`, `vflnet defenses`). An attack is
+    hosted on `party`'s wire, a defense is owned by `party`; the party's role must be one the entry sits
+    at. Unknown names and bad params are config errors."""
+
+    name: str = setting("", "registered name", shown="required")
+    party: str = setting("", "the hosting party (roster name)", shown="required")
+    params: dict[str, Any] = setting(
+        factory=dict, help="its parameters (`vflnet attacks` / `vflnet defenses` list them)"
+    )
+
+
+@dataclass
+class TraceConfig:
+    """Wire recording."""
+
+    parties: list[str] = setting(
+        factory=list, help="parties whose wire is recorded to `<run>/traces/NAME.trace` (`all` = every party)"
+    )
+    max_mb: float = setting(1024.0, "size cap per trace file; recording stops at the cap and says so")
 
 
 @dataclass
 class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    parties: list[PartyConfig] = field(default_factory=list)
-    model: TopConfig = field(default_factory=TopConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    transport: TransportConfig = field(default_factory=TransportConfig)
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-    attacks: list[PluginConfig] = field(default_factory=list)
-    defenses: list[PluginConfig] = field(default_factory=list)
-    trace: TraceConfig = field(default_factory=TraceConfig)
-    plugins: list[str] = field(default_factory=list)  # extra modules that register attacks/defenses
-    predict: PredictConfig = field(default_factory=PredictConfig)
-    model_release: list[ReleaseConfig] = field(default_factory=list)
+    run: RunConfig = setting(factory=RunConfig, help="run id, run directory and seed")
+    protocol: ProtocolConfig = setting(factory=ProtocolConfig, help="the training protocol")
+    data: DataConfig = setting(factory=DataConfig, help="the dataset")
+    parties: list[PartyConfig] = setting(factory=list, help="the roster: a list of parties")
+    model: TopConfig = setting(factory=TopConfig, help="the active party's top model")
+    train: TrainConfig = setting(factory=TrainConfig, help="training")
+    predict: PredictConfig = setting(factory=PredictConfig, help="the prediction (serving) phase")
+    model_release: list[ModelReleaseConfig] = setting(
+        factory=list,
+        help="a list of model releases: model parts one party hands to another (a threat model's white-box knowledge)",
+    )
+    transport: TransportConfig = setting(factory=TransportConfig, help="the wire")
+    runtime: RuntimeConfig = setting(factory=RuntimeConfig, help="per-process settings")
+    attacks: list[PluginConfig] = setting(factory=list, help="a list of attacks, each on one party's wire")
+    defenses: list[PluginConfig] = setting(factory=list, help="a list of defenses, each owned by one party")
+    trace: TraceConfig = setting(factory=TraceConfig, help="wire recording")
+    plugins: list[str] = setting(
+        factory=list,
+        help="extra Python modules imported by every process before names are resolved; they may register "
+        "attacks, defenses, datasets, model kinds and protocols (`vflnet.registry`)",
+    )
     source: str = field(default="", metadata={"internal": True})
 
     # --------------------------------------------------------------------------- convenience
@@ -236,9 +378,13 @@ def _type_name(tp: Any) -> str:
         return "a mapping"
     if dataclasses.is_dataclass(tp):
         return "a mapping"
-    return {int: "an integer", float: "a number", str: "a string", bool: "true/false", type(None): "null"}.get(
-        tp, str(tp)
-    )
+    return {
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        bool: "true/false",
+        type(None): "null",
+    }.get(tp, str(tp))
 
 
 def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
@@ -313,7 +459,9 @@ def parse_section(cls: type, data: Any, prefix: str, source: str) -> Any:
 def _to_plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
         return {
-            f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if not f.metadata.get("internal")
+            f.name: _to_plain(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if not f.metadata.get("internal")
         }
     if isinstance(obj, list):
         return [_to_plain(v) for v in obj]
@@ -325,14 +473,20 @@ def _to_plain(obj: Any) -> Any:
 # ------------------------------------------------------------------------------------ validation
 def _positive(cfg_value: float, key: str, source: str, *, allow_zero: bool = False) -> None:
     if cfg_value < 0 or (cfg_value == 0 and not allow_zero):
-        raise ConfigError(source, key, f"expected a {'non-negative' if allow_zero else 'positive'} value, got {cfg_value}")
+        raise ConfigError(
+            source, key, f"expected a {'non-negative' if allow_zero else 'positive'} value, got {cfg_value}"
+        )
 
 
 def validate(cfg: Config) -> None:
-    """Checks that need no dataset: roster shape, model/aggregation consistency, value ranges."""
+    """Checks that need nothing but the config: roster shape, model/aggregation consistency, value
+    ranges, predict and model_release. Names resolved through the registries and the dataset's shape
+    are checked by :mod:`vflnet.validation`."""
     src = cfg.source
     if not cfg.parties:
-        raise ConfigError(src, "parties", "the roster is empty; list a coordinator, an active and >= 1 passive party")
+        raise ConfigError(
+            src, "parties", "the roster is empty; list a coordinator, an active and >= 1 passive party"
+        )
     names = [p.name for p in cfg.parties]
     for i, p in enumerate(cfg.parties):
         if not p.name:
@@ -341,9 +495,13 @@ def validate(cfg: Config) -> None:
             raise ConfigError(src, f"parties[{i}].name", f"duplicate party name {p.name!r}")
     roles = [p.role for p in cfg.parties]
     if roles.count("coordinator") != 1:
-        raise ConfigError(src, "parties", f"exactly one coordinator is required, found {roles.count('coordinator')}")
+        raise ConfigError(
+            src, "parties", f"exactly one coordinator is required, found {roles.count('coordinator')}"
+        )
     if roles.count("active") != 1:
-        raise ConfigError(src, "parties", f"exactly one active party is required, found {roles.count('active')}")
+        raise ConfigError(
+            src, "parties", f"exactly one active party is required, found {roles.count('active')}"
+        )
     if roles.count("passive") < 1:
         raise ConfigError(src, "parties", "at least one passive party is required")
     for i, p in enumerate(cfg.parties):
@@ -351,30 +509,39 @@ def validate(cfg: Config) -> None:
         if p.role == "coordinator" and (p.features is not None or p.bottom is not None):
             raise ConfigError(src, f"{key}.features", "the coordinator holds no features or model")
         if p.role == "passive" and p.features is None:
-            raise ConfigError(src, f"{key}.features", f"passive party {p.name!r} needs features (columns or region)")
+            raise ConfigError(
+                src, f"{key}.features", f"passive party {p.name!r} needs features (columns or region)"
+            )
         if p.features is not None:
             if (p.features.columns is None) == (p.features.region is None):
                 raise ConfigError(src, f"{key}.features", "give exactly one of 'columns' or 'region'")
             if p.features.region is not None and len(p.features.region) != 4:
                 raise ConfigError(src, f"{key}.features.region", "expected [row0, row1, col0, col1]")
             if p.bottom is None:
-                raise ConfigError(src, f"{key}.bottom", f"party {p.name!r} holds features and needs a bottom model")
-            if p.bottom.kind == "none":
-                raise ConfigError(src, f"{key}.bottom.kind", "a bottom model cannot be 'none'")
+                raise ConfigError(
+                    src, f"{key}.bottom", f"party {p.name!r} holds features and needs a bottom model"
+                )
             if p.bottom.out <= 0:
-                raise ConfigError(src, f"{key}.bottom.out", "expected the embedding size (a positive integer)")
-            if p.bottom.kind in ("cnn", "cafe-conv", "cafe-fc") and p.features.region is None:
-                raise ConfigError(src, f"{key}.bottom.kind", f"a {p.bottom.kind} bottom needs an image 'region', not 'columns'")
+                raise ConfigError(
+                    src, f"{key}.bottom.out", "expected the embedding size (a positive integer)"
+                )
         if not 0 < p.sample_fraction <= 1:
-            raise ConfigError(src, f"{key}.sample_fraction", f"expected a value in (0, 1], got {p.sample_fraction}")
+            raise ConfigError(
+                src, f"{key}.sample_fraction", f"expected a value in (0, 1], got {p.sample_fraction}"
+            )
     if cfg.active.features is None and cfg.active.bottom is not None:
         raise ConfigError(src, "parties", "the active party has a bottom model but no features")
     outs = [p.bottom.out for p in cfg.feature_parties if p.bottom is not None]
     if cfg.protocol.aggregation == "sum" and len(set(outs)) > 1:
         raise ConfigError(src, "protocol.aggregation", f"'sum' needs equal bottom output sizes, got {outs}")
     t = cfg.train
-    for key, value in [("train.epochs", t.epochs), ("train.batch_size", t.batch_size), ("train.eval_every", t.eval_every),
-                       ("train.eval_batch_size", t.eval_batch_size), ("train.checkpoint_every", t.checkpoint_every)]:
+    for key, value in [
+        ("train.epochs", t.epochs),
+        ("train.batch_size", t.batch_size),
+        ("train.eval_every", t.eval_every),
+        ("train.eval_batch_size", t.eval_batch_size),
+        ("train.checkpoint_every", t.checkpoint_every),
+    ]:
         _positive(value, key, src)
     _positive(t.max_steps, "train.max_steps", src, allow_zero=True)
     _positive(t.optimizer.lr, "train.optimizer.lr", src)
@@ -382,7 +549,12 @@ def validate(cfg: Config) -> None:
     if len(t.optimizer.betas) != 2:
         raise ConfigError(src, "train.optimizer.betas", "expected two numbers")
     if not 0 < cfg.data.test_fraction < 1:
-        raise ConfigError(src, "data.test_fraction", f"expected a value in (0, 1), got {cfg.data.test_fraction}")
+        raise ConfigError(
+            src, "data.test_fraction", f"expected a value in (0, 1), got {cfg.data.test_fraction}"
+        )
+    _positive(cfg.predict.count, "predict.count", src, allow_zero=True)
+    _positive(cfg.predict.batch_size, "predict.batch_size", src)
+    _validate_model_release(cfg)
     _positive(cfg.transport.rpc_timeout_s, "transport.rpc_timeout_s", src)
     _positive(cfg.transport.join_timeout_s, "transport.join_timeout_s", src)
     _positive(cfg.transport.idle_timeout_s, "transport.idle_timeout_s", src)
@@ -394,57 +566,71 @@ def validate(cfg: Config) -> None:
             if not getattr(tls, k):
                 raise ConfigError(src, f"transport.tls.{k}", "required when transport.tls.enabled is true")
     _positive(cfg.runtime.torch_threads, "runtime.torch_threads", src)
-    _validate_plugins(cfg)
-
-
-def _validate_plugins(cfg: Config) -> None:
-    from vflnet.plugins import ATTACKS, DEFENSES, load_plugin_modules, validate_params
-    from vflnet.protocols.base import PROTOCOLS
-
-    src = cfg.source
-    try:
-        load_plugin_modules(cfg.plugins)
-    except ImportError as exc:
-        raise ConfigError(src, "plugins", f"cannot import: {exc}") from exc
-    try:
-        protocol = PROTOCOLS.get(cfg.protocol.kind)
-    except KeyError as exc:
-        raise ConfigError(src, "protocol.kind", str(exc).strip('"')) from exc
-    try:
-        cfg.protocol.params = validate_params("protocol", protocol.name, protocol.params, cfg.protocol.params)
-    except ValueError as exc:
-        raise ConfigError(src, "protocol.params", str(exc)) from exc
-    for key, message in protocol.check_config(cfg):
-        raise ConfigError(src, key, message)
-    roles = {p.name: p.role for p in cfg.parties}
-    for section, registry in (("attacks", ATTACKS), ("defenses", DEFENSES)):
+    for section in ("attacks", "defenses"):
         for i, entry in enumerate(getattr(cfg, section)):
-            key = f"{section}[{i}]"
-            try:
-                cls = registry.get(entry.name)
-            except KeyError as exc:
-                raise ConfigError(src, f"{key}.name", str(exc).strip('"')) from exc
-            if entry.party not in roles:
-                raise ConfigError(src, f"{key}.party", f"no party {entry.party!r} in the roster")
-            if roles[entry.party] not in cls.roles:
-                raise ConfigError(src, f"{key}.party", f"{entry.name!r} sits at {sorted(cls.roles)}, "
-                                  f"but {entry.party!r} is a {roles[entry.party]} party")
-            try:
-                validate_params(registry.kind, entry.name, cls.params, entry.params)
-            except ValueError as exc:
-                raise ConfigError(src, f"{key}.params", str(exc)) from exc
-            if section == "attacks":
-                from vflnet.attacks.knowledge import missing_knowledge
-
-                for problem in missing_knowledge(cfg, entry.party, cls):
-                    raise ConfigError(src, f"{key}.name", f"attack {entry.name!r} at {entry.party!r} {problem}")
+            if entry.party not in names:
+                raise ConfigError(src, f"{section}[{i}].party", f"no party {entry.party!r} in the roster")
     for name in cfg.trace.parties:
-        if name != "all" and name not in roles:
+        if name != "all" and name not in names:
             raise ConfigError(src, "trace.parties", f"no party {name!r} in the roster")
     _positive(cfg.trace.max_mb, "trace.max_mb", src)
 
 
-def from_dict(data: Any, source: str = "") -> Config:
+def model_parts(cfg: Config, party: PartyConfig) -> list[str]:
+    """The model parts a party owns: a bottom if it holds features, the active party's top unless
+    model.top.kind is 'none'; the coordinator owns none."""
+    parts = ["bottom"] if party.bottom is not None else []
+    if party.role == "active" and cfg.model.top.kind != NO_MODEL:
+        parts.append("top")
+    return parts
+
+
+def _validate_model_release(cfg: Config) -> None:
+    src = cfg.source
+    names = [p.name for p in cfg.parties]
+    for i, release in enumerate(cfg.model_release):
+        key = f"model_release[{i}]"
+        for end in ("owner", "recipient"):
+            who = getattr(release, end)
+            if not who:
+                raise ConfigError(
+                    src, f"{key}.{end}", f"required: a party of the roster ({', '.join(names)})"
+                )
+            if who not in names:
+                raise ConfigError(src, f"{key}.{end}", f"no party {who!r} in the roster ({', '.join(names)})")
+        if release.owner == release.recipient:
+            raise ConfigError(
+                src, f"{key}.recipient", f"{release.owner!r} cannot release its model to itself"
+            )
+        owner = cfg.party(release.owner)
+        if owner.role == "coordinator":
+            raise ConfigError(
+                src, f"{key}.owner", "the coordinator owns no model parts (it can only be a recipient)"
+            )
+        if not release.modules:
+            raise ConfigError(src, f"{key}.modules", "list at least one of 'bottom', 'top'")
+        owned = model_parts(cfg, owner)
+        for j, module in enumerate(release.modules):
+            if module in release.modules[:j]:
+                raise ConfigError(src, f"{key}.modules[{j}]", f"{module!r} is listed twice")
+            if module not in owned:
+                why = {
+                    "top": "only the active party has a top model"
+                    if owner.role != "active"
+                    else "model.top.kind is 'none'",
+                    "bottom": "it holds no features",
+                }[module]
+                raise ConfigError(
+                    src,
+                    f"{key}.modules[{j}]",
+                    f"{owner.role} party {owner.name!r} has no {module!r} model to release ({why}); "
+                    f"it owns {owned or 'nothing'}",
+                )
+
+
+def parse(data: Any, source: str = "") -> Config:
+    """The config of a plain mapping (parsed YAML), checked by :func:`validate` only. Callers want
+    ``vflnet.validation.config_from_dict``, which adds the registry and dataset checks."""
     if not isinstance(data, dict):
         raise ConfigError(source, "", "the config must be a YAML mapping at the top level")
     cfg = parse_section(Config, data, "", source)
@@ -453,8 +639,8 @@ def from_dict(data: Any, source: str = "") -> Config:
     return cfg
 
 
-def load(path: str | Path, *, check_data: bool = True) -> Config:
-    """Parse, validate, and (by default) check the roster against the dataset's shape."""
+def parse_file(path: str | Path) -> Config:
+    """Read and :func:`parse` a YAML file. Callers want ``vflnet.validation.load_config``."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -464,12 +650,7 @@ def load(path: str | Path, *, check_data: bool = True) -> Config:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), "", f"not valid YAML: {exc}") from exc
-    cfg = from_dict(data, str(path))
-    if check_data:
-        from vflnet.data.partition import check_against_dataset
-
-        check_against_dataset(cfg)
-    return cfg
+    return parse(data, str(path))
 
 
 def dump(cfg: Config, path: str | Path) -> None:

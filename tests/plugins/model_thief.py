@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from vflnet.attacks.base import Attack, Tap
-from vflnet.plugins import ATTACKS
+from vflnet.registry import ATTACKS
 
 
 @ATTACKS.register

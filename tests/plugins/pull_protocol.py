@@ -18,8 +18,8 @@ import torch
 
 from tests.plugins.vflnet_plugin_test import pull_pb2
 from vflnet.models.zoo import aggregate
-from vflnet.plugins import Param
 from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, PartySide, Protocol, register_messages
+from vflnet.registry import Param
 from vflnet.roles.common import check_run, check_sender
 from vflnet.v1 import messages_pb2
 from vflnet.wire import tensors

@@ -8,7 +8,7 @@ import gc
 import numpy as np
 
 from vflnet.attacks.base import Attack, Tap
-from vflnet.plugins import ATTACKS
+from vflnet.registry import ATTACKS
 
 
 @ATTACKS.register

@@ -35,7 +35,7 @@ from vflnet.crypto import CipherArray
 from vflnet.crypto.cipher import encrypt_array
 from vflnet.crypto.wire import cipher_from_proto, cipher_to_proto
 from vflnet.interceptors.events import WireEvent
-from vflnet.plugins import ATTACKS, Param
+from vflnet.registry import ATTACKS, Param
 from vflnet.v1 import messages_pb2
 from vflnet.wire import tensors
 

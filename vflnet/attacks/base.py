@@ -21,7 +21,7 @@ import numpy as np
 from google.protobuf.message import Message
 
 from vflnet.interceptors.events import WireEvent
-from vflnet.plugins import Param, validate_params
+from vflnet.registry import Param, validate_params
 from vflnet.v1 import messages_pb2
 
 
@@ -79,6 +79,8 @@ class Attack(ABC):
     )
     changes_own_data: ClassVar[bool] = False  # rewrites the host party's own feature rows (`own_data`)
     params: ClassVar[dict[str, Param]] = {}
+    # the view-level algorithm this attack runs, if it is one of vflnet.attacks.label_inference's
+    algorithm: ClassVar[type | None] = None
 
     def __init__(self, context: AttackContext, **params: Any) -> None:
         if context.role not in self.roles:

@@ -22,7 +22,7 @@ from vflnet.attacks.label_inference import (
     last_layer_view,
 )
 from vflnet.interceptors.events import WireEvent
-from vflnet.plugins import ATTACKS, Param
+from vflnet.registry import ATTACKS, Param
 
 
 class _BatchLabelAttack(LabelAttack):
@@ -92,9 +92,10 @@ class AnalyticBatchLabels(_BatchLabelAttack):
     name = "analytic-label-recovery"
     description = "paper 004 Theorem 1: per-sample logit gradients from the last layer's batch gradient (exact when B <= rank)"
     params = {"max_batches": _MAX_BATCHES}
+    algorithm = AnalyticLabelRecovery
 
     def infer(self, view: BatchGradientView) -> torch.Tensor:
-        return AnalyticLabelRecovery().infer(last_layer_view(view))
+        return self.algorithm().infer(last_layer_view(view))
 
 
 @ATTACKS.register
@@ -103,6 +104,7 @@ class GradientInversionBatchLabels(_BatchLabelAttack):
     description = (
         "paper 004 Algorithm 2: dummy labels optimised to reproduce the batch-level parameter gradient"
     )
+    algorithm = GradientInversionLabelInference
     params = {
         "max_batches": _MAX_BATCHES,
         "iterations": Param(
@@ -128,7 +130,7 @@ class GradientInversionBatchLabels(_BatchLabelAttack):
                 view.features.shape[0] * view.num_classes * sum(g.numel() for g in view.param_grads.values())
             )
             method = "jacobian" if entries <= _JACOBIAN_ENTRIES else "double_backprop"
-        attack = GradientInversionLabelInference(
+        attack = self.algorithm(
             iterations=self.p["iterations"], lr=self.p["lr"], seed=self.p["seed"], method=method
         )
         return attack.infer(view)

@@ -20,7 +20,7 @@ from vflnet.attacks.base import Attack, Tap
 from vflnet.attacks.cafe import CafeAttack, CafeParams, ServerObservation
 from vflnet.interceptors.events import WireEvent
 from vflnet.models.cafe_net import TOP, CafeVFL, worker_name
-from vflnet.plugins import ATTACKS, Param
+from vflnet.registry import ATTACKS, Param
 from vflnet.v1 import messages_pb2
 from vflnet.wire.tensors import from_tensor_map
 

@@ -13,13 +13,14 @@ import torch
 from vflnet.attacks.base import PerSampleGradientAttack
 from vflnet.attacks.label_inference import DirectLabelInference, SampleGradientView
 from vflnet.interceptors.events import WireEvent
-from vflnet.plugins import ATTACKS, Param
+from vflnet.registry import ATTACKS, Param
 
 
 @ATTACKS.register
 class DirectLabelAttack(PerSampleGradientAttack):
     name = "direct-label-inference"
     description = "paper 004 Lemma 1: label = argmin of the per-sample gradient a passive party receives"
+    algorithm = DirectLabelInference
     params = {
         "seed": Param(
             0,
@@ -39,7 +40,7 @@ class DirectLabelAttack(PerSampleGradientAttack):
         grad = reply.tensors().get("values")
         if grad is not None:
             view = SampleGradientView(torch.from_numpy(ids), torch.from_numpy(grad))
-            guesses, informed = DirectLabelInference().infer(view).numpy(), True
+            guesses, informed = self.algorithm().infer(view).numpy(), True
         else:
             cipher = reply.ciphertexts()["cipher"]
             n_classes = int(cipher.shape[1])

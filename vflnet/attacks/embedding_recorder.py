@@ -9,7 +9,7 @@ import numpy as np
 
 from vflnet.attacks.base import Attack, Tap
 from vflnet.interceptors.events import WireEvent
-from vflnet.plugins import ATTACKS, Param
+from vflnet.registry import ATTACKS, Param
 from vflnet.v1 import messages_pb2
 
 

@@ -9,7 +9,7 @@ from google.protobuf.message import Message
 
 from vflnet.attacks.base import Attack, Tap
 from vflnet.interceptors.events import WireEvent
-from vflnet.plugins import ATTACKS, Param
+from vflnet.registry import ATTACKS, Param
 from vflnet.v1 import messages_pb2
 from vflnet.wire import tensors
 

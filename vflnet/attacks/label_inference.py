@@ -9,6 +9,9 @@ at one training step. Two views exist, one per protocol:
 
 Knowledge a threat model grants on top of a view (a known label, auxiliary labelled samples) is an explicit
 argument. Ground-truth labels never enter an attack; `vflnet.metrics.labels` scores the output afterwards.
+
+Each algorithm here is the `algorithm` of one attack registered by name in `vflnet.registry.ATTACKS`
+(`direct_label.py`, `batch_label.py`, `split_label_scoring.py`); that name is the only one it has.
 """
 
 from __future__ import annotations
@@ -142,19 +145,19 @@ def last_layer_view(view: BatchGradientView, layer: str | None = None) -> LastLa
 class LabelInferenceAttack:
     """Family base: `infer(view, ...)` returns one inferred label per batch row (a LongTensor)."""
 
-    name: ClassVar[str]
     view_type: ClassVar[type]
 
     def _check_view(self, view: object) -> None:
         if not isinstance(view, self.view_type):
-            raise TypeError(f"{self.name} needs a {self.view_type.__name__}, got {type(view).__name__}")
+            raise TypeError(
+                f"{type(self).__name__} needs a {self.view_type.__name__}, got {type(view).__name__}"
+            )
 
 
 class DirectLabelInference(LabelInferenceAttack):
     """Lemma 1: under softmax + cross entropy, dL/dH_i is negative only at the true class, so the label is the
     index of the smallest entry. Needs per-sample gradients (plaintext split)."""
 
-    name = "direct_label_inference"
     view_type = SampleGradientView
 
     def infer(self, view: SampleGradientView) -> Tensor:
@@ -181,7 +184,6 @@ def recover_logit_gradients(view: LastLayerGradientView) -> Tensor:
 class AnalyticLabelRecovery(LabelInferenceAttack):
     """Theorem 1 batch-level recovery from the last layer's batch gradient; 100% when B <= rank(A)."""
 
-    name = "analytic_label_recovery"
     view_type = LastLayerGradientView
 
     def infer(self, view: LastLayerGradientView) -> Tensor:
@@ -210,7 +212,6 @@ class GradientInversionLabelInference(LabelInferenceAttack):
       Jacobian does not fit in memory).
     """
 
-    name = "gradient_inversion_label_inference"
     view_type = BatchGradientView
     methods: ClassVar[tuple[str, ...]] = ("jacobian", "double_backprop")
     reductions: ClassVar[tuple[str, ...]] = ("mean", "sum")
@@ -312,7 +313,6 @@ class NormScoring(LabelInferenceAttack):
     confidence, so its per-sample gradients are larger. `scores` is the attack's raw output (score AUC with
     `vflnet.metrics.labels.binary_auc`, or per batch with `mean_batch_auc`); `infer` labels the `positive_fraction` highest-norm rows positive."""
 
-    name = "norm_scoring"
     view_type = SampleGradientView
 
     def __init__(self, positive_fraction: float = 0.5) -> None:
@@ -337,7 +337,6 @@ class DirectionScoring(LabelInferenceAttack):
     way. Given one row whose label the attacker knows (its threat model), the score of row i is the cosine
     similarity to that row; rows with positive similarity share the known label."""
 
-    name = "direction_scoring"
     view_type = SampleGradientView
 
     def scores(self, view: SampleGradientView, known_position: int) -> Tensor:
@@ -371,7 +370,6 @@ class PassiveModelCompletion(LabelInferenceAttack):
     attacker's model is copied, never changed in place. `fine_tune_bottom` also updates the copied bottom.
     """
 
-    name = "passive_model_completion"
     view_type = ModelCompletionView
 
     def __init__(
@@ -420,16 +418,3 @@ class PassiveModelCompletion(LabelInferenceAttack):
         completed.eval()
         with torch.no_grad():
             return completed(view.target_features).argmax(dim=1)
-
-
-LABEL_ATTACKS: dict[str, type[LabelInferenceAttack]] = {
-    cls.name: cls
-    for cls in (
-        DirectLabelInference,
-        AnalyticLabelRecovery,
-        GradientInversionLabelInference,
-        NormScoring,
-        DirectionScoring,
-        PassiveModelCompletion,
-    )
-}

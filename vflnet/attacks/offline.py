@@ -13,7 +13,7 @@ import numpy as np
 
 from vflnet.attacks.base import AttackContext
 from vflnet.interceptors.trace import read_trace
-from vflnet.plugins import ATTACKS
+from vflnet.registry import ATTACKS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     party, run_id = events[0].party, events[0].run_id or ""
     cfg = None
     if args.config:
-        from vflnet.config import load
+        from vflnet.validation import load_config
 
-        cfg = load(args.config)
+        cfg = load_config(args.config)
     role = args.role or (cfg.party(party).role if cfg else None)
     if role is None:
         print("give --role or --config (the host party's role)")

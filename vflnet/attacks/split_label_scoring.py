@@ -35,7 +35,7 @@ from vflnet.attacks.label_inference import (
 )
 from vflnet.interceptors.events import WireEvent
 from vflnet.metrics.labels import mean_batch_auc
-from vflnet.plugins import ATTACKS, Param
+from vflnet.registry import ATTACKS, Param
 
 _SEED = Param(
     0, "seed of the guesses made when gradients are encrypted", lambda v: isinstance(v, int), "an integer"
@@ -130,6 +130,7 @@ class _GradientScoring(PerSampleGradientAttack):
 class NormScoringAttack(_GradientScoring):
     name = "norm-scoring"
     description = "Li et al.: binary label score = norm of the per-sample gradient a passive party receives"
+    algorithm = NormScoring
     params = {
         "positive_label": _POSITIVE,
         "positive_fraction": Param(
@@ -144,7 +145,7 @@ class NormScoringAttack(_GradientScoring):
 
     def scores(self, step: int, ids: np.ndarray, grad: np.ndarray) -> np.ndarray:
         return (
-            NormScoring()
+            self.algorithm()
             .scores(SampleGradientView(torch.from_numpy(ids), torch.from_numpy(grad)))
             .double()
             .numpy()
@@ -166,6 +167,7 @@ class DirectionScoringAttack(_GradientScoring):
     )
     knowledge = ("aux_labels",)
     params = {"positive_label": _POSITIVE, "seed": _SEED}
+    algorithm = DirectionScoring
 
     def __init__(self, context, **params: Any) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context, **params)
@@ -201,9 +203,7 @@ class DirectionScoringAttack(_GradientScoring):
             return None  # the known sample never came with a plaintext gradient
         nearest = min(self.references, key=lambda s: (abs(s - step), s))
         view = SampleGradientView(torch.from_numpy(ids), torch.from_numpy(grad))
-        return (
-            DirectionScoring().similarity(view, torch.from_numpy(self.references[nearest])).double().numpy()
-        )
+        return self.algorithm().similarity(view, torch.from_numpy(self.references[nearest])).double().numpy()
 
     def says_positive(self, scores: np.ndarray) -> np.ndarray:
         return scores > 0
@@ -216,6 +216,7 @@ class DirectionScoringAttack(_GradientScoring):
 class PassiveModelCompletionAttack(LabelAttack):
     name = "passive-model-completion"
     description = "Fu et al.: fine-tune a completion head on the own bottom model with a few labelled samples"
+    algorithm = PassiveModelCompletion
     roles = frozenset({"passive"})
     taps = ()
     wants_own_view = True
@@ -279,7 +280,7 @@ class PassiveModelCompletionAttack(LabelAttack):
                 target_features=self._rows(targets),
                 num_classes=max(known.values()) + 1,
             )
-            attack = PassiveModelCompletion(
+            attack = self.algorithm(
                 self.p["hidden"], self.p["epochs"], self.p["lr"], self.p["fine_tune_bottom"], self.p["seed"]
             )
             labels = attack.infer(view).numpy().astype(np.int64)

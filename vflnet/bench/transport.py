@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from vflnet.config import from_dict
 from vflnet.runner.local import run_local
 from vflnet.runner.reference import train_reference
+from vflnet.validation import config_from_dict
 
 DIGITS_MLP: dict[str, Any] = {
     "run": {"id": "bench-digits-mlp", "seed": 0},
@@ -30,8 +30,18 @@ DIGITS_MLP: dict[str, Any] = {
     "parties": [
         {"name": "coordinator", "role": "coordinator"},
         {"name": "active", "role": "active"},
-        {"name": "passive-1", "role": "passive", "features": {"region": [0, 8, 0, 4]}, "bottom": {"kind": "mlp", "hidden": [64], "out": 32}},
-        {"name": "passive-2", "role": "passive", "features": {"region": [0, 8, 4, 8]}, "bottom": {"kind": "mlp", "hidden": [64], "out": 32}},
+        {
+            "name": "passive-1",
+            "role": "passive",
+            "features": {"region": [0, 8, 0, 4]},
+            "bottom": {"kind": "mlp", "hidden": [64], "out": 32},
+        },
+        {
+            "name": "passive-2",
+            "role": "passive",
+            "features": {"region": [0, 8, 4, 8]},
+            "bottom": {"kind": "mlp", "hidden": [64], "out": 32},
+        },
     ],
     "model": {"top": {"kind": "mlp", "hidden": [64]}},
     "train": {"epochs": 6, "batch_size": 256, "optimizer": {"kind": "adam", "lr": 0.003}, "eval_every": 100},
@@ -44,8 +54,18 @@ MNIST_CNN: dict[str, Any] = {
     "parties": [
         {"name": "coordinator", "role": "coordinator"},
         {"name": "active", "role": "active"},
-        {"name": "passive-1", "role": "passive", "features": {"region": [0, 28, 0, 14]}, "bottom": {"kind": "cnn", "channels": [16, 32], "out": 64}},
-        {"name": "passive-2", "role": "passive", "features": {"region": [0, 28, 14, 28]}, "bottom": {"kind": "cnn", "channels": [16, 32], "out": 64}},
+        {
+            "name": "passive-1",
+            "role": "passive",
+            "features": {"region": [0, 28, 0, 14]},
+            "bottom": {"kind": "cnn", "channels": [16, 32], "out": 64},
+        },
+        {
+            "name": "passive-2",
+            "role": "passive",
+            "features": {"region": [0, 28, 14, 28]},
+            "bottom": {"kind": "cnn", "channels": [16, 32], "out": 64},
+        },
     ],
     "model": {"top": {"kind": "mlp", "hidden": [128]}},
     "train": {"epochs": 1, "batch_size": 128, "optimizer": {"kind": "adam", "lr": 0.001}, "eval_every": 100},
@@ -92,31 +112,49 @@ def main(argv: list[str] | None = None) -> int:
                     d = _distributed(case, Path(tmp), bridge)
                 if bridge not in best or d["steps_per_s"] > best[bridge]["steps_per_s"]:
                     best[bridge] = d
-            ref = train_reference(from_dict(copy.deepcopy(case)), evaluate=False)
+            ref = train_reference(config_from_dict(copy.deepcopy(case)), evaluate=False)
             best_r = max(best_r, ref.steps_per_second)
-            print(f"  {name} run {i + 1}: " + ", ".join(f"{b} {best[b]['steps_per_s']:.1f}" for b in BRIDGES)
-                  + f", reference {ref.steps_per_second:.1f} steps/s", flush=True)
+            print(
+                f"  {name} run {i + 1}: "
+                + ", ".join(f"{b} {best[b]['steps_per_s']:.1f}" for b in BRIDGES)
+                + f", reference {ref.steps_per_second:.1f} steps/s",
+                flush=True,
+            )
         rows.append((name, best, best_r))
     print()
-    header = (f"{'case':20s} {'grpc':>8s} {'loopback':>9s} {'reference':>10s} {'grpc/ref':>9s} {'loop/ref':>9s} "
-              f"{'grpc +ms':>9s} {'loop +ms':>9s} {'wire B/step':>12s} {'tensor B/step':>14s} {'overhead':>9s}")
+    header = (
+        f"{'case':20s} {'grpc':>8s} {'loopback':>9s} {'reference':>10s} {'grpc/ref':>9s} {'loop/ref':>9s} "
+        f"{'grpc +ms':>9s} {'loop +ms':>9s} {'wire B/step':>12s} {'tensor B/step':>14s} {'overhead':>9s}"
+    )
     print(header)
     print("-" * len(header))
     for name, best, r in rows:
         g, lo = best["grpc"], best["loopback"]
-        print(f"{name:20s} {g['steps_per_s']:8.1f} {lo['steps_per_s']:9.1f} {r:10.1f} {g['steps_per_s'] / r:9.2f} "
-              f"{lo['steps_per_s'] / r:9.2f} {_ms(g, r):9.2f} {_ms(lo, r):9.2f} {g['wire']:12.0f} {g['payload']:14.0f} "
-              f"{100 * (g['wire'] / g['payload'] - 1):8.2f}%")
+        print(
+            f"{name:20s} {g['steps_per_s']:8.1f} {lo['steps_per_s']:9.1f} {r:10.1f} {g['steps_per_s'] / r:9.2f} "
+            f"{lo['steps_per_s'] / r:9.2f} {_ms(g, r):9.2f} {_ms(lo, r):9.2f} {g['wire']:12.0f} {g['payload']:14.0f} "
+            f"{100 * (g['wire'] / g['payload'] - 1):8.2f}%"
+        )
     by_name = {name: best for name, best, _ in rows}
     if "digits-mlp-b256" in by_name and "digits-mlp-b256+tap" in by_name:
         for bridge in BRIDGES:
-            plain, tapped = by_name["digits-mlp-b256"][bridge]["steps_per_s"], by_name["digits-mlp-b256+tap"][bridge]["steps_per_s"]
-            print(f"\ntrace tap on every party ({bridge}): {1000 / tapped - 1000 / plain:+.2f} ms per step "
-                  f"({100 * (plain / tapped - 1):+.1f}%)", end="")
+            plain, tapped = (
+                by_name["digits-mlp-b256"][bridge]["steps_per_s"],
+                by_name["digits-mlp-b256+tap"][bridge]["steps_per_s"],
+            )
+            print(
+                f"\ntrace tap on every party ({bridge}): {1000 / tapped - 1000 / plain:+.2f} ms per step "
+                f"({100 * (plain / tapped - 1):+.1f}%)",
+                end="",
+            )
         print()
-    print("\nsteps/s: training steps per second (1 torch thread per role; grpc and loopback = coordinator-timed step wall time)")
+    print(
+        "\nsteps/s: training steps per second (1 torch thread per role; grpc and loopback = coordinator-timed step wall time)"
+    )
     print("+ms: what the transport adds to each step over the reference, in milliseconds")
-    print("wire: serialized protobuf bytes + 5-byte gRPC frame prefix of every party message in a step; tensor: raw tensor bytes inside")
+    print(
+        "wire: serialized protobuf bytes + 5-byte gRPC frame prefix of every party message in a step; tensor: raw tensor bytes inside"
+    )
     return 0
 
 

@@ -1,17 +1,22 @@
-"""Dataset registry. Every loader works offline: data ships inside pip packages or is generated.
+"""Datasets, registered by name in `vflnet.registry.DATASETS`. Every loader works offline: data
+ships inside pip packages or is generated.
 
-A new dataset is a function ``(params) -> Dataset`` decorated with ``@register_dataset("name")``.
-Sample IDs are int64; images keep their 2-D shape so parties can be given regions.
+A new dataset (built in, or in a config's ``plugins:`` module) is a function ``(params) -> Dataset``
+decorated with ``@register_dataset("name", "description", {param: Param(...)})``; its params are
+checked (unknown names, types, ranges) before it is called, and it receives them with defaults filled
+in. Sample IDs are int64; images keep their 2-D shape so parties can be given regions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from vflnet.registry import DATASETS, Param, validate_params
 
 
 @dataclass(frozen=True)
@@ -29,36 +34,55 @@ class Dataset:
 
 
 Loader = Callable[[dict[str, Any]], Dataset]
-_REGISTRY: dict[str, tuple[Loader, str, set[str]]] = {}
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """A registered dataset: ``load(params)`` after ``params`` are checked against the declared ones."""
+
+    name: str
+    description: str
+    load: Loader
+    params: dict[str, Param] = field(default_factory=dict)
 
 
 def register_dataset(
-    name: str, description: str, params: set[str] | None = None
+    name: str, description: str, params: dict[str, Param] | None = None
 ) -> Callable[[Loader], Loader]:
     def wrap(fn: Loader) -> Loader:
-        if name in _REGISTRY:
-            raise ValueError(f"dataset {name!r} is registered twice")
-        _REGISTRY[name] = (fn, description, params or set())
+        DATASETS.register(DatasetSource(name, description, fn, dict(params or {})))
         return fn
 
     return wrap
 
 
 def available() -> dict[str, str]:
-    return {name: desc for name, (_, desc, _) in sorted(_REGISTRY.items())}
+    return {name: source.description for name, source in DATASETS.all().items()}
+
+
+def check_params(name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The dataset's parameters with defaults filled in; UnknownName (a KeyError) for an unknown dataset,
+    ValueError naming a parameter it does not take or a bad value."""
+    source = DATASETS.get(name)
+    return validate_params("dataset", name, source.params, dict(params or {}))
 
 
 def load_dataset(name: str, params: dict[str, Any] | None = None) -> Dataset:
-    params = dict(params or {})
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown dataset {name!r}; available: {', '.join(sorted(_REGISTRY))}")
-    fn, _, allowed = _REGISTRY[name]
-    unknown = set(params) - allowed
-    if unknown:
-        raise KeyError(
-            f"dataset {name!r} takes no parameter(s) {sorted(unknown)}; allowed: {sorted(allowed) or 'none'}"
-        )
-    return fn(params)
+    return DATASETS.get(name).load(check_params(name, params))
+
+
+def _int(lo: int, default: Any, help_: str, *, optional: bool = False) -> Param:
+    def check(v: Any) -> bool:
+        return (optional and v is None) or (isinstance(v, int) and not isinstance(v, bool) and v >= lo)
+
+    return Param(default, help_, check, f"an integer >= {lo}" + (" or null" if optional else ""))
+
+
+def _path(help_: str, *, required: bool = True) -> Param:
+    def check(v: Any) -> bool:
+        return (not required and v is None) or (isinstance(v, str) and v != "")
+
+    return Param(None, help_, check, "a string (required)" if required else "a string or null")
 
 
 def _make(
@@ -100,25 +124,6 @@ def _breast_cancer(params: dict[str, Any]) -> Dataset:
     return _make("breast_cancer", d.data, d.target, is_image=False)
 
 
-@register_dataset(
-    "breast_cancer_rare",
-    "breast_cancer with malignant = 1 kept rare: all 357 benign + n_positive (40) seeded malignant (Li et al.'s setting)",
-    {"n_positive", "seed"},
-)
-def _breast_cancer_rare(params: dict[str, Any]) -> Dataset:
-    from sklearn.datasets import load_breast_cancer
-
-    d = load_breast_cancer()
-    y = 1 - d.target  # malignant = 1
-    n_positive = int(params.get("n_positive", 40))
-    if not 1 <= n_positive <= int(y.sum()):
-        raise ValueError(f"dataset 'breast_cancer_rare': n_positive must lie in 1..{int(y.sum())}")
-    rng = np.random.default_rng(int(params.get("seed", 0)))
-    malignant = rng.choice(np.flatnonzero(y == 1), n_positive, replace=False)
-    keep = np.sort(np.concatenate([np.flatnonzero(y == 0), malignant]))
-    return _make("breast_cancer_rare", d.data[keep], y[keep], is_image=False)
-
-
 @register_dataset("wine", "scikit-learn wine (178 x 13, 3 classes)")
 def _wine(params: dict[str, Any]) -> Dataset:
     from sklearn.datasets import load_wine
@@ -135,7 +140,20 @@ def _iris(params: dict[str, Any]) -> Dataset:
     return _make("iris", d.data, d.target, is_image=False)
 
 
-_SYNTHETIC = {"n_samples", "n_features", "n_informative", "n_redundant", "n_classes", "class_sep", "seed"}
+_SYNTHETIC = {
+    "n_samples": _int(1, 1000, "number of samples"),
+    "n_features": _int(1, 20, "number of features"),
+    "n_informative": _int(1, None, "informative features (null: max(2, n_features // 2))", optional=True),
+    "n_redundant": _int(0, 0, "redundant features (combinations of the informative ones)"),
+    "n_classes": _int(2, 2, "number of classes"),
+    "class_sep": Param(
+        1.0,
+        "class separation",
+        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v > 0,
+        "a positive number",
+    ),
+    "seed": _int(0, 0, "random_state of make_classification"),
+}
 
 
 @register_dataset(
@@ -144,27 +162,29 @@ _SYNTHETIC = {"n_samples", "n_features", "n_informative", "n_redundant", "n_clas
 def _synthetic(params: dict[str, Any]) -> Dataset:
     from sklearn.datasets import make_classification
 
-    n_features = int(params.get("n_features", 20))
+    n_features = params["n_features"]
+    informative = params["n_informative"]
     x, y = make_classification(
-        n_samples=int(params.get("n_samples", 1000)),
+        n_samples=params["n_samples"],
         n_features=n_features,
-        n_informative=int(params.get("n_informative", max(2, n_features // 2))),
-        n_redundant=int(params.get("n_redundant", 0)),
-        n_classes=int(params.get("n_classes", 2)),
-        class_sep=float(params.get("class_sep", 1.0)),
-        random_state=int(params.get("seed", 0)),
+        n_informative=max(2, n_features // 2) if informative is None else informative,
+        n_redundant=params["n_redundant"],
+        n_classes=params["n_classes"],
+        class_sep=float(params["class_sep"]),
+        random_state=params["seed"],
     )
     return _make("synthetic", x, y, is_image=False)
 
 
-@register_dataset(
-    "csv",
-    "your CSV file: params path, label_column, id_column (optional)",
-    {"path", "label_column", "id_column"},
-)
+_CSV = {
+    "path": _path("the CSV file (a header row names the columns)"),
+    "label_column": _path("the column holding the labels"),
+    "id_column": _path("the column holding integer sample IDs (null: row numbers)", required=False),
+}
+
+
+@register_dataset("csv", "your CSV file: params path, label_column, id_column (optional)", _CSV)
 def _csv(params: dict[str, Any]) -> Dataset:
-    if "path" not in params or "label_column" not in params:
-        raise KeyError("dataset 'csv' needs params 'path' and 'label_column'")
     import csv
 
     with open(params["path"], newline="") as fh:
@@ -182,10 +202,12 @@ def _csv(params: dict[str, Any]) -> Dataset:
     return _make("csv", x, y, is_image=False, ids=ids)
 
 
-@register_dataset("npz", "your NPZ file: arrays x, y and optionally ids; params path", {"path"})
+@register_dataset(
+    "npz",
+    "your NPZ file: arrays x, y and optionally ids; params path",
+    {"path": _path("the .npz file (arrays x, y and optionally ids)")},
+)
 def _npz(params: dict[str, Any]) -> Dataset:
-    if "path" not in params:
-        raise KeyError("dataset 'npz' needs param 'path'")
     with np.load(Path(params["path"])) as f:
         for key in ("x", "y"):
             if key not in f:

@@ -7,10 +7,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vflnet.config import Config, ConfigError, FeaturesConfig, PartyConfig
+from vflnet.config import Config, FeaturesConfig, ModelConfig, PartyConfig
 from vflnet.data.datasets import Dataset, load_dataset
+from vflnet.registry import MODELS
 
-IMAGE_BOTTOMS = ("cnn", "cafe-conv", "cafe-fc")  # bottoms that take [n, 1, h, w] regions
+
+def takes_image(bottom: ModelConfig) -> bool:
+    """Whether a bottom model of this kind takes [n, 1, h, w] image regions (the kind's registry entry)."""
+    return bool(MODELS.get(bottom.kind).image_input)
 
 
 @dataclass
@@ -84,7 +88,7 @@ def party_view(cfg: Config, party_name: str, dataset: Dataset | None = None) -> 
     x = None
     if party.features is not None:
         assert party.bottom is not None
-        x = select_features(data, party.features, as_image=party.bottom.kind in IMAGE_BOTTOMS)[order]
+        x = select_features(data, party.features, as_image=takes_image(party.bottom))[order]
     y = data.labels[order] if party.role == "active" else None
     return PartyData(ids=data.ids[order], x=x, y=y, n_classes=data.n_classes)
 
@@ -101,30 +105,3 @@ def normalize(x: np.ndarray, train_rows: np.ndarray, mode: str, is_image: bool) 
         return ((x - mean) / np.where(std > 0, std, 1.0)).astype(np.float32)
     lo, hi = train.min(axis=0), train.max(axis=0)
     return ((x - lo) / np.where(hi > lo, hi - lo, 1.0)).astype(np.float32)
-
-
-def check_against_dataset(cfg: Config) -> None:
-    """Config checks that need the dataset: columns/regions in range and output sizes vs classes."""
-    src = cfg.source
-    try:
-        data = load_dataset(cfg.data.dataset, cfg.data.params)
-    except (KeyError, ValueError, OSError) as exc:
-        raise ConfigError(src, "data", str(exc).strip("'\"")) from exc
-    for i, party in enumerate(cfg.parties):
-        if party.features is None:
-            continue
-        try:
-            assert party.bottom is not None
-            select_features(data, party.features, as_image=party.bottom.kind in IMAGE_BOTTOMS)
-        except ValueError as exc:
-            raise ConfigError(src, f"parties[{i}].features", str(exc)) from exc
-    outs = [p.bottom.out for p in cfg.feature_parties if p.bottom is not None]
-    if cfg.model.top.kind == "none":
-        width = outs[0] if cfg.protocol.aggregation == "sum" else sum(outs)
-        if width != data.n_classes:
-            raise ConfigError(
-                src,
-                "model.top.kind",
-                f"with no top model the aggregated embedding ({width}) must equal the number of classes "
-                f"of {cfg.data.dataset!r} ({data.n_classes})",
-            )

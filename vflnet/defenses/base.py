@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from vflnet.config import Config
-from vflnet.plugins import Param, validate_params
+from vflnet.registry import Param, validate_params
 
 
 class Defense(ABC):
@@ -22,6 +22,7 @@ class Defense(ABC):
     acts_on: ClassVar[str] = (
         "labels"  # "labels": active-party label defense; "upload": param-server gradient upload
     )
+    implementation: ClassVar[type]  # the class `build` makes (for label defenses: a LabelDefense subclass)
 
     def __init__(self, **params: Any) -> None:
         self.p = validate_params("defense", self.name, self.params, params)
@@ -36,7 +37,7 @@ def build_upload_defenses(
 ) -> list[Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]]:
     """The transforms a party applies to its gradient upload (param-server), in config order."""
     from vflnet.data.partition import party_seed
-    from vflnet.plugins import DEFENSES
+    from vflnet.registry import DEFENSES
 
     out = []
     for entry in cfg.defenses:

@@ -8,13 +8,15 @@ Every defense has the same three hooks, each used at one point of the active par
 
 Parameters are checked when a defense is built; a bad one raises ValueError naming it. Randomised defenses
 own a seeded generator so a run is reproducible.
+
+Each class is the `implementation` of one defense registered by name in `vflnet.registry.DEFENSES`
+(`vflnet/defenses/registered.py`); `LabelDefense` itself is no defense. They have no names of their own.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -34,8 +36,6 @@ def _check_gradient(grad: Tensor, labels: Tensor) -> None:
 
 class LabelDefense:
     """No defense, and the base the others override: one-hot targets, gradients unchanged, argmax."""
-
-    name: ClassVar[str] = "none"
 
     def __init__(self, num_classes: int) -> None:
         if num_classes < 2:
@@ -80,16 +80,12 @@ class _NoiseDefense(LabelDefense, ABC):
 class GaussianNoise(_NoiseDefense):
     """DP-G: per-sample 2-norm clipping (paper: 0.2) then N(0, scale^2) noise (paper: scale 0.001-0.1)."""
 
-    name = "dp_gaussian"
-
     def _noise(self, shape: torch.Size, dtype: torch.dtype) -> Tensor:
         return torch.randn(shape, generator=self.generator, dtype=dtype) * self.scale
 
 
 class LaplaceNoise(_NoiseDefense):
     """DP-L ("noisy gradients" of Fu et al.): per-sample clipping then Laplace(0, scale) noise."""
-
-    name = "dp_laplace"
 
     def _noise(self, shape: torch.Size, dtype: torch.dtype) -> Tensor:
         u = torch.rand(shape, generator=self.generator, dtype=dtype) - 0.5
@@ -99,8 +95,6 @@ class LaplaceNoise(_NoiseDefense):
 class GradientSparsification(LabelDefense):
     """GS (Aji & Heafield): zero all but the largest-magnitude (100 - drop_rate)% entries of the batch's
     gradient tensor (paper sweeps drop_rate 99.0-99.9). At least one entry is kept. No error feedback."""
-
-    name = "gradient_sparsification"
 
     def __init__(self, num_classes: int, drop_rate: float) -> None:
         super().__init__(num_classes)
@@ -121,8 +115,6 @@ class DiscreteSGD(LabelDefense):
     """DG (eq. 16-17): round each entry to the nearest of bins + 1 equally spaced endpoints spanning
     [mu - 2 sigma, mu + 2 sigma] of the gradient tensor; values outside clamp to the end points."""
 
-    name = "discrete_sgd"
-
     def __init__(self, num_classes: int, bins: int = 12) -> None:
         super().__init__(num_classes)
         if bins < 1:
@@ -142,8 +134,6 @@ class DiscreteSGD(LabelDefense):
 
 class GradientRounding(LabelDefense):
     """Rounding baseline: send each entry rounded to `decimals` decimal places."""
-
-    name = "rounding"
 
     def __init__(self, num_classes: int, decimals: int) -> None:
         super().__init__(num_classes)
@@ -167,8 +157,6 @@ class Marvell(LabelDefense):
     by a few hundred Adam steps with the budget spent in full. A batch holding one class gets isotropic noise
     of power power_ratio * mean ||g||^2 (there is no mean difference to hide).
     """
-
-    name = "marvell"
 
     def __init__(self, power_ratio: float, solver_steps: int = 300, seed: int = 0) -> None:
         super().__init__(2)
@@ -334,8 +322,6 @@ class CAEDefense(LabelDefense):
     """Algorithm 5 without discretisation: train towards Enc(y), predict argmax Dec(softmax(H)).
     The autoencoder must be trained (`ConfusionalAutoEncoder.fit`) before use; it stays frozen."""
 
-    name = "cae"
-
     def __init__(self, autoencoder: ConfusionalAutoEncoder) -> None:
         super().__init__(autoencoder.num_classes)
         self.autoencoder = autoencoder.eval()
@@ -350,27 +336,9 @@ class CAEDefense(LabelDefense):
 class DCAEDefense(CAEDefense):
     """DCAE: CAE targets and decoder, plus DiscreteSGD on the sent gradients (paper: 12 bins fixed)."""
 
-    name = "dcae"
-
     def __init__(self, autoencoder: ConfusionalAutoEncoder, bins: int = 12) -> None:
         super().__init__(autoencoder)
         self.discrete = DiscreteSGD(autoencoder.num_classes, bins)
 
     def transform(self, grad: Tensor, labels: Tensor) -> Tensor:
         return self.discrete.transform(grad, labels)
-
-
-LABEL_DEFENSES: dict[str, type[LabelDefense]] = {
-    cls.name: cls
-    for cls in (
-        LabelDefense,
-        GaussianNoise,
-        LaplaceNoise,
-        GradientSparsification,
-        DiscreteSGD,
-        GradientRounding,
-        Marvell,
-        CAEDefense,
-        DCAEDefense,
-    )
-}

@@ -1,8 +1,9 @@
 """The active party's label defenses of paper 004 (and its baselines), registered by name.
 
-Each builds a `vflnet.defenses.label_defenses.LabelDefense`, which the active party uses three
-ways: the training targets (CAE's soft fake labels), a transform of the per-sample gradients it
-sends (noise, sparsification, discretisation, MARVELL), and the prediction rule (CAE's decoder)."""
+Each label defense builds its `implementation`, a `vflnet.defenses.label_defenses.LabelDefense`, which
+the active party uses three ways: the training targets (CAE's soft fake labels), a transform of the
+per-sample gradients it sends (noise, sparsification, discretisation, MARVELL), and the prediction rule
+(CAE's decoder). The upload defenses (param-server) build a transform of the gradient upload around theirs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import Any
 
 from vflnet.defenses import label_defenses as ld
 from vflnet.defenses.base import Defense
-from vflnet.plugins import DEFENSES, Param
+from vflnet.defenses.dp_gradients import DpGradients
+from vflnet.defenses.fake_gradients import FakeGradients
+from vflnet.registry import DEFENSES, Param
 
 _ACTIVE = frozenset({"active"})
 
@@ -29,6 +32,7 @@ def _p(default: Any, help_: str, lo: float, hi: float | None = None, integer: bo
 class GaussianGradientNoise(Defense):
     name = "dp-gaussian"
     description = "clip each per-sample gradient to clip_norm, add N(0, scale^2) noise (DP-G)"
+    implementation = ld.GaussianNoise
     roles = _ACTIVE
     params = {
         "scale": _p(0.01, "noise standard deviation", 0.0),
@@ -36,64 +40,69 @@ class GaussianGradientNoise(Defense):
     }
 
     def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
-        return ld.GaussianNoise(num_classes, self.p["scale"], self.p["clip_norm"], seed)
+        return self.implementation(num_classes, self.p["scale"], self.p["clip_norm"], seed)
 
 
 @DEFENSES.register
 class LaplaceGradientNoise(Defense):
     name = "dp-laplace"
     description = "clip each per-sample gradient to clip_norm, add Laplace(0, scale) noise (DP-L)"
+    implementation = ld.LaplaceNoise
     roles = _ACTIVE
     params = {"scale": _p(0.01, "noise scale", 0.0), "clip_norm": _p(0.2, "per-sample L2 clip", 1e-12)}
 
     def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
-        return ld.LaplaceNoise(num_classes, self.p["scale"], self.p["clip_norm"], seed)
+        return self.implementation(num_classes, self.p["scale"], self.p["clip_norm"], seed)
 
 
 @DEFENSES.register
 class Sparsification(Defense):
     name = "gradient-sparsification"
     description = "zero the smallest drop_rate% of the batch's gradient entries (GS)"
+    implementation = ld.GradientSparsification
     roles = _ACTIVE
     params = {"drop_rate": _p(99.0, "percentage of entries zeroed", 0.0, 100.0)}
 
     def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
-        return ld.GradientSparsification(num_classes, self.p["drop_rate"])
+        return self.implementation(num_classes, self.p["drop_rate"])
 
 
 @DEFENSES.register
 class DiscreteGradients(Defense):
     name = "discrete-sgd"
     description = "quantise each gradient entry to one of `bins` levels (DiscreteSGD, DG)"
+    implementation = ld.DiscreteSGD
     roles = _ACTIVE
     params = {"bins": _p(12, "number of levels", 1, integer=True)}
 
     def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
-        return ld.DiscreteSGD(num_classes, self.p["bins"])
+        return self.implementation(num_classes, self.p["bins"])
 
 
 @DEFENSES.register
 class Rounding(Defense):
     name = "rounding"
     description = "round gradient entries to `decimals` decimal places (baseline)"
+    implementation = ld.GradientRounding
     roles = _ACTIVE
     params = {"decimals": _p(2, "decimal places kept", 0, integer=True)}
 
     def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
-        return ld.GradientRounding(num_classes, self.p["decimals"])
+        return self.implementation(num_classes, self.p["decimals"])
 
 
 @DEFENSES.register
 class MarvellDefense(Defense):
     name = "marvell"
     description = "MARVELL optimised noise for binary tasks (power budget as a ratio of the gradient power)"
+    implementation = ld.Marvell
     roles = _ACTIVE
     params = {"power_ratio": _p(1.0, "noise power budget / gradient power", 1e-12)}
 
     def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
         if num_classes != 2:
             raise ValueError(f"marvell is defined for binary tasks, this dataset has {num_classes} classes")
-        return ld.Marvell(self.p["power_ratio"], seed=seed)
+        return self.implementation(self.p["power_ratio"], seed=seed)
 
 
 def _autoencoder(num_classes: int, seed: int, params: dict[str, Any]) -> ld.ConfusionalAutoEncoder:
@@ -117,22 +126,24 @@ class CAE(Defense):
     description = (
         "confusional autoencoder: train on soft fake labels, decode predictions (paper 004 Alg. 4-5)"
     )
+    implementation = ld.CAEDefense
     roles = _ACTIVE
     params = dict(_CAE_PARAMS)
 
     def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
-        return ld.CAEDefense(_autoencoder(num_classes, seed, self.p))
+        return self.implementation(_autoencoder(num_classes, seed, self.p))
 
 
 @DEFENSES.register
 class DCAE(Defense):
     name = "dcae"
     description = "CAE + DiscreteSGD on the sent gradients (paper 004)"
+    implementation = ld.DCAEDefense
     roles = _ACTIVE
     params = {**_CAE_PARAMS, "bins": _p(12, "DiscreteSGD levels", 1, integer=True)}
 
     def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
-        return ld.DCAEDefense(_autoencoder(num_classes, seed, self.p), self.p["bins"])
+        return self.implementation(_autoencoder(num_classes, seed, self.p), self.p["bins"])
 
 
 def _numpy_transform(transform: Any) -> Any:
@@ -153,6 +164,7 @@ class FakeGradientsDefense(Defense):
     description = "paper 002 Algorithm 5: upload the nearest of nu sorted Gaussian candidates instead of the true gradient"
     roles = frozenset({"passive", "active"})
     acts_on = "upload"
+    implementation = FakeGradients
     params = {
         "nu": _p(1000, "candidate vectors drawn per round", 1, integer=True),
         "sigma2": _p(1.1, "variance of the candidates", 1e-12),
@@ -162,10 +174,8 @@ class FakeGradientsDefense(Defense):
     }
 
     def build(self, num_classes: int, seed: int) -> Any:
-        from vflnet.defenses.fake_gradients import FakeGradients
-
         return _numpy_transform(
-            FakeGradients(self.p["nu"], self.p["sigma2"], None, self.p["max_rounds"], seed)
+            self.implementation(self.p["nu"], self.p["sigma2"], None, self.p["max_rounds"], seed)
         )
 
 
@@ -175,12 +185,11 @@ class DpGradientUpload(Defense):
     description = "clip the whole upload to clip_norm and add N(0, (noise_multiplier * clip_norm)^2) noise (DP baseline)"
     roles = frozenset({"passive", "active"})
     acts_on = "upload"
+    implementation = DpGradients
     params = {
         "clip_norm": _p(3.0, "L2 clip of the upload", 1e-12),
         "noise_multiplier": _p(1.0, "noise std / clip_norm", 0.0),
     }
 
     def build(self, num_classes: int, seed: int) -> Any:
-        from vflnet.defenses.dp_gradients import DpGradients
-
-        return _numpy_transform(DpGradients(self.p["clip_norm"], self.p["noise_multiplier"], seed))
+        return _numpy_transform(self.implementation(self.p["clip_norm"], self.p["noise_multiplier"], seed))

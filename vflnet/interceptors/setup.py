@@ -18,7 +18,7 @@ from vflnet.attacks.knowledge import threat_model_knowledge
 from vflnet.config import Config, PluginConfig
 from vflnet.interceptors.chain import Chain
 from vflnet.interceptors.trace import TraceWriter, trace_path
-from vflnet.plugins import ATTACKS, load_plugin_modules
+from vflnet.registry import ATTACKS, load_plugin_modules
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +61,19 @@ def attack_output_path(run_dir: Path, entry: PluginConfig) -> Path:
     return run_dir / "attacks" / f"{entry.name}@{entry.party}.npz"
 
 
-def save_attack_output(run_dir: Path, entry: PluginConfig, output: dict[str, np.ndarray], knowledge: list[str]) -> Path:
+def save_attack_output(
+    run_dir: Path, entry: PluginConfig, output: dict[str, np.ndarray], knowledge: list[str]
+) -> Path:
     path = attack_output_path(run_dir, entry)
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, **output)
-    meta = {"name": entry.name, "party": entry.party, "params": entry.params, "knowledge_delivered": knowledge,
-            "arrays": {k: list(np.shape(v)) for k, v in output.items()}}
+    meta = {
+        "name": entry.name,
+        "party": entry.party,
+        "params": entry.params,
+        "knowledge_delivered": knowledge,
+        "arrays": {k: list(np.shape(v)) for k, v in output.items()},
+    }
     path.with_suffix(".json").write_text(json.dumps(meta, indent=2))
     return path
 
@@ -78,7 +85,9 @@ def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyIntercepti
     mods: list[Any] = []
     trace = None
     if name in cfg.trace.parties or "all" in cfg.trace.parties:
-        trace = TraceWriter(trace_path(run_dir, name), name, cfg.run.id, max_bytes=int(cfg.trace.max_mb * 1024 * 1024))
+        trace = TraceWriter(
+            trace_path(run_dir, name), name, cfg.run.id, max_bytes=int(cfg.trace.max_mb * 1024 * 1024)
+        )
         mods.append(trace)
     attacks = []
     for entry in cfg.attacks:
@@ -87,5 +96,10 @@ def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyIntercepti
             knowledge.update(threat_model_knowledge(cfg, name, attack))
             attacks.append((entry, attack))
             mods.append(attack)
-            log.info("%s hosts attack %s (%s)", name, entry.name, ", ".join(f"{k}={v}" for k, v in attack.p.items()))
+            log.info(
+                "%s hosts attack %s (%s)",
+                name,
+                entry.name,
+                ", ".join(f"{k}={v}" for k, v in attack.p.items()),
+            )
     return PartyInterception(name, Chain(mods), attacks, trace, knowledge)

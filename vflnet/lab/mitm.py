@@ -21,11 +21,12 @@ from pathlib import Path
 import numpy as np
 from google.protobuf.message import Message
 
-from vflnet.config import TransportConfig, load
+from vflnet.config import TransportConfig
 from vflnet.interceptors.chain import Chain, Filter, Mod
 from vflnet.interceptors.events import WireEvent
 from vflnet.interceptors.trace import TraceWriter
 from vflnet.roles.proxy import ByteMod, TcpRelay, run_proxy, serve_until_signal, wait_for_signal
+from vflnet.validation import load_config
 from vflnet.wire import tensors
 
 log = logging.getLogger("vflnet.lab.mitm")
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     transport, run_id = TransportConfig(), ""
     if args.config:
-        cfg = load(args.config)
+        cfg = load_config(args.config)
         transport, run_id = cfg.transport, cfg.run.id
     mods: list[Mod] = []
     writer = TraceWriter(args.trace, party="proxy", run_id=run_id) if args.trace else None

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from vflnet.config import load
+from vflnet.validation import load_config
 
 SUBNET = ipaddress.ip_network("10.213.0.0/24")  # private, and unlikely to collide with anything real
 FIRST_HOST = 10  # hosts get .10, .11, ... in roster order; the proxy host comes last
@@ -229,7 +229,7 @@ def lab_config(
 ) -> dict[str, Any]:
     """The input config with the lab's addresses filled in; plaintext, or mutual TLS with ``tls_dir``'s
     certificates; ``via`` names a party that peers reach through the proxy host."""
-    cfg = load(lab.source_config)
+    cfg = load_config(lab.source_config)
     data = cfg.to_dict()
     data["run"].update(id=run_id, dir=str(runs_dir))
     for party in data["parties"]:
@@ -306,7 +306,7 @@ def up(
     if reason:
         raise LabError(reason)
     config = Path(config).resolve()
-    cfg = load(config)
+    cfg = load_config(config)
     hosts = plan_hosts([(p.name, p.role) for p in cfg.parties], prefix, proxy_host)
     lab_path = Path(lab_dir or Path("runs") / f"lab-{prefix}").resolve()
     lab = Lab(

@@ -1,5 +1,10 @@
 """Bottom models (one per feature-holding party) and the active party's top model, from config.
 
+Every model kind (the ``kind:`` of a model block) is a :class:`ModelKind` registered in
+`vflnet.registry.MODELS`, here or in a config's ``plugins:`` module; it says whether it can be a
+bottom and/or a top model and whether a bottom takes image regions, and config validation and
+`vflnet.data.partition` read those attributes.
+
 An input-layer cut (paper 000) is a ``linear`` bottom with ``bias: false`` on every party,
 ``aggregation: sum`` and a top model whose ``input_activation`` is the first layer's nonlinearity:
 the sum of the parties' column blocks is exactly the first layer of the joint network.
@@ -7,12 +12,43 @@ the sum of the parties' column blocks is exactly the first layer of the joint ne
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from vflnet.config import Config, ModelConfig, PartyConfig
+from vflnet.registry import MODELS
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """A model kind: how it is built and where it may sit."""
+
+    name: str
+    description: str
+    # (block, input shape without the batch axis: (d,) or (1, h, w)) -> the bottom model; None: not a bottom
+    build_bottom: Callable[[ModelConfig, tuple[int, ...]], nn.Module] | None = None
+    # (block, aggregate width, number of classes) -> the top model's network; None: not a top
+    build_top: Callable[[ModelConfig, int, int], nn.Module] | None = None
+    image_input: bool = False  # as a bottom it takes [n, 1, h, w] image regions (needs `features.region`)
+
+    @property
+    def is_bottom(self) -> bool:
+        return self.build_bottom is not None
+
+    @property
+    def is_top(self) -> bool:
+        return self.build_top is not None
+
+    @property
+    def where(self) -> str:
+        """Where it may sit, as `vflnet models` lists it."""
+        sits = [w for w, ok in (("bottom", self.is_bottom), ("top", self.is_top)) if ok]
+        return ", ".join(sits) + ("; image regions" if self.image_input else "")
+
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 
@@ -67,18 +103,11 @@ def cafe_config(
 
 
 def build_bottom(cfg: ModelConfig, input_shape: tuple[int, ...]) -> nn.Module:
-    """``input_shape`` excludes the batch axis: (d,) for flat features, (1, h, w) for a cnn."""
-    if cfg.kind == "linear":
-        return nn.Linear(input_shape[0], cfg.out, bias=cfg.bias)
-    if cfg.kind == "mlp":
-        return _mlp(input_shape[0], cfg.hidden, cfg.out, cfg.activation, cfg.bias)
-    if cfg.kind == "cnn":
-        return SmallCNN(input_shape, cfg.channels, cfg.out)  # type: ignore[arg-type]
-    if cfg.kind in ("cafe-conv", "cafe-fc"):
-        from vflnet.models.cafe_net import CafeBottom
-
-        return CafeBottom(cafe_config(cfg, input_shape))
-    raise ValueError(f"unknown bottom model kind {cfg.kind!r}")
+    """``input_shape`` excludes the batch axis: (d,) for flat features, (1, h, w) for image regions."""
+    kind = MODELS.get(cfg.kind)
+    if kind.build_bottom is None:
+        raise ValueError(f"model kind {cfg.kind!r} cannot be a bottom model")
+    return kind.build_bottom(cfg, input_shape)
 
 
 class TopModel(nn.Module):
@@ -89,17 +118,70 @@ class TopModel(nn.Module):
         self.input_activation = (
             _ACTIVATIONS[cfg.input_activation]() if cfg.input_activation != "none" else nn.Identity()
         )
-        if cfg.kind == "none":
-            self.net: nn.Module = nn.Identity()
-        elif cfg.kind == "linear":
-            self.net = nn.Linear(in_dim, n_classes, bias=cfg.bias)
-        elif cfg.kind == "mlp":
-            self.net = _mlp(in_dim, cfg.hidden, n_classes, cfg.activation, cfg.bias)
-        else:
-            raise ValueError(f"top model kind {cfg.kind!r} is not supported")
+        kind = MODELS.get(cfg.kind)
+        if kind.build_top is None:
+            raise ValueError(f"model kind {cfg.kind!r} cannot be a top model")
+        self.net: nn.Module = kind.build_top(cfg, in_dim, n_classes)
 
     def forward(self, aggregate: torch.Tensor) -> torch.Tensor:
         return self.net(self.input_activation(aggregate))
+
+
+def _cafe_bottom(cfg: ModelConfig, input_shape: tuple[int, ...]) -> nn.Module:
+    from vflnet.models.cafe_net import CafeBottom
+
+    return CafeBottom(cafe_config(cfg, input_shape))
+
+
+MODELS.register(
+    ModelKind(
+        "none",
+        "no model: the top passes the aggregate through (its width must equal the number of classes)",
+        build_top=lambda cfg, in_dim, n_classes: nn.Identity(),
+    )
+)
+MODELS.register(
+    ModelKind(
+        "linear",
+        "one linear layer (`bias`); an input-layer cut uses it with bias: false",
+        build_bottom=lambda cfg, shape: nn.Linear(shape[0], cfg.out, bias=cfg.bias),
+        build_top=lambda cfg, in_dim, n_classes: nn.Linear(in_dim, n_classes, bias=cfg.bias),
+    )
+)
+MODELS.register(
+    ModelKind(
+        "mlp",
+        "linear layers of widths `hidden` with `activation` between them, then a linear output (`bias`)",
+        build_bottom=lambda cfg, shape: _mlp(shape[0], cfg.hidden, cfg.out, cfg.activation, cfg.bias),
+        build_top=lambda cfg, in_dim, n_classes: _mlp(
+            in_dim, cfg.hidden, n_classes, cfg.activation, cfg.bias
+        ),
+    )
+)
+MODELS.register(
+    ModelKind(
+        "cnn",
+        "3x3 conv + ReLU per `channels` width (2x2 max-pool while the region is >= 4 px), then a linear embedding",
+        build_bottom=lambda cfg, shape: SmallCNN(shape, cfg.channels, cfg.out),  # type: ignore[arg-type]
+        image_input=True,
+    )
+)
+MODELS.register(
+    ModelKind(
+        "cafe-conv",
+        "the CAFE paper's conv worker model (paper 002): `channels` two conv widths, `hidden` [fc1, fc2]",
+        build_bottom=_cafe_bottom,
+        image_input=True,
+    )
+)
+MODELS.register(
+    ModelKind(
+        "cafe-fc",
+        "the CAFE paper's fully connected worker model (paper 002): `hidden` [fc1, fc2]",
+        build_bottom=_cafe_bottom,
+        image_input=True,
+    )
+)
 
 
 def aggregate(embeddings: list[torch.Tensor], how: str) -> torch.Tensor:

@@ -11,7 +11,8 @@ and serves. A protocol fills in what happens at each stage, per role, in three *
   ExchangeEmbeddings), the party's work for one step command, what its step report carries, what its
   model release contains.
 
-A protocol is one registered class naming its three sides (``@PROTOCOLS.register``). A plug-in
+A protocol is one registered class naming its three sides (``@PROTOCOLS.register``, the registry of
+vflnet/registry.py, which finds the built-ins in this package). A plug-in
 protocol is a module listed under ``plugins:`` that registers one, plus its messages: it registers its
 gRPC service descriptors with ``register_service`` so taps, traces and the role authorizer know them.
 """
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from vflnet.plugins import Param, Registry
+from vflnet.registry import PROTOCOLS, Param
 from vflnet.v1 import messages_pb2, tensor_pb2
 
 if TYPE_CHECKING:
@@ -155,6 +156,4 @@ def register_messages(service: Any, callers: dict[str, set[str]]) -> None:
     register_permissions({f"/{service.full_name}/{name}": roles for name, roles in callers.items()})
 
 
-PROTOCOLS = Registry(
-    "protocol", ["vflnet.protocols.split", "vflnet.protocols.split_he", "vflnet.protocols.param_server"]
-)
+__all__ = ["PROTOCOLS", "CoordinatorSide", "PartySide", "Protocol", "RunFailed", "register_messages"]

@@ -31,8 +31,8 @@ from vflnet.data.partition import party_seed
 from vflnet.defenses.label_defenses import LabelDefense, soft_cross_entropy
 from vflnet.models.local import LocalModel
 from vflnet.models.zoo import TopModel, aggregate
-from vflnet.plugins import DEFENSES
 from vflnet.protocols.base import PROTOCOLS, PartySide, Protocol
+from vflnet.registry import DEFENSES
 from vflnet.roles.common import check_run, check_sender, wait_for
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tensors

@@ -31,9 +31,17 @@ def setup_torch(cfg: Config) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def header(cfg: Config, sender: str, step: int, epoch: int, batch_id: int, phase: int, version: int) -> messages_pb2.Header:
+def header(
+    cfg: Config, sender: str, step: int, epoch: int, batch_id: int, phase: int, version: int
+) -> messages_pb2.Header:
     return messages_pb2.Header(
-        run_id=cfg.run.id, step=step, epoch=epoch, batch_id=batch_id, phase=phase, sender=sender, model_version=version
+        run_id=cfg.run.id,
+        step=step,
+        epoch=epoch,
+        batch_id=batch_id,
+        phase=phase,
+        sender=sender,
+        model_version=version,
     )
 
 
@@ -49,13 +57,17 @@ def check_sender(cfg: Config, sender: str, roles: set[str], context: grpc.Servic
     if sender not in names:
         raise permission_denied(f"unknown party {sender!r}: not in the roster")
     if names[sender] not in roles:
-        raise permission_denied(f"party {sender!r} has role {names[sender]!r}; this call needs {sorted(roles)}")
+        raise permission_denied(
+            f"party {sender!r} has role {names[sender]!r}; this call needs {sorted(roles)}"
+        )
     if cfg.transport.tls.enabled and context is not None:
         from vflnet.wire.tls import peer_identity
 
         ident = peer_identity(context)
         if ident is None or ident.name != sender:
-            raise permission_denied(f"header says {sender!r} but the certificate says {ident.name if ident else None!r}")
+            raise permission_denied(
+                f"header says {sender!r} but the certificate says {ident.name if ident else None!r}"
+            )
 
 
 class Liveness:
@@ -82,4 +94,13 @@ def wait_for(event: threading.Event, timeout: float, what: str) -> None:
         raise RpcFailure(grpc.StatusCode.UNAVAILABLE, f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-__all__ = ["header", "check_run", "check_sender", "setup_logging", "setup_torch", "stale_step", "Liveness", "wait_for"]
+__all__ = [
+    "header",
+    "check_run",
+    "check_sender",
+    "setup_logging",
+    "setup_torch",
+    "stale_step",
+    "Liveness",
+    "wait_for",
+]

@@ -134,7 +134,9 @@ def run_proxy(
     if upstream_credentials is None:
         channel = open_channel(upstream, plain, name)
     else:
-        channel = ChunkingChannel(grpc.secure_channel(upstream, upstream_credentials, options=grpc_options(plain)), Limits.of(plain))
+        channel = ChunkingChannel(
+            grpc.secure_channel(upstream, upstream_credentials, options=grpc_options(plain)), Limits.of(plain)
+        )
     handler = ForwardingHandler(channel, upstream, chain, name)
     server = make_server(plain, name)
     server.add_generic_rpc_handlers((handler,))
@@ -482,9 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     transport = TransportConfig()
     run_id = args.run_id
     if args.config:
-        from vflnet.config import load
+        from vflnet.validation import load_config
 
-        cfg = load(args.config)
+        cfg = load_config(args.config)
         transport, run_id = cfg.transport, run_id or cfg.run.id
     if args.allow_plaintext_remote:
         transport = dataclasses.replace(transport, allow_plaintext_remote=True)

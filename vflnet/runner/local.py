@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from vflnet.config import Config, dump, load
+from vflnet.config import Config, dump
 from vflnet.runner.report import print_summary
 from vflnet.runner.scoring import score_run
+from vflnet.validation import load_config
 
 PR_SET_PDEATHSIG = 1
 
@@ -46,7 +47,17 @@ class LocalCluster:
         self.children: dict[str, Child] = {}
 
     def _spawn(self, name: str, role: str, extra: list[str]) -> Child:
-        cmd = ["party", "--role", role, "--config", str(self.config_path), "--name", name, "--run-dir", str(self.run_dir)]
+        cmd = [
+            "party",
+            "--role",
+            role,
+            "--config",
+            str(self.config_path),
+            "--name",
+            name,
+            "--run-dir",
+            str(self.run_dir),
+        ]
         return self._spawn_command(name, role, [*cmd, *extra])
 
     def _spawn_command(self, name: str, role: str, args: list[str]) -> Child:
@@ -54,8 +65,14 @@ class LocalCluster:
         log_file = log_path.open("ab")
         cmd = [sys.executable, "-m", "vflnet", *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.cfg.runtime.torch_threads))
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            preexec_fn=_die_with_parent,
+        )
         child = Child(name, role, proc, log_path, log_file)
         self.children[name] = child
         return child
@@ -70,7 +87,9 @@ class LocalCluster:
             if child.proc.poll() is not None:
                 raise ClusterFailure(self._describe_exit(child))
             if time.monotonic() > deadline:
-                raise ClusterFailure(f"the coordinator did not start within transport.join_timeout_s ({limit:.0f} s); see {child.log_path}")
+                raise ClusterFailure(
+                    f"the coordinator did not start within transport.join_timeout_s ({limit:.0f} s); see {child.log_path}"
+                )
             time.sleep(0.05)
         address = addr_file.read_text().strip()
         for party in self.cfg.parties:
@@ -79,19 +98,42 @@ class LocalCluster:
             if party.via == "proxy":
                 # peers reach this party only through a proxy process in front of it
                 own, front = free_port(), free_port()
-                self._spawn_command(f"proxy-{party.name}", "proxy", [
-                    "proxy", "--listen", f"127.0.0.1:{front}", "--upstream", f"127.0.0.1:{own}", "--name", f"proxy-{party.name}",
-                    "--run-id", self.cfg.run.id, "--config", str(self.config_path), "--trace", str(self.run_dir / "traces" / f"proxy-{party.name}.trace")])
+                self._spawn_command(
+                    f"proxy-{party.name}",
+                    "proxy",
+                    [
+                        "proxy",
+                        "--listen",
+                        f"127.0.0.1:{front}",
+                        "--upstream",
+                        f"127.0.0.1:{own}",
+                        "--name",
+                        f"proxy-{party.name}",
+                        "--run-id",
+                        self.cfg.run.id,
+                        "--config",
+                        str(self.config_path),
+                        "--trace",
+                        str(self.run_dir / "traces" / f"proxy-{party.name}.trace"),
+                    ],
+                )
                 where = ["--listen", f"127.0.0.1:{own}", "--advertise", f"127.0.0.1:{front}"]
             else:
                 where = ["--listen", "127.0.0.1:0", "--advertise", "127.0.0.1:0"]
             self._spawn(party.name, party.role, ["--coordinator", address, *where])
-        pids = {c.name: {"pid": c.proc.pid, "role": c.role, "log": str(c.log_path)} for c in self.children.values()}
+        pids = {
+            c.name: {"pid": c.proc.pid, "role": c.role, "log": str(c.log_path)}
+            for c in self.children.values()
+        }
         (self.run_dir / "processes.json").write_text(json.dumps(pids, indent=2))
 
     def _describe_exit(self, child: Child) -> str:
         rc = child.proc.returncode
-        how = f"was killed by signal {-rc} ({signal.Signals(-rc).name})" if rc is not None and rc < 0 else f"exited with code {rc}"
+        how = (
+            f"was killed by signal {-rc} ({signal.Signals(-rc).name})"
+            if rc is not None and rc < 0
+            else f"exited with code {rc}"
+        )
         tail = _tail(child.log_path, 6)
         return f"{child.role} party {child.name!r} (pid {child.proc.pid}) {how}; log: {child.log_path}" + (
             "\n    " + "\n    ".join(tail) if tail else ""
@@ -125,7 +167,12 @@ class LocalCluster:
             raise ClusterFailure(self._describe_exit(coord))
         bad = [c for c in self.children.values() if c.proc.returncode not in (0,)]
         if bad:
-            raise ClusterFailure("; ".join(self._describe_exit(c) if c.proc.returncode is not None else f"{c.name} did not exit" for c in bad))
+            raise ClusterFailure(
+                "; ".join(
+                    self._describe_exit(c) if c.proc.returncode is not None else f"{c.name} did not exit"
+                    for c in bad
+                )
+            )
         return 0
 
     def teardown(self) -> None:
@@ -179,7 +226,9 @@ class _Progress:
 
             total = json.loads(self.plan.read_text())["total_steps"]
             # disable=None: a bar on a terminal, nothing when output goes to a file or CI log
-            self.bar = tqdm(total=total, unit="step", desc="training", file=sys.stderr, dynamic_ncols=True, disable=None)
+            self.bar = tqdm(
+                total=total, unit="step", desc="training", file=sys.stderr, dynamic_ncols=True, disable=None
+            )
         with self.path.open() as fh:
             fh.seek(self.offset)
             for line in iter(fh.readline, ""):
@@ -191,7 +240,9 @@ class _Progress:
                     self.bar.update(1)
                     self.bar.set_postfix(epoch=rec["epoch"], loss=f"{rec['loss']:.3f}")
                 elif rec.get("kind") == "epoch" and "test_accuracy" in rec:
-                    self.bar.write(f"epoch {rec['epoch']}: train loss {rec['train_loss']:.4f}, test accuracy {rec['test_accuracy']:.4f}")
+                    self.bar.write(
+                        f"epoch {rec['epoch']}: train loss {rec['train_loss']:.4f}, test accuracy {rec['test_accuracy']:.4f}"
+                    )
 
     def close(self) -> None:
         if self.bar is not None:
@@ -224,7 +275,7 @@ def prepare_run_dir(cfg: Config, config_path: Path, run_dir: Path | None) -> tup
 
 def run_local(config_path: str | Path, *, run_dir: Path | None = None, progress: bool = True) -> int:
     config_path = Path(config_path)
-    cfg = load(config_path)
+    cfg = load_config(config_path)
     run_dir, resolved = prepare_run_dir(cfg, config_path, run_dir)
     if cfg.transport.bridge == "loopback":
         return _run_in_process(cfg, run_dir, progress)
@@ -251,7 +302,10 @@ def run_local(config_path: str | Path, *, run_dir: Path | None = None, progress:
 def _run_in_process(cfg: Config, run_dir: Path, progress: bool) -> int:
     from vflnet.runner.loopback import LoopbackFailure, run_loopback
 
-    print(f"run {cfg.run.id}: {len(cfg.parties)} roles in this process (loopback bridge), run directory {run_dir}", file=sys.stderr)
+    print(
+        f"run {cfg.run.id}: {len(cfg.parties)} roles in this process (loopback bridge), run directory {run_dir}",
+        file=sys.stderr,
+    )
     bar = _Progress(run_dir, enabled=progress)
     try:
         run_loopback(cfg, run_dir, on_tick=bar.update)

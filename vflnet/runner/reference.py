@@ -36,7 +36,9 @@ class ReferenceResult:
         return self.steps / self.train_seconds if self.train_seconds else float("nan")
 
 
-def train_reference(cfg: Config, *, evaluate: bool = True, predict_ids: np.ndarray | None = None) -> ReferenceResult:
+def train_reference(
+    cfg: Config, *, evaluate: bool = True, predict_ids: np.ndarray | None = None
+) -> ReferenceResult:
     """Train as the distributed run does; with ``predict_ids``, also the trained model's confidence
     vectors on those samples (what the prediction phase must deliver to the active party)."""
     torch.set_num_threads(cfg.runtime.torch_threads)
@@ -51,8 +53,12 @@ def train_reference(cfg: Config, *, evaluate: bool = True, predict_ids: np.ndarr
     for p in holders:
         view = views[p.name]
         if view.x is not None:
-            xs[p.name] = torch.from_numpy(normalize(view.x, view.rows(train_ids), cfg.data.normalize, dataset.is_image))
-        bottom, top = build_party_modules(cfg, p, tuple(view.x.shape[1:]) if view.x is not None else None, view.n_classes)
+            xs[p.name] = torch.from_numpy(
+                normalize(view.x, view.rows(train_ids), cfg.data.normalize, dataset.is_image)
+            )
+        bottom, top = build_party_modules(
+            cfg, p, tuple(view.x.shape[1:]) if view.x is not None else None, view.n_classes
+        )
         own = {k: m for k, m in (("bottom", bottom), ("top", top)) if m is not None}
         modules[p.name] = own
         params = [q for m in own.values() for q in m.parameters()]
@@ -88,7 +94,9 @@ def train_reference(cfg: Config, *, evaluate: bool = True, predict_ids: np.ndarr
                 break
         seconds += time.perf_counter() - start
         if evaluate:
-            history.append({"epoch": epoch, **_evaluate(logits_for, labels, active.rows, test_ids, t.eval_batch_size)})
+            history.append(
+                {"epoch": epoch, **_evaluate(logits_for, labels, active.rows, test_ids, t.eval_batch_size)}
+            )
         if t.max_steps and steps >= t.max_steps:
             break
     predictions = {}
@@ -97,14 +105,20 @@ def train_reference(cfg: Config, *, evaluate: bool = True, predict_ids: np.ndarr
             for m in own.values():
                 m.eval()
         with torch.no_grad():
-            logits = torch.cat([logits_for(chunk) for chunk in eval_batches(predict_ids, cfg.predict.batch_size)])
+            logits = torch.cat(
+                [logits_for(chunk) for chunk in eval_batches(predict_ids, cfg.predict.batch_size)]
+            )
         predictions = {"sample_ids": predict_ids, "confidence": torch.softmax(logits.double(), dim=1).numpy()}
-    states = {name: {k: {n: v.detach().clone() for n, v in m.state_dict().items()} for k, m in own.items()}
-              for name, own in modules.items()}
+    states = {
+        name: {k: {n: v.detach().clone() for n, v in m.state_dict().items()} for k, m in own.items()}
+        for name, own in modules.items()
+    }
     return ReferenceResult(states, steps, seconds, history, predictions)
 
 
-def _evaluate(logits_for: Any, labels: torch.Tensor, rows: Any, ids: np.ndarray, batch: int) -> dict[str, float]:
+def _evaluate(
+    logits_for: Any, labels: torch.Tensor, rows: Any, ids: np.ndarray, batch: int
+) -> dict[str, float]:
     correct, loss_sum = 0, 0.0
     with torch.no_grad():
         for chunk in eval_batches(ids, batch):

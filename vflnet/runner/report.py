@@ -33,26 +33,44 @@ def summary_rows(run_dir: Path) -> list[tuple[str, str]]:
         rows.append(("error", summary["error"]))
     if epochs:
         last = epochs[-1]
-        rows += [("epochs", str(len(epochs))), ("training steps", str(summary.get("steps", len(steps)))),
-                 ("final train loss", f"{last['train_loss']:.4f}"), ("final train accuracy", f"{last['train_accuracy']:.4f}")]
+        rows += [
+            ("epochs", str(len(epochs))),
+            ("training steps", str(summary.get("steps", len(steps)))),
+            ("final train loss", f"{last['train_loss']:.4f}"),
+            ("final train accuracy", f"{last['train_accuracy']:.4f}"),
+        ]
         tested = [e for e in epochs if "test_accuracy" in e]
         if tested:
-            rows += [("test loss", f"{tested[-1]['test_loss']:.4f}"), ("test accuracy", f"{tested[-1]['test_accuracy']:.4f}")]
+            rows += [
+                ("test loss", f"{tested[-1]['test_loss']:.4f}"),
+                ("test accuracy", f"{tested[-1]['test_accuracy']:.4f}"),
+            ]
     if steps:
         mean_time = sum(s["step_time_s"] for s in steps) / len(steps)
         rows.append(("mean step time", f"{mean_time * 1000:.1f} ms ({1 / mean_time:.1f} steps/s)"))
         n = len(steps)
         for key, total in sorted(summary.get("bytes_sent", {}).items()):
             payload = summary.get("payload_bytes", {}).get(key, 0)
-            rows.append((f"bytes/step {key}", f"{_fmt_bytes(total / n)} (tensor payload {_fmt_bytes(payload / n)})"))
+            rows.append(
+                (f"bytes/step {key}", f"{_fmt_bytes(total / n)} (tensor payload {_fmt_bytes(payload / n)})")
+            )
     scores_path = run_dir / "attacks" / "scores.json"
     if scores_path.exists():
         for attack, metrics in json.loads(scores_path.read_text()).items():
-            text = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
-            rows.append((f"attack {attack}", text or f"output in attacks/{attack}.npz (no ground-truth score)"))
+            text = ", ".join(
+                f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()
+            )
+            rows.append(
+                (f"attack {attack}", text or f"output in attacks/{attack}.npz (no ground-truth score)")
+            )
     if summary.get("decryptions"):
         total = sum(summary["decryptions"]["values"].values())
-        rows.append(("coordinator decrypted", f"{total} masked values in {sum(summary['decryptions']['requests'].values())} requests"))
+        rows.append(
+            (
+                "coordinator decrypted",
+                f"{total} masked values in {sum(summary['decryptions']['requests'].values())} requests",
+            )
+        )
     rows.append(("wall time", f"{summary.get('wall_time_s', 0):.1f} s"))
     rows.append(("run directory", str(run_dir)))
     return rows

@@ -15,7 +15,7 @@ from vflnet.config import Config
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import party_view
 from vflnet.interceptors.setup import attack_output_path
-from vflnet.plugins import ATTACKS, load_plugin_modules
+from vflnet.registry import ATTACKS, load_plugin_modules
 
 
 def final_test_predictions(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -48,7 +48,9 @@ def ground_truth(cfg: Config, what: str, run_dir: Path | None = None) -> Any:
     raise ValueError(f"no ground truth of kind {what!r}")
 
 
-def score_output(cfg: Config, attack_name: str, output: dict[str, np.ndarray], run_dir: Path | None = None) -> dict[str, float]:
+def score_output(
+    cfg: Config, attack_name: str, output: dict[str, np.ndarray], run_dir: Path | None = None
+) -> dict[str, float]:
     cls = ATTACKS.get(attack_name)
     return cls.score(output, ground_truth(cfg, cls.truth_needed, run_dir))
 

@@ -47,12 +47,17 @@ def _tls_files(transport: TransportConfig, name: str) -> tuple[bytes, bytes, byt
     paths = [Path(tls.ca), Path(tls.cert.format(name=name)), Path(tls.key.format(name=name))]
     for label, path in zip(("ca", "cert", "key"), paths, strict=True):
         if not path.is_file():
-            raise FileNotFoundError(f"transport.tls.{label}: {path} does not exist (make certificates with `vflnet certs`)")
+            raise FileNotFoundError(
+                f"transport.tls.{label}: {path} does not exist (make certificates with `vflnet certs`)"
+            )
     return paths[0].read_bytes(), paths[1].read_bytes(), paths[2].read_bytes()
 
 
 def make_server(
-    transport: TransportConfig, name: str, interceptors: list[grpc.ServerInterceptor] | None = None, max_workers: int = 32
+    transport: TransportConfig,
+    name: str,
+    interceptors: list[grpc.ServerInterceptor] | None = None,
+    max_workers: int = 32,
 ) -> grpc.Server:
     chain = list(interceptors or [])
     if transport.tls.enabled:
@@ -111,7 +116,9 @@ def open_channel(address: str, transport: TransportConfig, name: str) -> grpc.Ch
     if transport.tls.enabled:
         from vflnet.wire.tls import channel_credentials
 
-        channel = grpc.secure_channel(address, channel_credentials(*_tls_files(transport, name)), options=grpc_options(transport))
+        channel = grpc.secure_channel(
+            address, channel_credentials(*_tls_files(transport, name)), options=grpc_options(transport)
+        )
     else:
         if not is_loopback(address):
             _check_plaintext_allowed(address, transport)

@@ -56,7 +56,9 @@ class Limits:
 
     @classmethod
     def of(cls, transport: TransportConfig) -> Limits:
-        return cls(int(transport.max_message_mb * MIB), int(transport.max_payload_mb * MIB), transport.rpc_timeout_s)
+        return cls(
+            int(transport.max_message_mb * MIB), int(transport.max_payload_mb * MIB), transport.rpc_timeout_s
+        )
 
     @property
     def chunk(self) -> int:
@@ -86,25 +88,34 @@ def join(chunks: Iterable[messages_pb2.Chunk], limits: Limits, what: str) -> byt
     for c in chunks:
         count = count or c.count
         if c.count != count or c.index != len(parts) or c.index >= count:
-            raise ChunkError(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"{what}: got chunk {c.index} of {c.count}, expected chunk {len(parts)} of {count or '?'}")
+            raise ChunkError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{what}: got chunk {c.index} of {c.count}, expected chunk {len(parts)} of {count or '?'}",
+            )
         if not c.data and count > 1:
             raise ChunkError(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: chunk {c.index} of {count} is empty")
         total += len(c.data)
         if total > limits.payload:
-            raise ChunkError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"{what} is over transport.max_payload_mb ({limits.payload} bytes)")
+            raise ChunkError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{what} is over transport.max_payload_mb ({limits.payload} bytes)",
+            )
         parts.append(c.data)
     if not count or len(parts) != count:
-        raise ChunkError(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: the stream ended after {len(parts)} of {count or '?'} chunks")
+        raise ChunkError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{what}: the stream ended after {len(parts)} of {count or '?'} chunks",
+        )
     return b"".join(parts)
 
 
 def payload_error(size: int, limits: Limits, what: str) -> str | None:
     if size <= limits.payload:
         return None
-    return (f"{what} is {size / MIB:.1f} MiB, over transport.max_payload_mb = {limits.payload / MIB:g}; messages "
-            "over transport.max_message_mb travel in chunks, but none may exceed this: raise it on every party")
+    return (
+        f"{what} is {size / MIB:.1f} MiB, over transport.max_payload_mb = {limits.payload / MIB:g}; messages "
+        "over transport.max_message_mb travel in chunks, but none may exceed this: raise it on every party"
+    )
 
 
 # ------------------------------------------------------------------------------------------ server
@@ -155,8 +166,10 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
         method = method.decode() if isinstance(method, bytes) else method
         if method == FETCH_METHOD:
             return grpc.unary_stream_rpc_method_handler(
-                self._fetch, request_deserializer=messages_pb2.ReplyTicket.FromString,
-                response_serializer=messages_pb2.Chunk.SerializeToString)
+                self._fetch,
+                request_deserializer=messages_pb2.ReplyTicket.FromString,
+                response_serializer=messages_pb2.Chunk.SerializeToString,
+            )
         if method == CALL_METHOD:
             metadata = handler_call_details.invocation_metadata or ()
             base = next((value for key, value in metadata if key == METHOD_KEY), "")
@@ -165,34 +178,48 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
                 return None  # UNIMPLEMENTED, as for a unary call to a method this server lacks
             return grpc.stream_stream_rpc_method_handler(
                 functools.partial(self._serve_chunked, base, handler),
-                request_deserializer=messages_pb2.Chunk.FromString, response_serializer=messages_pb2.Chunk.SerializeToString)
+                request_deserializer=messages_pb2.Chunk.FromString,
+                response_serializer=messages_pb2.Chunk.SerializeToString,
+            )
         handler = continuation(handler_call_details)
         if method not in CHUNKABLE or handler is None or handler.unary_unary is None:
             return handler
         return grpc.unary_unary_rpc_method_handler(
-            functools.partial(self._serve_unary, method, handler), request_deserializer=handler.request_deserializer)
+            functools.partial(self._serve_unary, method, handler),
+            request_deserializer=handler.request_deserializer,
+        )
 
-    def _reply_bytes(self, method: str, handler: grpc.RpcMethodHandler, reply: Any, context: grpc.ServicerContext) -> bytes:
+    def _reply_bytes(
+        self, method: str, handler: grpc.RpcMethodHandler, reply: Any, context: grpc.ServicerContext
+    ) -> bytes:
         data = handler.response_serializer(reply) if handler.response_serializer else reply
         error = payload_error(len(data), self.limits, f"the {method} reply")
         if error:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, error)
         return data
 
-    def _serve_unary(self, method: str, handler: grpc.RpcMethodHandler, request: Any, context: grpc.ServicerContext) -> bytes | None:
+    def _serve_unary(
+        self, method: str, handler: grpc.RpcMethodHandler, request: Any, context: grpc.ServicerContext
+    ) -> bytes | None:
         reply = handler.unary_unary(request, context)
         if reply is None:  # the servicer set an error status itself
             return None
         data = self._reply_bytes(method, handler, reply, context)
         if len(data) > self.limits.message:
             context.set_trailing_metadata(((TICKET_KEY, self.stash.put(data)),))
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"the {method} reply is {len(data)} bytes, over transport.max_message_mb "
-                          f"({self.limits.message} bytes): fetch it with {FETCH_METHOD} and the {TICKET_KEY} trailer")
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the {method} reply is {len(data)} bytes, over transport.max_message_mb "
+                f"({self.limits.message} bytes): fetch it with {FETCH_METHOD} and the {TICKET_KEY} trailer",
+            )
         return data
 
     def _serve_chunked(
-        self, method: str, handler: grpc.RpcMethodHandler, chunks: Iterator[messages_pb2.Chunk], context: grpc.ServicerContext
+        self,
+        method: str,
+        handler: grpc.RpcMethodHandler,
+        chunks: Iterator[messages_pb2.Chunk],
+        context: grpc.ServicerContext,
     ) -> Iterator[messages_pb2.Chunk]:
         try:
             data = join(chunks, self.limits, f"chunked {method} request")
@@ -200,16 +227,22 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
         except ChunkError as exc:
             context.abort(exc.code, str(exc))
         except DecodeError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"chunked {method} request does not decode: {exc}")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"chunked {method} request does not decode: {exc}"
+            )
         reply = handler.unary_unary(request, context)
         if reply is not None:
             yield from split(self._reply_bytes(method, handler, reply, context), self.limits)
 
-    def _fetch(self, ticket: messages_pb2.ReplyTicket, context: grpc.ServicerContext) -> Iterator[messages_pb2.Chunk]:
+    def _fetch(
+        self, ticket: messages_pb2.ReplyTicket, context: grpc.ServicerContext
+    ) -> Iterator[messages_pb2.Chunk]:
         data = self.stash.take(ticket.token)
         if data is None:
-            context.abort(grpc.StatusCode.NOT_FOUND,
-                          f"no reply waits under this ticket (fetched already, or older than {self.limits.ticket_ttl_s:g} s)")
+            context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"no reply waits under this ticket (fetched already, or older than {self.limits.ticket_ttl_s:g} s)",
+            )
         yield from split(data, self.limits)
 
 
@@ -278,8 +311,13 @@ class _CallOptions:
 
     def kwargs(self) -> dict[str, Any]:
         timeout = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
-        return {"timeout": timeout, "metadata": self.metadata, "credentials": self.credentials,
-                "wait_for_ready": self.wait_for_ready, "compression": self.compression}
+        return {
+            "timeout": timeout,
+            "metadata": self.metadata,
+            "credentials": self.credentials,
+            "wait_for_ready": self.wait_for_ready,
+            "compression": self.compression,
+        }
 
 
 def _ticket(call: grpc.Call) -> str | None:
@@ -292,34 +330,81 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
     """One vflnet method: unary when the request fits, ``Chunks/Call`` when not, a ticket fetch
     when the server parked the reply."""
 
-    def __init__(self, channel: grpc.Channel, method: str, serializer: Callable | None, deserializer: Callable | None,
-                 limits: Limits) -> None:
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        method: str,
+        serializer: Callable | None,
+        deserializer: Callable | None,
+        limits: Limits,
+    ) -> None:
         self.method = method
         self.limits = limits
         self._method_metadata = ((METHOD_KEY, method),)
         self._serialize = serializer or (lambda data: data)
         self._deserialize = deserializer or (lambda data: data)
         self._unary = channel.unary_unary(method)  # bytes both ways: the sizes are checked here
-        chunk = {"request_serializer": messages_pb2.Chunk.SerializeToString, "response_deserializer": messages_pb2.Chunk.FromString}
+        chunk = {
+            "request_serializer": messages_pb2.Chunk.SerializeToString,
+            "response_deserializer": messages_pb2.Chunk.FromString,
+        }
         self._stream = channel.stream_stream(CALL_METHOD, **chunk)
         self._fetch = channel.unary_stream(
-            FETCH_METHOD, request_serializer=messages_pb2.ReplyTicket.SerializeToString, response_deserializer=messages_pb2.Chunk.FromString)
+            FETCH_METHOD,
+            request_serializer=messages_pb2.ReplyTicket.SerializeToString,
+            response_deserializer=messages_pb2.Chunk.FromString,
+        )
 
-    def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                 wait_for_ready: bool | None = None, compression: Any = None) -> Any:
+    def __call__(
+        self,
+        request: Any,
+        timeout: float | None = None,
+        metadata: Any = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: Any = None,
+    ) -> Any:
         return self.with_call(request, timeout, metadata, credentials, wait_for_ready, compression)[0]
 
-    def with_call(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                  wait_for_ready: bool | None = None, compression: Any = None) -> tuple[Any, grpc.Call]:
-        options = _CallOptions(None if timeout is None else time.monotonic() + timeout, metadata, credentials, wait_for_ready, compression)
+    def with_call(
+        self,
+        request: Any,
+        timeout: float | None = None,
+        metadata: Any = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: Any = None,
+    ) -> tuple[Any, grpc.Call]:
+        options = _CallOptions(
+            None if timeout is None else time.monotonic() + timeout,
+            metadata,
+            credentials,
+            wait_for_ready,
+            compression,
+        )
         return self._invoke(request, options, lambda call: None)
 
-    def future(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-               wait_for_ready: bool | None = None, compression: Any = None) -> grpc.Future:
-        options = _CallOptions(None if timeout is None else time.monotonic() + timeout, metadata, credentials, wait_for_ready, compression)
+    def future(
+        self,
+        request: Any,
+        timeout: float | None = None,
+        metadata: Any = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: Any = None,
+    ) -> grpc.Future:
+        options = _CallOptions(
+            None if timeout is None else time.monotonic() + timeout,
+            metadata,
+            credentials,
+            wait_for_ready,
+            compression,
+        )
         return _ThreadedCall(functools.partial(self._invoke, request, options))
 
-    def _invoke(self, request: Any, options: _CallOptions, track: Callable[[Any], None]) -> tuple[Any, grpc.Call]:
+    def _invoke(
+        self, request: Any, options: _CallOptions, track: Callable[[Any], None]
+    ) -> tuple[Any, grpc.Call]:
         """The whole call; ``track`` is told each underlying gRPC call so a future can cancel it."""
         data = self._serialize(request)
         error = payload_error(len(data), self.limits, f"the {self.method} request")
@@ -350,7 +435,9 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
         try:
             return self._deserialize(data)
         except DecodeError as exc:
-            raise FailedCall(grpc.StatusCode.INTERNAL, f"the {self.method} reply does not decode: {exc}") from exc
+            raise FailedCall(
+                grpc.StatusCode.INTERNAL, f"the {self.method} reply does not decode: {exc}"
+            ) from exc
 
 
 class _ThreadedCall(grpc.Call, grpc.Future):
@@ -472,23 +559,47 @@ class ChunkingChannel(grpc.Channel):
         self.inner = channel
         self.limits = limits
 
-    def unary_unary(self, method: str, request_serializer: Callable | None = None,
-                    response_deserializer: Callable | None = None, _registered_method: bool | None = False) -> Any:
+    def unary_unary(
+        self,
+        method: str,
+        request_serializer: Callable | None = None,
+        response_deserializer: Callable | None = None,
+        _registered_method: bool | None = False,
+    ) -> Any:
         name = method.decode() if isinstance(method, bytes) else method
         if name not in CHUNKABLE:
-            return self.inner.unary_unary(method, request_serializer, response_deserializer, _registered_method)
-        return _ChunkingMultiCallable(self.inner, name, request_serializer, response_deserializer, self.limits)
+            return self.inner.unary_unary(
+                method, request_serializer, response_deserializer, _registered_method
+            )
+        return _ChunkingMultiCallable(
+            self.inner, name, request_serializer, response_deserializer, self.limits
+        )
 
-    def unary_stream(self, method: str, request_serializer: Callable | None = None,
-                     response_deserializer: Callable | None = None, _registered_method: bool | None = False) -> Any:
+    def unary_stream(
+        self,
+        method: str,
+        request_serializer: Callable | None = None,
+        response_deserializer: Callable | None = None,
+        _registered_method: bool | None = False,
+    ) -> Any:
         return self.inner.unary_stream(method, request_serializer, response_deserializer, _registered_method)
 
-    def stream_unary(self, method: str, request_serializer: Callable | None = None,
-                     response_deserializer: Callable | None = None, _registered_method: bool | None = False) -> Any:
+    def stream_unary(
+        self,
+        method: str,
+        request_serializer: Callable | None = None,
+        response_deserializer: Callable | None = None,
+        _registered_method: bool | None = False,
+    ) -> Any:
         return self.inner.stream_unary(method, request_serializer, response_deserializer, _registered_method)
 
-    def stream_stream(self, method: str, request_serializer: Callable | None = None,
-                      response_deserializer: Callable | None = None, _registered_method: bool | None = False) -> Any:
+    def stream_stream(
+        self,
+        method: str,
+        request_serializer: Callable | None = None,
+        response_deserializer: Callable | None = None,
+        _registered_method: bool | None = False,
+    ) -> Any:
         return self.inner.stream_stream(method, request_serializer, response_deserializer, _registered_method)
 
     def subscribe(self, callback: Callable, try_to_connect: bool = False) -> None:

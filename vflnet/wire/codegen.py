@@ -36,7 +36,9 @@ def generate(out_root: Path) -> list[Path]:
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
     package = out_root / OUT_PACKAGE
-    (package / "__init__.py").write_text('"""Generated from proto/vflnet/v1 by vflnet.wire.codegen. Do not edit."""\n')
+    (package / "__init__.py").write_text(
+        '"""Generated from proto/vflnet/v1 by vflnet.wire.codegen. Do not edit."""\n'
+    )
     return sorted(p for p in package.iterdir() if p.is_file())
 
 

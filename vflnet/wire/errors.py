@@ -36,7 +36,9 @@ def invalid(message: str) -> RpcFailure:
     return RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
-def handle_errors(fn: Callable[[Any, grpc.ServicerContext], Any], name: str = "") -> Callable[[Any, grpc.ServicerContext], Any]:
+def handle_errors(
+    fn: Callable[[Any, grpc.ServicerContext], Any], name: str = ""
+) -> Callable[[Any, grpc.ServicerContext], Any]:
     """A handler ``fn(request, context)`` whose errors become gRPC statuses, logged on the serving side."""
     name = name or getattr(fn, "__name__", "handler")
 

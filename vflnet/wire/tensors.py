@@ -28,7 +28,9 @@ def to_proto(array: np.ndarray | torch.Tensor) -> tensor_pb2.Tensor:
     dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
     if dtype.name not in ALLOWED_DTYPES:
         raise PayloadError(f"dtype {dtype.name} cannot be sent; allowed: {sorted(ALLOWED_DTYPES)}")
-    return tensor_pb2.Tensor(dtype=dtype.name, shape=list(array.shape), data=array.astype(dtype, copy=False).tobytes())
+    return tensor_pb2.Tensor(
+        dtype=dtype.name, shape=list(array.shape), data=array.astype(dtype, copy=False).tobytes()
+    )
 
 
 def from_proto(
@@ -48,7 +50,9 @@ def from_proto(
     if any(d < 0 for d in shape):
         raise PayloadError(f"{what}: negative dimension in shape {shape}")
     if expect_shape is not None:
-        if len(shape) != len(expect_shape) or any(e is not None and e != d for d, e in zip(shape, expect_shape, strict=False)):
+        if len(shape) != len(expect_shape) or any(
+            e is not None and e != d for d, e in zip(shape, expect_shape, strict=False)
+        ):
             want = tuple("*" if e is None else e for e in expect_shape)
             raise PayloadError(f"{what}: shape {shape} where {want} was expected")
     dtype = np.dtype(msg.dtype).newbyteorder("<")
@@ -74,4 +78,6 @@ def to_tensor_map(values: dict[str, np.ndarray]) -> tensor_pb2.TensorMap:
 
 
 def from_tensor_map(msg: tensor_pb2.TensorMap, what: str) -> dict[str, np.ndarray]:
-    return {name: from_proto(t, expect_dtype="float32", what=f"{what} {name}") for name, t in msg.tensors.items()}
+    return {
+        name: from_proto(t, expect_dtype="float32", what=f"{what} {name}") for name, t in msg.tensors.items()
+    }

@@ -53,7 +53,6 @@ ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
 }
 
 
-
 def register_permissions(permissions: Mapping[str, Iterable[str]]) -> None:
     """Which roles may call a plug-in protocol's methods (full name -> roles), under mutual TLS."""
     for method, roles in permissions.items():

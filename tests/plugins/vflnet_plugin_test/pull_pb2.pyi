@@ -1,13 +1,10 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
-
 from vflnet.v1 import messages_pb2 as _messages_pb2
 from vflnet.v1 import tensor_pb2 as _tensor_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -17,7 +14,7 @@ class PullRequest(_message.Message):
     SAMPLE_IDS_FIELD_NUMBER: _ClassVar[int]
     header: _messages_pb2.Header
     sample_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, header: _messages_pb2.Header | _Mapping | None = ..., sample_ids: _Iterable[int] | None = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[_messages_pb2.Header, _Mapping]] = ..., sample_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PullReply(_message.Message):
     __slots__ = ("header", "values")
@@ -25,7 +22,7 @@ class PullReply(_message.Message):
     VALUES_FIELD_NUMBER: _ClassVar[int]
     header: _messages_pb2.Header
     values: _tensor_pb2.Tensor
-    def __init__(self, header: _messages_pb2.Header | _Mapping | None = ..., values: _tensor_pb2.Tensor | _Mapping | None = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[_messages_pb2.Header, _Mapping]] = ..., values: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class PushGradient(_message.Message):
     __slots__ = ("header", "values")
@@ -33,10 +30,10 @@ class PushGradient(_message.Message):
     VALUES_FIELD_NUMBER: _ClassVar[int]
     header: _messages_pb2.Header
     values: _tensor_pb2.Tensor
-    def __init__(self, header: _messages_pb2.Header | _Mapping | None = ..., values: _tensor_pb2.Tensor | _Mapping | None = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[_messages_pb2.Header, _Mapping]] = ..., values: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class PushAck(_message.Message):
     __slots__ = ("header",)
     HEADER_FIELD_NUMBER: _ClassVar[int]
     header: _messages_pb2.Header
-    def __init__(self, header: _messages_pb2.Header | _Mapping | None = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[_messages_pb2.Header, _Mapping]] = ...) -> None: ...

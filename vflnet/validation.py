@@ -1,0 +1,170 @@
+"""Loading a config with every check: the schema (`vflnet.config`), then the cross-checks that need
+the rest of the package.
+
+- the ``plugins:`` modules import (they may register into any registry, so they come first);
+- ``protocol.kind`` is a registered protocol, ``protocol.params`` its settings, and its own checks hold;
+- ``data.dataset`` and its params against `vflnet.registry.DATASETS`;
+- every model block's ``kind`` against `vflnet.registry.MODELS` (can it sit there, does it take
+  image regions);
+- attack and defense names, the roles they sit at and their params against ATTACKS and DEFENSES, and
+  that every attack's party can have the knowledge it declares (`vflnet.attacks.knowledge`);
+- with ``check_data``: the roster against the dataset's shape (columns and regions in range, the
+  width of a top-less aggregate equal to the class count).
+
+Every process that reads a config calls :func:`load_config` (or :func:`config_from_dict` for a
+mapping); every failure is a :class:`vflnet.config.ConfigError` naming the file, the key and what
+was expected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vflnet.attacks.knowledge import missing_knowledge
+from vflnet.config import NO_MODEL, Config, ConfigError, ModelConfig, parse, parse_file
+from vflnet.data.datasets import check_params, load_dataset
+from vflnet.data.partition import select_features, takes_image
+from vflnet.registry import (
+    ATTACKS,
+    DEFENSES,
+    MODELS,
+    PROTOCOLS,
+    Registry,
+    load_plugin_modules,
+    validate_params,
+)
+
+
+def load_config(path: str | Path, *, check_data: bool = True) -> Config:
+    """Read, parse and check a config file; by default also against the dataset's shape."""
+    cfg = parse_file(path)
+    check(cfg, check_data=check_data)
+    return cfg
+
+
+def config_from_dict(data: Any, source: str = "", *, check_data: bool = False) -> Config:
+    """Parse and check a config given as a mapping (``source`` names it in errors)."""
+    cfg = parse(data, source)
+    check(cfg, check_data=check_data)
+    return cfg
+
+
+def check(cfg: Config, *, check_data: bool = False) -> None:
+    """The checks of a parsed config that need the registries (and, with ``check_data``, the dataset)."""
+    src = cfg.source
+    try:
+        load_plugin_modules(cfg.plugins)
+    except ImportError as exc:
+        raise ConfigError(src, "plugins", f"cannot import: {exc}") from exc
+    _check_protocol(cfg)
+    _check_dataset_name(cfg)
+    _check_models(cfg)
+    _check_plugins(cfg)
+    if check_data:
+        check_against_dataset(cfg)
+
+
+def _check_protocol(cfg: Config) -> None:
+    """``protocol.kind`` names a registered protocol; its own settings (``protocol.params``) and its
+    own requirements on the rest of the config hold."""
+    src = cfg.source
+    try:
+        protocol = PROTOCOLS.get(cfg.protocol.kind)
+    except KeyError as exc:
+        raise ConfigError(src, "protocol.kind", str(exc)) from exc
+    try:
+        cfg.protocol.params = validate_params("protocol", protocol.name, protocol.params, cfg.protocol.params)
+    except ValueError as exc:
+        raise ConfigError(src, "protocol.params", str(exc)) from exc
+    for key, message in protocol.check_config(cfg):
+        raise ConfigError(src, key, message)
+
+
+def _check_dataset_name(cfg: Config) -> None:
+    try:
+        check_params(cfg.data.dataset, cfg.data.params)
+    except KeyError as exc:  # an unknown dataset (the message lists the known ones)
+        raise ConfigError(cfg.source, "data", str(exc)) from exc
+    except ValueError as exc:
+        raise ConfigError(cfg.source, "data.params", str(exc)) from exc
+
+
+def _model_kind(cfg: Config, block: ModelConfig, key: str, where: str) -> Any:
+    """The registry entry of a model block's kind, which must be able to sit at ``where`` (bottom/top)."""
+    fits = [name for name, kind in MODELS.all().items() if getattr(kind, f"is_{where}")]
+    expected = f"expected one of {', '.join(repr(n) for n in fits)} ({where} model kinds; `vflnet models`)"
+    if block.kind not in MODELS:
+        raise ConfigError(cfg.source, key, f"unknown model kind {block.kind!r}; {expected}")
+    kind = MODELS.get(block.kind)
+    if not getattr(kind, f"is_{where}"):
+        raise ConfigError(cfg.source, key, f"{block.kind!r} cannot be a {where} model; {expected}")
+    return kind
+
+
+def _check_models(cfg: Config) -> None:
+    for i, p in enumerate(cfg.parties):
+        if p.bottom is None:
+            continue
+        key = f"parties[{i}].bottom.kind"
+        kind = _model_kind(cfg, p.bottom, key, "bottom")
+        if kind.image_input and p.features is not None and p.features.region is None:
+            raise ConfigError(
+                cfg.source, key, f"a {p.bottom.kind} bottom needs an image 'region', not 'columns'"
+            )
+    _model_kind(cfg, cfg.model.top, "model.top.kind", "top")
+
+
+def _check_plugins(cfg: Config) -> None:
+    src = cfg.source
+    roles = {p.name: p.role for p in cfg.parties}
+    registries: tuple[tuple[str, Registry], ...] = (("attacks", ATTACKS), ("defenses", DEFENSES))
+    for section, registry in registries:
+        for i, entry in enumerate(getattr(cfg, section)):
+            key = f"{section}[{i}]"
+            try:
+                cls = registry.get(entry.name)
+            except KeyError as exc:
+                raise ConfigError(src, f"{key}.name", str(exc)) from exc
+            if roles[entry.party] not in cls.roles:
+                raise ConfigError(
+                    src,
+                    f"{key}.party",
+                    f"{entry.name!r} sits at {sorted(cls.roles)}, but {entry.party!r} is a {roles[entry.party]} party",
+                )
+            try:
+                validate_params(registry.kind, entry.name, cls.params, entry.params)
+            except ValueError as exc:
+                raise ConfigError(src, f"{key}.params", str(exc)) from exc
+            if section == "attacks":  # what its threat model grants it must reach its party
+                for problem in missing_knowledge(cfg, entry.party, cls):
+                    raise ConfigError(
+                        src, f"{key}.name", f"attack {entry.name!r} at {entry.party!r} {problem}"
+                    )
+
+
+def check_against_dataset(cfg: Config) -> None:
+    """Config checks that need the dataset: columns/regions in range and output sizes vs classes."""
+    src = cfg.source
+    try:
+        data = load_dataset(cfg.data.dataset, cfg.data.params)
+    except (KeyError, ValueError, OSError) as exc:
+        raise ConfigError(src, "data", str(exc).strip("'\"")) from exc
+    for i, party in enumerate(cfg.parties):
+        if party.features is None:
+            continue
+        try:
+            assert party.bottom is not None
+            select_features(data, party.features, as_image=takes_image(party.bottom))
+        except ValueError as exc:
+            raise ConfigError(src, f"parties[{i}].features", str(exc)) from exc
+    outs = [p.bottom.out for p in cfg.feature_parties if p.bottom is not None]
+    if cfg.model.top.kind == NO_MODEL:
+        width = outs[0] if cfg.protocol.aggregation == "sum" else sum(outs)
+        if width != data.n_classes:
+            raise ConfigError(
+                src,
+                "model.top.kind",
+                f"with no top model the aggregated embedding ({width}) must equal the number of classes "
+                f"of {cfg.data.dataset!r} ({data.n_classes})",
+            )
