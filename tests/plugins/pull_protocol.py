@@ -119,7 +119,7 @@ class PullActive(PartySide):
                 unary(self.peers[p.name], BACKWARD)(push, timeout=timeout)
             host.local.apply_update()
         correct = int((logits.argmax(1) == y).sum())
-        return {"loss_sum": float(loss) * len(y), "correct": correct, "count": len(y)}
+        return {"loss_sum": float(loss.detach()) * len(y), "correct": correct, "count": len(y)}
 
 
 class PullCoordinator(CoordinatorSide):
