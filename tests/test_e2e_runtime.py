@@ -20,7 +20,7 @@ from vflnet.config import from_dict
 from vflnet.runner.local import run_local
 from vflnet.runner.reference import train_reference
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _wait_exited(pids: list[int], timeout_s: float) -> None:
