@@ -1,8 +1,10 @@
-"""Shared helpers: small configs written to a temp folder, and a launcher for real clusters."""
+"""Shared helpers: small configs written to a temp folder, and a guard that keeps tests which start
+vflnet processes marked e2e."""
 
 from __future__ import annotations
 
 import copy
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,11 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Transport deadlines for runs on a loaded machine (four CPU-bound jobs on two cores: five processes
+# importing torch take minutes to join, and a party's set-up or an inline attack can hold a step for
+# over a minute). A passing run never waits them out; tests of a timeout set their own.
+DEADLINES = {"rpc_timeout_s": 120, "join_timeout_s": 300}
 
 
 def base_config(
@@ -39,13 +46,17 @@ def base_config(
         "parties": parties,
         "model": {"top": {"kind": "none"} if aggregation == "sum" else {"kind": "mlp", "hidden": [32]}},
         "train": {"epochs": 1, "batch_size": 64, "optimizer": {"kind": "adam", "lr": 0.01}},
-        "transport": {"rpc_timeout_s": 30, "join_timeout_s": 90},
+        "transport": dict(DEADLINES),
     }
 
 
 def write_config(tmp_path: Path, data: dict[str, Any], name: str = "run.yaml") -> Path:
+    """``data`` as ``tmp_path/name``, with runs under ``tmp_path`` and DEADLINES where it sets none."""
     data = copy.deepcopy(data)
     data.setdefault("run", {}).setdefault("dir", str(tmp_path / "runs"))
+    transport = data.setdefault("transport", {})
+    for key, value in DEADLINES.items():
+        transport.setdefault(key, value)
     path = tmp_path / name
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -54,3 +65,37 @@ def write_config(tmp_path: Path, data: dict[str, Any], name: str = "run.yaml") -
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+# pyproject's timeout (300 s) guards against hangs; a slow test on a loaded machine gets longer.
+SLOW_TEST_TIMEOUT_S = 1200
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
+
+
+def _starts_vflnet(args: Any) -> bool:
+    argv = [str(a) for a in args] if isinstance(args, list | tuple) else [str(args)]
+    module = any(a == "-m" and b.split(".")[0] == "vflnet" for a, b in zip(argv, argv[1:], strict=False))
+    return module or Path(argv[0]).name == "vflnet"
+
+
+@pytest.fixture(autouse=True)
+def _vflnet_processes_need_the_e2e_mark(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test that starts a vflnet process (a cluster, a party, a proxy, the CLI) must be marked e2e,
+    so that `make test-fast` (-m "not e2e and not slow") leaves it out."""
+    if request.node.get_closest_marker("e2e"):
+        return
+    popen_init = subprocess.Popen.__init__
+
+    def checked(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
+        if _starts_vflnet(args):
+            pytest.fail(f"{request.node.nodeid} starts a vflnet process ({args}) but is not marked e2e")
+        popen_init(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", checked)

@@ -21,8 +21,6 @@ from vflnet.registry import ATTACKS
 from vflnet.runner.local import run_local
 from vflnet.validation import config_from_dict
 
-pytestmark = pytest.mark.e2e
-
 
 def _label_leak(repo, **train):
     data = yaml.safe_load((repo / "configs/label-leak.yaml").read_text())
@@ -34,6 +32,8 @@ def _scores(run_dir):
     return json.loads((run_dir / "attacks/scores.json").read_text())
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_direct_label_inference_online_offline_and_trace_cli(tmp_path, repo):
     data = _label_leak(repo, max_steps=12)
     path = write_config(tmp_path, data)
@@ -107,6 +107,8 @@ def test_direct_label_inference_online_offline_and_trace_cli(tmp_path, repo):
     assert out.returncode == 0 and "score label_accuracy: 1.0" in out.stdout, out.stdout + out.stderr
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_direct_label_inference_is_chance_under_split_he(tmp_path, repo):
     data = _label_leak(repo, max_steps=3, batch_size=16)
     data["protocol"] = {
@@ -123,6 +125,8 @@ def test_direct_label_inference_is_chance_under_split_he(tmp_path, repo):
     assert score["label_accuracy"] < 0.3  # chance is 0.1; 48 guesses
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_rewrite_changes_training_as_expected(tmp_path, repo):
     data = _label_leak(repo, max_steps=5)
     data["attacks"] = [{"name": "gradient-scaling", "party": "passive-1", "params": {"gamma": 0.0}}]
@@ -139,6 +143,8 @@ def test_rewrite_changes_training_as_expected(tmp_path, repo):
     assert int(np.load(tmp_path / "run/attacks/gradient-scaling@passive-1.npz")["rewritten_messages"]) == 5
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_planted_attack_cannot_reach_ground_truth_or_other_parties(tmp_path, repo):
     data = _label_leak(repo, max_steps=3)
     data["plugins"] = ["tests.plugins.snoop"]
@@ -176,6 +182,8 @@ def test_config_check_rejects_unknown_attacks_and_bad_params(tmp_path, repo):
         assert info.value.key == key and text in info.value.message
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_proxy_in_the_path_gives_identical_training(tmp_path, repo):
     data = _label_leak(repo, max_steps=8)
     data["attacks"], data["trace"] = [], {"parties": []}

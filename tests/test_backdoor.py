@@ -140,6 +140,7 @@ def _run(tmp_path, data, name):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_backdoor_reaches_asr_at_gamma_10_and_keeps_the_main_task(tmp_path):
     data = _backdoor_config(10)
     # the clean run: the same model trained without the attack by the in-process reference trainer
@@ -193,6 +194,7 @@ def test_backdoor_under_split_he_rewrites_ciphertexts(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_distributed_backdoor_with_three_colluding_passive_parties(tmp_path):
     data = base_config(n_passive=3, aggregation="sum", active_features=True)  # strips of 2 columns
     data["data"]["normalize"] = "standard"

@@ -11,7 +11,7 @@ import yaml
 from tests.conftest import write_config
 from vflnet.runner.local import run_local
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_theorem1_is_exact_and_gradient_inversion_recovers_labels_under_split_he(tmp_path, repo):

@@ -169,6 +169,7 @@ def test_steps_one_and_two_recover_fc_inputs() -> None:
     assert fc_internal_psnr(result, regions) >= 30.0
 
 
+@pytest.mark.slow
 def test_cafe_beats_dlg_on_conv_model_same_budget() -> None:
     regions, y = mnist(32)
     model = CafeVFL(CONV_SMALL)
@@ -243,6 +244,7 @@ def test_observe_rejects_bad_batch_ids() -> None:
 # ---------------------------------------------------------------- defenses
 
 
+@pytest.mark.slow
 def test_fake_gradients_stop_cafe_while_training_loss_falls() -> None:
     regions, y = digits(100)
     workers = [f"worker{m}" for m in range(4)]

@@ -10,7 +10,7 @@ import yaml
 from tests.conftest import write_config
 from vflnet.runner.local import run_local
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _run(tmp_path, repo, name, **changes):

@@ -299,6 +299,8 @@ def _parameters(run_dir: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_split_he_with_a_small_limit_through_a_proxy_ends_with_the_default_runs_parameters(
     tmp_path: Path,
 ) -> None:

@@ -97,6 +97,7 @@ def test_round_trip_through_dump(tmp_path):
     assert again.to_dict() == cfg.to_dict()
 
 
+@pytest.mark.e2e
 def test_cli_config_check_exit_codes(tmp_path, repo):
     ok = subprocess.run(
         [sys.executable, "-m", "vflnet", "config", "check", str(repo / "configs/digits-2p.yaml")],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import DEADLINES
 from vflnet.reproduce.label_inference import (
     ANALYTIC,
     DIGITS,
@@ -20,7 +21,7 @@ from vflnet.reproduce.label_inference import (
     run,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 EPOCHS = 20
 
@@ -32,6 +33,7 @@ def test_dcae_defeats_batch_label_inference_within_5_points_of_undefended_accura
     for name, defenses in cases.items():
         data = config(DIGITS, batch=64, epochs=EPOCHS, max_steps=0, attacks=attacks, defenses=defenses)
         data["train"].update(eval_every=EPOCHS, checkpoint_every=EPOCHS)  # evaluate once, at the end
+        data["transport"] = dict(DEADLINES)  # DCAE trains its autoencoder while the active party joins
         results[name] = run(data, tmp_path, name)
     plain, dcae = results["undefended"], results["dcae"]
     for attack in (ANALYTIC, INVERSION):

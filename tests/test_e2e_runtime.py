@@ -20,7 +20,7 @@ from vflnet.runner.local import run_local
 from vflnet.runner.reference import train_reference
 from vflnet.validation import config_from_dict
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _wait_exited(pids: list[int], timeout_s: float) -> None:

@@ -43,6 +43,7 @@ NO_LAB = unavailable_reason()
 HAS_PROXY = importlib.util.find_spec("vflnet.roles.proxy") is not None
 needs_lab = pytest.mark.skipif(NO_LAB is not None, reason=f"network lab unavailable: {NO_LAB}")
 needs_proxy = pytest.mark.skipif(not HAS_PROXY, reason="vflnet.roles.proxy is not in this tree")
+LAB_RUN_TIMEOUT_S = 600  # a whole lab run (three steps) on a loaded machine: minutes to start five processes
 
 
 # ---------------------------------------------------------------------------------- no root needed
@@ -85,7 +86,6 @@ def _config(tmp_path: Path) -> Path:
     """One epoch of digits in three 512-sample steps: quick even at 100 ms per hop."""
     data = base_config()
     data["train"].update(batch_size=512)
-    data["transport"].update(rpc_timeout_s=30, join_timeout_s=90)
     return write_config(tmp_path, data)
 
 
@@ -108,7 +108,7 @@ def proxy_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 @pytest.fixture(scope="module")
 def plain_run(proxy_lab: Lab) -> LabRunResult:
     """The reference run: plaintext, no impairment, through the honest gRPC proxy when there is one."""
-    return run_lab(proxy_lab, via="active" if HAS_PROXY else None, timeout_s=240)
+    return run_lab(proxy_lab, via="active" if HAS_PROXY else None, timeout_s=LAB_RUN_TIMEOUT_S)
 
 
 def _final(result: LabRunResult) -> dict[str, Any]:
@@ -197,6 +197,8 @@ def test_up_builds_isolated_hosts_and_down_removes_everything(
 
 # ---------------------------------------------------------------------------- demo 1: a slow network
 @pytest.mark.netns
+@pytest.mark.e2e
+@pytest.mark.slow
 @needs_lab
 def test_training_over_100ms_and_1pct_loss_ends_exactly_where_it_does_without(
     tmp_path: Path, plain_run: LabRunResult
@@ -207,7 +209,7 @@ def test_training_over_100ms_and_1pct_loss_ends_exactly_where_it_does_without(
         assert lab.emulator in ("netem", "userspace")
         # a TCP handshake crosses two impaired egresses: it cannot take less than 2 x 100 ms
         assert _connect_seconds(lab, "coordinator", "active") >= 0.19
-        slow = run_lab(lab, timeout_s=240)
+        slow = run_lab(lab, timeout_s=LAB_RUN_TIMEOUT_S)
         assert slow.rc == 0
         assert lab_processes(lab) == {}  # the run tore its processes down
     finally:
@@ -221,6 +223,8 @@ def test_training_over_100ms_and_1pct_loss_ends_exactly_where_it_does_without(
 
 # --------------------------------------------------------------------- demo 2: a proxy on the path
 @pytest.mark.netns
+@pytest.mark.e2e
+@pytest.mark.slow
 @needs_lab
 @needs_proxy
 def test_plaintext_proxy_reads_the_embeddings(plain_run: LabRunResult) -> None:
@@ -233,22 +237,26 @@ def test_plaintext_proxy_reads_the_embeddings(plain_run: LabRunResult) -> None:
 
 
 @pytest.mark.netns
+@pytest.mark.e2e
+@pytest.mark.slow
 @needs_lab
 @needs_proxy
 def test_plaintext_proxy_can_tamper_and_the_run_never_notices(
     proxy_lab: Lab, plain_run: LabRunResult
 ) -> None:
-    tampered = run_lab(proxy_lab, via="active", tamper=True, timeout_s=240)
+    tampered = run_lab(proxy_lab, via="active", tamper=True, timeout_s=LAB_RUN_TIMEOUT_S)
     assert tampered.rc == 0  # nothing on a plaintext channel can tell
     assert _final(tampered)["test_loss"] != _final(plain_run)["test_loss"]
     assert not _same_checkpoints(tampered.run_dir, plain_run.run_dir)
 
 
 @pytest.mark.netns
+@pytest.mark.e2e
+@pytest.mark.slow
 @needs_lab
 @needs_proxy
 def test_mtls_relay_sees_only_ciphertext_and_changes_nothing(proxy_lab: Lab, plain_run: LabRunResult) -> None:
-    relayed = run_lab(proxy_lab, via="active", tls=True, proxy_mode="tcp", timeout_s=240)
+    relayed = run_lab(proxy_lab, via="active", tls=True, proxy_mode="tcp", timeout_s=LAB_RUN_TIMEOUT_S)
     assert relayed.rc == 0
     assert _same_checkpoints(relayed.run_dir, plain_run.run_dir)
     bytes_up, messages = _relay_counts(relayed)
@@ -256,10 +264,14 @@ def test_mtls_relay_sees_only_ciphertext_and_changes_nothing(proxy_lab: Lab, pla
 
 
 @pytest.mark.netns
+@pytest.mark.e2e
+@pytest.mark.slow
 @needs_lab
 @needs_proxy
 def test_mtls_run_fails_rather_than_accept_tampered_bytes(proxy_lab: Lab) -> None:
-    tampered = run_lab(proxy_lab, via="active", tls=True, proxy_mode="tcp", tamper=True, timeout_s=240)
+    tampered = run_lab(
+        proxy_lab, via="active", tls=True, proxy_mode="tcp", tamper=True, timeout_s=LAB_RUN_TIMEOUT_S
+    )
     assert tampered.rc == 1
     summary = json.loads((tampered.run_dir / "summary.json").read_text())
     assert summary["status"] == "failed"

@@ -21,7 +21,7 @@ def _server_params(run_dir):
     return torch.load(run_dir / "checkpoints/param-server.pt")
 
 
-@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("static", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_param_server_matches_split_training_or_stays_static(tmp_path, static):
     data = base_config(n_passive=2, active_features=True)
     data["protocol"] = {"kind": "param-server", "aggregation": "concat", "static": static}

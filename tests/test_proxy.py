@@ -357,6 +357,7 @@ def test_tcp_relay_bit_flip_on_plaintext_is_accepted(active: EchoActive, upstrea
     np.testing.assert_array_equal(values_of(reply), got)
 
 
+@pytest.mark.e2e
 def test_proxy_command_serves_until_terminated_and_keeps_its_trace(tmp_path: Path, upstream: str) -> None:
     trace = tmp_path / "mitm.trace"
     cmd = [

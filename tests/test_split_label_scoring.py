@@ -20,8 +20,6 @@ from vflnet.registry import ATTACKS
 from vflnet.runner.local import run_local
 from vflnet.validation import config_from_dict, load_config
 
-pytestmark = pytest.mark.e2e
-
 
 def _scoring_run(tmp_path: Path, name: str, protocol: dict, defenses: list, **train) -> dict:
     bottom = {"kind": "mlp", "hidden": [16], "out": 2}
@@ -43,7 +41,6 @@ def _scoring_run(tmp_path: Path, name: str, protocol: dict, defenses: list, **tr
             {"name": "direction-scoring", "party": "passive-1"},
         ],
         "defenses": defenses,
-        "transport": {"rpc_timeout_s": 60},
         "trace": {"parties": ["passive-1"]},
     }
     path = write_config(tmp_path, data, f"{name}.yaml")
@@ -66,6 +63,8 @@ def _offline_equals_online(run_dir: Path) -> None:
             np.testing.assert_array_equal(online[key], offline[key])
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_norm_and_direction_scoring_leak_binary_labels_and_marvell_hides_them(tmp_path):
     plain = _scoring_run(tmp_path, "plain", {"kind": "split"}, [])
     norm, direction = plain["norm-scoring@passive-1"], plain["direction-scoring@passive-1"]
@@ -87,6 +86,8 @@ def test_norm_and_direction_scoring_leak_binary_labels_and_marvell_hides_them(tm
         assert marvell[attack]["auc"] <= min(0.7, undefended["auc"] - 0.15), (marvell, plain)
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_scoring_attacks_see_only_ciphertexts_under_split_he(tmp_path):
     he = {"kind": "split-he", "he": {"key_bits": 512, "allow_insecure_keys": True}}
     scores = _scoring_run(tmp_path, "he", he, [], max_steps=2, batch_size=32)
@@ -126,6 +127,8 @@ def test_aux_labels_are_nested_training_samples_per_class():
         threat_model_knowledge(cfg, "passive-1", direction)
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_passive_model_completion_beats_chance_and_improves_with_more_labels(tmp_path):
     # The active party holds the left half of each digit; passive-1 and passive-2 both hold the right half
     # and differ only in how many labelled samples per class their model completion is given.

@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import base_config, write_config
 from vflnet.runner.local import run_local
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _certs(tmp_path, repo, parties):
@@ -51,9 +51,7 @@ def test_a_certificate_for_another_role_is_refused(tmp_path, repo, capsys):
     _certs(
         tmp_path, repo, ["coordinator:coordinator", "active:active", "passive-1:passive", "passive-2:active"]
     )
-    data = _tls_config(tmp_path)
-    data["transport"].update(rpc_timeout_s=10)
-    path = write_config(tmp_path, data)
+    path = write_config(tmp_path, _tls_config(tmp_path))
     assert run_local(path, run_dir=tmp_path / "run", progress=False) != 0
     err = capsys.readouterr().err
     assert "FAILED" in err and "PERMISSION_DENIED" in (tmp_path / "run/logs/passive-2.log").read_text() + err
