@@ -123,14 +123,13 @@ def test_new_keys_have_defaults_and_round_trip():
     assert (p.set, p.count, p.batch_size, p.when) == ("none", 0, 256, "end")
     data = base_config()
     data["transport"]["bridge"] = "loopback"
-    data["protocol"]["params"] = {"rounds": 3, "nested": {"a": [1, 2]}}
     data["predict"] = {"set": "test", "count": 50, "batch_size": 32, "when": "every_epoch"}
     data["model_release"] = [
         {"owner": "passive-1", "recipient": "active", "modules": ["bottom"], "when": "start"},
         {"owner": "active", "recipient": "coordinator", "modules": ["top"]},
     ]
     cfg = config_from_dict(data)
-    assert cfg.transport.bridge == "loopback" and cfg.protocol.params["nested"] == {"a": [1, 2]}
+    assert cfg.transport.bridge == "loopback"
     assert (cfg.predict.set, cfg.predict.count, cfg.predict.batch_size, cfg.predict.when) == (
         "test",
         50,
@@ -151,6 +150,10 @@ def test_new_keys_have_defaults_and_round_trip():
         "end",
     )
     assert config_from_dict(cfg.to_dict()).to_dict() == cfg.to_dict()
+    # protocol.params are the protocol's own settings: a protocol without any refuses them
+    data["protocol"]["params"] = {"rounds": 3}
+    with pytest.raises(ConfigError, match=r"protocol\.params.*'split' takes no parameter.*rounds"):
+        config_from_dict(data)
 
 
 @pytest.mark.parametrize(
@@ -162,7 +165,11 @@ def test_new_keys_have_defaults_and_round_trip():
         (lambda d: d.update(predict={"when": "later"}), "predict.when", "'every_epoch'"),
         (lambda d: d["transport"].update(bridge="tcp"), "transport.bridge", "'loopback'"),
         (lambda d: d["protocol"].update(params=[1]), "protocol.params", "mapping"),
-        (lambda d: d["protocol"].update(kind="gossip"), "protocol.kind", "'param-server'"),
+        (
+            lambda d: d["protocol"].update(kind="gossip"),
+            "protocol.kind",
+            "known: param-server, split, split-he",
+        ),
         (
             lambda d: d.update(model_release=[{"recipient": "active", "modules": ["bottom"]}]),
             "model_release[0].owner",
@@ -246,11 +253,5 @@ def test_no_top_model_means_the_active_party_has_no_top_to_release():
         config_from_dict(data)
 
 
-def test_config_docs_are_generated_from_the_schema():
-    out = subprocess.run(
-        [sys.executable, "-m", "vflnet", "config", "docs", "--check"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    assert out.returncode == 0, out.stderr
+def test_config_docs_are_generated_from_the_schema(capsys):
+    assert cli.main(["config", "docs", "--check"]) == 0, capsys.readouterr()
