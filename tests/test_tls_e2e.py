@@ -20,7 +20,7 @@ def _certs(tmp_path, repo, parties):
         capture_output=True,
         text=True,
         cwd=repo,
-        timeout=60,
+        timeout=300,  # a loaded machine; only a hang runs into it
     )
     assert out.returncode == 0, out.stderr
 
