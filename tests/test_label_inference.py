@@ -1,15 +1,20 @@
-"""Paper 004's label-inference attacks on the in-process two-party digits MLP (see test_label_sim.py).
+"""Paper 004's label-inference attacks on its two-party digits MLP, trained by the real `split` protocol
+(tests/paper004.py: every role in this process over the loopback bridge).
 
-Every attack gets only a passive-side view; the true labels are used only to score its output."""
+Every attack gets only the passive attacker's views, as its wire and own view give them; the true labels
+are used only to score its output. A batch is attacked at the step it is trained in (the views are those
+of that step, taken before its update), after the run's earlier steps at the same batch size."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from test_label_sim import Split, TwoPartyVFL, digits, one_torch_thread  # noqa: F401 (autouse fixture)
 
+from tests.paper004 import Run, run, steps_per_epoch
 from vflnet.attacks.label_inference import (
     AnalyticLabelRecovery,
     BatchGradientView,
@@ -25,44 +30,56 @@ from vflnet.attacks.label_inference import (
     last_layer_view,
     recover_logit_gradients,
 )
-from vflnet.defenses.label_defenses import LabelDefense
 from vflnet.metrics.labels import binary_auc, label_recovery_accuracy
 
-NONE = LabelDefense(10)
+RUNS: dict[tuple, Run] = {}
 
 
 @pytest.fixture(scope="module")
-def data() -> tuple[Split, Split]:
-    return digits()
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("paper004")
 
 
-def warmed_up(train: Split, steps: int, seed: int = 0) -> TwoPartyVFL:
-    """A VFL model trained for a few batches of 64 (the state the attacks are run in)."""
-    vfl = TwoPartyVFL(seed=seed)
-    gen = torch.Generator().manual_seed(seed + 100)
-    for _ in range(steps):
-        vfl.step(train, torch.randperm(len(train.labels), generator=gen)[:64], NONE)
-    return vfl
+def attacked(root: Path, batch: int, after: int, **kwargs) -> Run:
+    """A run at batch size `batch` whose step `after + 1` is the attacked one (its views recorded);
+    runs are shared between the tests of this module."""
+    key = (batch, after, tuple(sorted(kwargs.items())))
+    if key not in RUNS:
+        name = f"b{batch}-after{after}-{len(RUNS)}"
+        RUNS[key] = run(
+            root, name, batch=batch, max_steps=after + 1, epochs=100, record=(after + 1, after + 1), **kwargs
+        )
+    return RUNS[key]
 
 
-def batch(train: Split, size: int, seed: int) -> torch.Tensor:
-    return torch.randperm(len(train.labels), generator=torch.Generator().manual_seed(seed))[:size]
+def test_views_of_the_real_protocol_agree(root: Path) -> None:
+    """The batch-level gradient the passive party applied equals sum_i J_i^T g_i over the per-sample
+    gradients it received (eq. 4): its two views are of the same step."""
+    views = attacked(root, 16, 0).last()
+    model = views.he.model
+    recomputed = torch.autograd.grad(
+        (model(views.he.features) * views.plaintext.grad_logits).sum(), list(model.parameters())
+    )
+    for (name, _), grad in zip(model.named_parameters(), recomputed, strict=True):
+        torch.testing.assert_close(views.he.param_grads[name], grad)
 
 
-def test_lemma_1_direct_inference_recovers_every_label(data: tuple[Split, Split]) -> None:
-    train, _ = data
-    views = warmed_up(train, 20).step(train, batch(train, 128, 1), NONE, update=False)
+def test_sent_gradient_rows_follow_lemma_1_shape(root: Path) -> None:
+    """Undefended dL/dH rows sum to zero and carry the 1/B factor of the batch-averaged loss."""
+    grad = attacked(root, 8, 0).last().plaintext.grad_logits
+    torch.testing.assert_close(grad.sum(1), torch.zeros(8), atol=1e-7, rtol=0)
+    assert float(grad.abs().max()) <= 1.0 / 8
+
+
+def test_lemma_1_direct_inference_recovers_every_label(root: Path) -> None:
+    views = attacked(root, 128, 20).last()
     inferred = DirectLabelInference().infer(views.plaintext)
     assert label_recovery_accuracy(inferred, views.true_labels) == 1.0
 
 
 @pytest.mark.parametrize("size", [8, 16, 32])
-def test_theorem_1_exact_recovery_when_batch_within_hidden_width(
-    data: tuple[Split, Split], size: int
-) -> None:
-    train, _ = data
-    vfl = warmed_up(train, 20)
-    views = vfl.step(train, batch(train, size, size), NONE, update=False)
+def test_theorem_1_exact_recovery_when_batch_within_hidden_width(root: Path, size: int) -> None:
+    views = attacked(root, size, 20).last()
     last = last_layer_view(views.he)
     assert torch.equal(last.weight_grad, views.he.param_grads["2.weight"])  # default: the output layer
     assert AnalyticLabelRecovery.is_exact(last)
@@ -73,18 +90,15 @@ def test_theorem_1_exact_recovery_when_batch_within_hidden_width(
     assert label_recovery_accuracy(AnalyticLabelRecovery().infer(last), views.true_labels) == 1.0
 
 
-def test_theorem_1_condition_fails_beyond_rank(data: tuple[Split, Split]) -> None:
-    train, _ = data
-    views = warmed_up(train, 20).step(train, batch(train, 64, 3), NONE, update=False)
+def test_theorem_1_condition_fails_beyond_rank(root: Path) -> None:
+    views = attacked(root, 64, 20).last()
     last = last_layer_view(views.he, "2")
     assert not AnalyticLabelRecovery.is_exact(last)
     assert not torch.allclose(recover_logit_gradients(last).float(), views.plaintext.grad_logits, atol=1e-6)
 
 
-def test_gradient_inversion_recovers_batch_labels_from_averaged_gradient(data: tuple[Split, Split]) -> None:
-    train, _ = data
-    vfl = warmed_up(train, 5)
-    views = vfl.step(train, batch(train, 64, 4), NONE, update=False)
+def test_gradient_inversion_recovers_batch_labels_from_averaged_gradient(root: Path) -> None:
+    views = attacked(root, 64, 5).last()
     before = copy.deepcopy(views.he.model.state_dict())
     labels, distance = GradientInversionLabelInference(iterations=1500, lr=0.05).optimise(views.he)
     assert label_recovery_accuracy(labels.argmax(1), views.true_labels) >= 0.9
@@ -93,58 +107,65 @@ def test_gradient_inversion_recovers_batch_labels_from_averaged_gradient(data: t
         assert torch.equal(tensor, before[name]), "the attack must not touch the attacker's model"
 
 
-def test_gradient_inversion_jacobian_and_double_backprop_agree(data: tuple[Split, Split]) -> None:
-    train, _ = data
-    views = warmed_up(train, 5).step(train, batch(train, 8, 5), NONE, update=False)
+def test_gradient_inversion_jacobian_and_double_backprop_agree(root: Path) -> None:
+    views = attacked(root, 8, 5).last()
     fast = GradientInversionLabelInference(iterations=150, method="jacobian").optimise(views.he)
     literal = GradientInversionLabelInference(iterations=150, method="double_backprop").optimise(views.he)
     torch.testing.assert_close(fast[0], literal[0], atol=1e-6, rtol=1e-6)
     assert fast[1] == pytest.approx(literal[1], rel=1e-5)
 
 
-def test_gradient_inversion_uses_only_the_parameters_it_observed(data: tuple[Split, Split]) -> None:
+def test_gradient_inversion_uses_only_the_parameters_it_observed(root: Path) -> None:
     """A view carrying only the last layer's gradient still works (fewer equations, same algorithm)."""
-    train, _ = data
-    views = warmed_up(train, 5).step(train, batch(train, 16, 6), NONE, update=False)
+    views = attacked(root, 16, 5).last()
     partial = {k: v for k, v in views.he.param_grads.items() if k.startswith("2.")}
     view = BatchGradientView(views.he.sample_ids, views.he.features, views.he.model, partial, 10)
     inferred = GradientInversionLabelInference(iterations=1500).infer(view)
     assert label_recovery_accuracy(inferred, views.true_labels) >= 0.9
 
 
-def binary_task(train: Split, positive_digit: int) -> Split:
-    """Imbalanced binary task (Li et al.'s setting): one digit (~10%) against the rest."""
-    return Split(train.active, train.passive, (train.labels == positive_digit).long())
+def test_batch_level_views_are_the_same_under_split_he(root: Path) -> None:
+    """Under split-he the attacker gets no per-sample gradient, and its own view (decrypted through the
+    fixed point) matches the plaintext run's: the batch-level attacks see the same."""
+    he, plain = attacked(root, 16, 2, protocol="split-he"), attacked(root, 16, 2)
+    assert he.last().plaintext is None
+    for name, grad in plain.last().he.param_grads.items():
+        torch.testing.assert_close(he.last().he.param_grads[name], grad, atol=1e-4, rtol=1e-3)
+    last = last_layer_view(he.last().he)
+    assert label_recovery_accuracy(AnalyticLabelRecovery().infer(last), he.last().true_labels) == 1.0
 
 
-def test_norm_and_direction_scoring_on_imbalanced_binary_task(data: tuple[Split, Split]) -> None:
-    train, _ = data
-    binary = binary_task(train, 3)
-    vfl = TwoPartyVFL(num_classes=2, seed=0)
-    vfl.train(binary, LabelDefense(2), epochs=1, batch_size=64)
-    views = vfl.step(binary, batch(binary, 256, 7), LabelDefense(2), update=False)
-    truth = views.true_labels
+def test_norm_and_direction_scoring_on_imbalanced_binary_task(root: Path) -> None:
+    """Li et al.'s imbalanced binary task (digit 3, ~10%, against the rest), one epoch of batch 64, then
+    the per-sample gradients of the next 4 batches (256 samples)."""
+    first = steps_per_epoch(64) + 1
+    binary = run(root, "binary", batch=64, epochs=2, positive_class=3, record=(first, first + 3))
+    view, truth = binary.plaintext()
+    assert len(truth) == 256
     # Norm scoring: positives (rare, less confidently fit) get larger gradients.
-    assert binary_auc(NormScoring().scores(views.plaintext), truth) > 0.8
+    assert binary_auc(NormScoring().scores(view), truth) > 0.8
     positive_fraction = 0.1
-    norm_labels = NormScoring(positive_fraction).infer(views.plaintext)
+    norm_labels = NormScoring(positive_fraction).infer(view)
     assert int(norm_labels.sum()) == round(positive_fraction * 256)
     # Direction scoring from one known positive row: gradients of a class point the same way.
     known = int(torch.nonzero(truth == 1)[0])
-    direction = DirectionScoring().infer(views.plaintext, known_position=known, known_label=1)
+    direction = DirectionScoring().infer(view, known_position=known, known_label=1)
     assert label_recovery_accuracy(direction, truth) == 1.0
 
 
-def test_passive_model_completion_with_few_auxiliary_labels(data: tuple[Split, Split]) -> None:
-    train, test = data
-    vfl = TwoPartyVFL(seed=0)
-    vfl.train(train, NONE, epochs=2, batch_size=64)
-    aux = torch.cat([torch.nonzero(train.labels == c)[:4, 0] for c in range(10)])  # 4 labels per class
-    view = ModelCompletionView(vfl.passive, train.passive[aux], train.labels[aux], test.passive, 10)
-    before = copy.deepcopy(vfl.passive.state_dict())
+def test_passive_model_completion_with_few_auxiliary_labels(root: Path) -> None:
+    trained = run(root, "two-epochs", batch=64, epochs=2, record=(1, 1))
+    train, test = trained.split()
+    train_labels = trained.labels(train)
+    aux = np.concatenate([train[(train_labels == c).numpy()][:4] for c in range(10)])  # 4 labels per class
+    model = trained.passive_model()
+    view = ModelCompletionView(
+        model, trained.passive_rows(aux), trained.labels(aux), trained.passive_rows(test), 10
+    )
+    before = copy.deepcopy(model.state_dict())
     inferred = PassiveModelCompletion(epochs=100).infer(view)
-    assert label_recovery_accuracy(inferred, test.labels) > 0.5  # chance is 0.1
-    for name, tensor in vfl.passive.state_dict().items():
+    assert label_recovery_accuracy(inferred, trained.labels(test)) > 0.5  # chance is 0.1
+    for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, before[name])
 
 

@@ -321,6 +321,11 @@ class CafeAttack:
         self._seen[rows.numpy()] = True
         self._count += 1
 
+    @property
+    def iterations(self) -> int:
+        """Observations consumed so far."""
+        return self._count
+
     def run(self, observations: Iterable[ServerObservation]) -> CafeResult:
         """Offline form: replay a recorded sequence of observations."""
         for obs in observations:

@@ -5,6 +5,12 @@ every party's parameters (its own broadcast, tapped on the RunStep requests) and
 batch-averaged parameter gradients (the StepReport uploads). The a-priori knowledge the paper
 grants (model architecture, the training-set IDs, which address is which party) is delivered
 by the coordinator explicitly; nothing else reaches the attack.
+
+Its output: every worker's recovered image regions (Step III), Step II's estimates of fc1's inputs
+(for an FC-only worker model these are the raw regions), the dummy-label beliefs, which training
+samples it has seen, its last losses and, with ``snapshot_every``, the recovery every that many
+iterations (to score PSNR against iterations, Table 5). ``score_recovery`` scores an output against
+the ground truth, in the runner.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import numpy as np
 import torch
 
 from vflnet.attacks.base import Attack, Tap
-from vflnet.attacks.cafe import CafeAttack, CafeParams, ServerObservation
+from vflnet.attacks.cafe import CafeAttack, CafeParams, CafeResult, ServerObservation
 from vflnet.interceptors.events import WireEvent
 from vflnet.models.cafe_net import TOP, CafeVFL, worker_name
 from vflnet.registry import ATTACKS, Param
@@ -27,6 +33,21 @@ from vflnet.wire.tensors import from_tensor_map
 
 def _choice(options: tuple[str, ...]) -> Param:
     return Param(options[0], f"one of {', '.join(options)}", lambda v: v in options, f"one of {options}")
+
+
+def _positive(default: float, help_: str) -> Param:
+    return Param(
+        default,
+        help_,
+        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v > 0,
+        "a positive number",
+    )
+
+
+def _count(default: int, help_: str) -> Param:
+    return Param(
+        default, help_, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"
+    )
 
 
 @ATTACKS.register
@@ -40,13 +61,19 @@ class CafeTap(Attack):
     params = {
         "objective": _choice(("cafe", "dlg", "cosine", "sapag")),
         "loop": _choice(("single", "nested")),
-        "lr_step3": Param(
-            1e-2,
-            "Step III learning rate (Table 9: MNIST 1e-2)",
-            lambda v: isinstance(v, int | float) and v > 0,
-            "a positive number",
+        "lr_step1": _positive(1e-2, "Step I learning rate (Table 9: MNIST 1e-2)"),
+        "lr_step3": _positive(1e-2, "Step III learning rate (Table 9: MNIST 1e-2)"),
+        "nested_iterations": Param(
+            [8000, 8000],
+            "nested loop: iterations of Step I, then of Step II, before Step III",
+            lambda v: isinstance(v, list) and len(v) == 2 and all(isinstance(i, int) and i >= 0 for i in v),
+            "two integers >= 0",
+        ),
+        "run_step3": Param(
+            True, "run Step III (false: Steps I-II only)", lambda v: isinstance(v, bool), "true/false"
         ),
         "seed": Param(0, "seed of the dummy data", lambda v: isinstance(v, int), "an integer"),
+        "snapshot_every": _count(0, "keep the recovery every this many iterations in the output (0: never)"),
     }
 
     def __init__(self, context, **params: Any) -> None:  # type: ignore[no-untyped-def]
@@ -55,6 +82,7 @@ class CafeTap(Attack):
         self.pending: dict[int, dict[str, Any]] = defaultdict(
             lambda: {"params": {}, "grads": {}, "ids": None}
         )
+        self.snapshots: list[tuple[int, CafeResult]] = []
 
     def _attack(self) -> CafeAttack:
         if self.attack is None:
@@ -64,7 +92,10 @@ class CafeTap(Attack):
                 n_samples=len(k["train_ids"]),
                 objective=self.p["objective"],
                 loop=self.p["loop"],
+                lr_step1=float(self.p["lr_step1"]),
                 lr_step3=float(self.p["lr_step3"]),
+                nested_iterations=tuple(self.p["nested_iterations"]),
+                run_step3=self.p["run_step3"],
                 seed=self.p["seed"],
             )
             self.attack = CafeAttack(cafe_params, template)
@@ -108,7 +139,13 @@ class CafeTap(Attack):
                 params={to_cafe[p]: self._rename(to_cafe[p] == TOP, v) for p, v in slot["params"].items()},
                 grads={to_cafe[p]: self._rename(to_cafe[p] == TOP, v) for p, v in slot["grads"].items()},
             )
-            self._attack().observe(obs)
+            attack = self._attack()
+            attack.observe(obs)
+            every = self.p["snapshot_every"]
+            if every and attack.iterations % every == 0:
+                self.snapshots.append((attack.iterations, attack.result()))
+                if attack.template.config.kind != "fc":  # Step II's estimates are images only without convs
+                    self.snapshots[-1][1].internal.clear()
 
     def output(self) -> dict[str, np.ndarray]:
         k = self.context.knowledge
@@ -119,36 +156,30 @@ class CafeTap(Attack):
         if self.attack is None:
             return out
         result = self.attack.result()
-        for m, region in enumerate(result.regions):
-            out[f"regions/{m}"] = region.numpy()
-        out["label_probs"] = result.label_probs.numpy()
-        out["seen"] = result.seen
+        out.update(_result_arrays(result))
+        for name, value in result.last_losses.items():
+            out[f"losses/{name}"] = np.array(value)
         out["iterations"] = np.array(result.iterations)
+        if self.snapshots:
+            out["snapshot_iterations"] = np.array([t for t, _ in self.snapshots])
+            for i, (_, snap) in enumerate(self.snapshots):
+                out.update(_result_arrays(snap, f"snapshot/{i}/"))
         return out
 
     @classmethod
     def score(cls, output: dict[str, np.ndarray], truth: dict[str, Any]) -> dict[str, float]:
-        from vflnet.metrics.images import mse, psnr
-
+        """The final recovery's scores (``score_recovery``), and ``psnr@T`` (and ``internal_psnr@T``) for
+        the snapshot after T iterations."""
         if "seen" not in output:
             return {"iterations": 0}
-        ids, seen = output["train_ids"], output["seen"]
-        reals, fakes = [], []
-        for m, party in enumerate(output["workers"].tolist()):
-            truth_ids, images = truth[party]
-            reals.append(torch.from_numpy(images[np.searchsorted(truth_ids, ids)][seen]))
-            fakes.append(torch.from_numpy(output[f"regions/{m}"][seen]))
-        real, fake = torch.cat(reals, dim=1), torch.cat(fakes, dim=1)  # all regions of a sample side by side
-        labels = truth["labels"]
-        true_labels = np.array([labels[int(i)] for i in ids[seen]])
-        recovered = output["label_probs"][seen].argmax(axis=1)
-        return {
-            "psnr": psnr(real, fake),
-            "mse": mse(real, fake),
-            "label_accuracy": float((recovered == true_labels).mean()),
-            "samples_seen": int(seen.sum()),
-            "iterations": int(output["iterations"]),
-        }
+        scores = score_recovery(output, truth)
+        scores["iterations"] = int(output["iterations"])
+        for i, t in enumerate(output.get("snapshot_iterations", np.zeros(0, np.int64)).tolist()):
+            snapshot = score_recovery(output, truth, f"snapshot/{i}/")
+            scores.update(
+                {f"{key}@{t}": snapshot[key] for key in ("psnr", "internal_psnr") if key in snapshot}
+            )
+        return scores
 
     @classmethod
     def pictures(cls, output: dict[str, np.ndarray], truth: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -156,13 +187,62 @@ class CafeTap(Attack):
 
         if "seen" not in output:
             return []
-        ids, seen = output["train_ids"], output["seen"]
-        workers = output["workers"].tolist()
-        reals = [torch.from_numpy(truth[p][1][np.searchsorted(truth[p][0], ids)][seen]) for p in workers]
-        fakes = [torch.from_numpy(output[f"regions/{m}"][seen]) for m in range(len(workers))]
+        real, fake = _side_by_side(output, truth)
         path = out_dir / "cafe-real-vs-recovered.png"
-        return [
-            save_image_grid(
-                torch.cat(reals, dim=3), torch.cat(fakes, dim=3), path, title="CAFE: real (top) vs recovered"
-            )
-        ]
+        return [save_image_grid(real, fake, path, title="CAFE: real (top) vs recovered")]
+
+
+def _result_arrays(result: CafeResult, prefix: str = "") -> dict[str, np.ndarray]:
+    out = {f"{prefix}regions/{m}": region.numpy() for m, region in enumerate(result.regions)}
+    out.update({f"{prefix}internal/{m}": h.numpy() for m, h in enumerate(result.internal)})
+    out[f"{prefix}label_probs"] = result.label_probs.numpy()
+    out[f"{prefix}seen"] = result.seen
+    return out
+
+
+def _side_by_side(
+    output: dict[str, np.ndarray], truth: dict[str, Any], prefix: str = "", what: str = "regions"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every seen sample's true and recovered regions, the workers' regions side by side (along the
+    width; ``what="internal"``: Step II's flat estimates, side by side along the features)."""
+    ids, seen = output["train_ids"], output[f"{prefix}seen"]
+    reals, fakes = [], []
+    for m, party in enumerate(output["workers"].tolist()):
+        truth_ids, images = truth[party]
+        real = torch.from_numpy(images[np.searchsorted(truth_ids, ids)][seen])
+        fake = torch.from_numpy(output[f"{prefix}{what}/{m}"][seen])
+        reals.append(real if what == "regions" else real.flatten(1))
+        fakes.append(fake)
+    return torch.cat(reals, dim=-1), torch.cat(fakes, dim=-1)
+
+
+def score_recovery(
+    output: dict[str, np.ndarray], truth: dict[str, Any], prefix: str = ""
+) -> dict[str, float]:
+    """Score a CAFE output (its final recovery, or the snapshot under ``prefix``) against the ground
+    truth over the samples it has seen: mean per-image PSNR and MSE of the recovered images (every
+    worker's region of a sample together), recovered-label accuracy, and, where Step II's estimates
+    have the shape of the regions (FC-only worker models), the PSNR of those estimates.
+
+    ``truth`` is the runner's ``ground_truth(cfg, "images")``: the labels, and each passive party's
+    own regions of every image as that party holds them."""
+    from vflnet.metrics.images import mse, psnr
+
+    real, fake = _side_by_side(output, truth, prefix)
+    ids, seen = output["train_ids"], output[f"{prefix}seen"]
+    labels = truth["labels"]
+    true_labels = np.array([labels[int(i)] for i in ids[seen]])
+    recovered = output[f"{prefix}label_probs"][seen].argmax(axis=1)
+    scores = {
+        "psnr": psnr(real, fake),
+        "mse": mse(real, fake),
+        "label_accuracy": float((recovered == true_labels).mean()),
+        "samples_seen": int(seen.sum()),
+    }
+    internal = f"{prefix}internal/0"
+    if internal in output and output[internal].shape[1:] == (
+        int(np.prod(real.shape[1:])) // len(output["workers"]),
+    ):
+        real_flat, fake_flat = _side_by_side(output, truth, prefix, "internal")
+        scores["internal_psnr"] = psnr(real_flat, fake_flat)
+    return scores

