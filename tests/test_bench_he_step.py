@@ -49,7 +49,7 @@ def test_engine_column_runs_the_real_split_he_step_and_decrypts_the_autograd_gra
     """Two SGD steps (lr 0.1) of the split-he protocol over the loopback bridge end where plaintext split
     learning ends: the passive parties applied the decrypted autograd gradients."""
     run, root = runs[("split-he", 8)]
-    assert run.times.timed_steps == 1 and run.times.step_s > 0
+    assert run.times.timed_steps == 1 and run.times.step_s > 0 and run.times.cpu_s is not None
     for party in PASSIVES:
         he, plain = _params(root / "split-he-8", party), _params(root / "split-8", party)
         assert (
@@ -101,7 +101,8 @@ def test_phe_costs_the_counted_work_stage_by_stage(runs) -> None:
         warnings.simplefilter("ignore")
         public_key, private_key = generate_keypair(BITS, allow_insecure=True)
     products = {key for c in run.counts.values() for key in c.mul_bits}
-    costs = phe_costs(public_key.to_phe(), private_key.to_phe(), products, samples=4)
+    costs, cpu = phe_costs(public_key.to_phe(), private_key.to_phe(), products, samples=4)
+    assert set(cpu.ops) == set(costs.ops) and set(cpu.mul) == set(costs.mul)
     assert (
         set(costs.ops) == {"encrypt", "add", "add_plain", "obfuscate", "decrypt"}
         and set(costs.mul) == products

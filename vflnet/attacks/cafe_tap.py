@@ -15,6 +15,7 @@ the ground truth, in the runner.
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,7 @@ class CafeTap(Attack):
             lambda: {"params": {}, "grads": {}, "ids": None}
         )
         self.snapshots: list[tuple[int, CafeResult]] = []
+        self.lock = threading.Lock()
 
     def _attack(self) -> CafeAttack:
         if self.attack is None:
@@ -118,6 +120,10 @@ class CafeTap(Attack):
     def observe(self, event: WireEvent) -> None:
         if event.phase != messages_pb2.TRAIN:
             return
+        with self.lock:  # the parties' RunStep replies arrive on concurrent threads
+            self._observe(event)
+
+    def _observe(self, event: WireEvent) -> None:
         k = self.context.knowledge
         step = int(event.step)
         slot = self.pending[step]

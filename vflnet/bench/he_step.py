@@ -129,6 +129,7 @@ class StepTimes:
     step_s: float  # mean coordinator-timed step wall time, first step excluded
     bytes_per_step: float
     timed_steps: int
+    cpu_s: float | None = None  # CPU seconds of this process per step, first step excluded (loopback runs)
 
 
 def step_times(run_dir: Path, steps: int) -> StepTimes:
@@ -169,6 +170,28 @@ def party_of_thread() -> str:
     return threading.current_thread().name.split("-loop")[0]
 
 
+class StepCpu:
+    """CPU seconds of this process between the end of the first training step and the end of the last
+    (`run_loopback`'s ticks, every 0.1 s: watches metrics.jsonl); under load a steadier figure than wall time."""
+
+    def __init__(self, run_dir: Path, steps: int) -> None:
+        self.path, self.steps = run_dir / "metrics.jsonl", steps
+        self.marks: dict[int, float] = {}
+
+    def __call__(self) -> None:
+        if len(self.marks) == 2 or not self.path.exists():
+            return
+        done = sum(1 for line in self.path.read_text().splitlines() if '"kind": "step"' in line)
+        for mark in (1, self.steps):
+            if done >= mark and mark not in self.marks:
+                self.marks[mark] = time.process_time()
+
+    def per_step(self) -> float | None:
+        if len(self.marks) < 2 or self.steps < 2:
+            return None
+        return (self.marks[self.steps] - self.marks[1]) / (self.steps - 1)
+
+
 @dataclass
 class EngineRun:
     times: StepTimes
@@ -194,9 +217,12 @@ def run_engine(
         data["run"].update(dir=str(run_dir.parent), id=run_dir.name)
         cfg = config_from_dict(data)
         run_dir.mkdir(parents=True, exist_ok=True)
+        cpu = StepCpu(run_dir, steps)
         with opcount.counting(party_of_thread) as counter:
-            run_loopback(cfg, run_dir)
+            run_loopback(cfg, run_dir, on_tick=cpu)
+        cpu()  # a run shorter than a tick
         times = step_times(run_dir, steps)
+        times.cpu_s = cpu.per_step()
         n_params = {}
         for party in PASSIVES:
             modules = torch.load(run_dir / "checkpoints" / f"{party}.pt")["modules"]
@@ -214,15 +240,16 @@ class PheCosts:
     mul: dict[tuple[int, bool], float] = field(default_factory=dict)
 
 
-def _time_each(fn: Callable[[Any], Any], items: list[Any], repeats: int = 5) -> float:
-    """Median over `repeats` of the mean seconds of `fn` over `items`."""
-    runs = []
+def _time_each(fn: Callable[[Any], Any], items: list[Any], repeats: int = 5) -> tuple[float, float]:
+    """Median over `repeats` of the mean seconds of `fn` over `items`: wall time and CPU time."""
+    wall, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         for item in items:
             fn(item)
-        runs.append((time.perf_counter() - start) / len(items))
-    return statistics.median(runs)
+        wall.append((time.perf_counter() - start) / len(items))
+        cpu.append((time.process_time() - cpu_start) / len(items))
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def phe_costs(
@@ -230,12 +257,13 @@ def phe_costs(
     sk: phe.PaillierPrivateKey,
     products: Iterable[tuple[int, bool]] = (),
     samples: int = 12,
-) -> PheCosts:
+) -> tuple[PheCosts, PheCosts]:
     """Time python-paillier on each primitive, one value at a time with the engine's fixed point (under a
     key of the size the protocol's key has):
     encrypting 2^-20 fixed-point numbers, adding two ciphertexts, adding a plaintext (a mask of
     32 + 40 bits), multiplying by a plaintext of each (bits, negative) in `products`, re-randomising a
-    computed ciphertext for the wire (`be_secure`) and decrypting."""
+    computed ciphertext for the wire (`be_secure`) and decrypting. Returns the costs in wall time and in
+    CPU time."""
     rng = np.random.default_rng(0)
 
     def encoded(v: int) -> phe.EncodedNumber:
@@ -247,7 +275,7 @@ def phe_costs(
     span = 1 << (PHE_VALUE_BITS + STATISTICAL_BITS)
     masks = [encoded(secrets.randbelow(2 * span + 1) - span) for _ in range(samples)]
     many = cts * 20
-    ops = {
+    ops: dict[str, tuple[float, float]] = {
         "encrypt": _time_each(lambda v: pk.encrypt(encoded(v)), values),
         "add": _time_each(lambda ab: ab[0] + ab[1], list(zip(many, reversed(many), strict=True))),
         "add_plain": _time_each(lambda cm: cm[0] + cm[1], list(zip(cts * 20, masks * 20, strict=True))),
@@ -263,7 +291,10 @@ def phe_costs(
         factors = [(low + secrets.randbelow(low or 1)) * (-1 if negative else 1) for _ in range(samples * 4)]
         pairs = [(c, phe.EncodedNumber(pk, f % pk.n, 0)) for c, f in zip(cts * 4, factors, strict=True)]
         mul[(bits, negative)] = _time_each(lambda cf: cf[0] * cf[1], pairs)
-    return PheCosts(ops, mul)
+    return (
+        PheCosts({k: v[0] for k, v in ops.items()}, {k: v[0] for k, v in mul.items()}),
+        PheCosts({k: v[1] for k, v in ops.items()}, {k: v[1] for k, v in mul.items()}),
+    )
 
 
 def phe_stages(run: EngineRun, active: str, costs: PheCosts) -> dict[str, float]:
@@ -297,11 +328,18 @@ class Row:
     engine: EngineRun  # 1 crypto worker, counted
     engine_n: EngineRun | None  # `workers` crypto workers (None when workers == 1)
     phe: dict[str, float]  # seconds per step by stage
+    phe_cpu: dict[str, float]  # the same in CPU seconds
     load: float  # 1-minute load average when the row's in-process runs ended
 
     @property
     def phe_s(self) -> float:
         return sum(self.phe.values())
+
+    @property
+    def cpu_ratio(self) -> float | None:
+        """phe / engine (1 worker) in CPU seconds of this process: little changed by other jobs."""
+        cpu = self.engine.times.cpu_s
+        return sum(self.phe_cpu.values()) / cpu if cpu else None
 
 
 def _fmt_bytes(n: float) -> str:
@@ -325,32 +363,38 @@ def _print_table(rows: list[Row], steps: int, workers: int) -> None:
     header = (
         f"{'bits':>5} {'batch':>5} {'split s/step':>12} {'split-he s/step':>15} {'engine s':>9} "
         f"{'engine ' + nw + ' s':>12} {'phe s':>9} {'phe/engine':>10} {'phe/engine ' + nw:>13} "
-        f"{'phe/split-he':>12} {'split B/step':>13} {'split-he B/step':>15} {'load':>5}"
+        f"{'cpu phe/engine':>14} {'phe/split-he':>12} {'split B/step':>13} {'split-he B/step':>15} {'load':>5}"
     )
     print(header)
     print("-" * len(header))
     for r in rows:
         n_s = f"{r.engine_n.times.step_s:12.3f}" if r.engine_n else f"{'-':>12}"
         n_x = f"{r.phe_s / r.engine_n.times.step_s:12.1f}x" if r.engine_n else f"{'-':>13}"
+        cpu_x = f"{r.cpu_ratio:13.1f}x" if r.cpu_ratio else f"{'-':>14}"
         print(
             f"{r.bits:>5} {r.batch:>5} {r.split.step_s:12.3f} {r.split_he.step_s:15.3f} "
             f"{r.engine.times.step_s:9.3f} {n_s} {r.phe_s:9.2f} {r.phe_s / r.engine.times.step_s:9.1f}x {n_x} "
-            f"{r.phe_s / r.split_he.step_s:11.1f}x {_fmt_bytes(r.split.bytes_per_step):>13} "
+            f"{cpu_x} {r.phe_s / r.split_he.step_s:11.1f}x {_fmt_bytes(r.split.bytes_per_step):>13} "
             f"{_fmt_bytes(r.split_he.bytes_per_step):>15} {r.load:5.1f}"
         )
+    pool = (
+        f"\n  engine {nw}: the same with a pool of {workers} crypto worker processes." if workers > 1 else ""
+    )
     print(f"""
 split, split-he: distributed runs (4 processes over gRPC on loopback, 1 torch thread and 1 crypto worker
-  each); engine: the same split-he run with every role in this process (loopback bridge), 1 crypto worker,
-  engine {nw}: a pool of {workers} crypto worker processes. Step times: the coordinator's, mean over training
-  steps 2..{steps} (step 1 also builds every party's encryption table; key generation happens before step 1);
-  bytes: every party message of a step.
+  each); engine: the same split-he run with every role in this process (loopback bridge), 1 crypto worker.{pool}
+  Step times: the coordinator's, mean over training steps 2..{steps} (step 1 also builds every party's
+  encryption table; key generation happens before step 1); bytes: every party message of a step.
 phe: python-paillier {phe.__version__} (gmpy2), one EncryptedNumber per value: the per-value operations
   the engine counted in the real step (encryptions, additions, masks, products by multiplier size,
-  re-randomisations, decryptions), each timed with phe on the same key and fixed point (logits and g
-  2^-{FRAC_BITS}, multipliers {MULTIPLIER_BITS} significant bits or exact, ReLU-inactive units skipped), summed.
+  re-randomisations, decryptions; the gradient: one value per parameter), each timed with phe (median of
+  5 rounds) under a key of the same size with the same fixed point (logits and g 2^-{FRAC_BITS}, multipliers
+  {MULTIPLIER_BITS} significant bits or exact, ReLU-inactive units skipped), summed.
   The engine encrypts logits packed, packs [[g]] for the last layer's weight gradient and decrypts packed
   masked values (phe objects cannot be packed).
-phe/engine: the engine's speed-up on the same step; phe/split-he: phe step against the distributed step.
+phe/engine: the engine's speed-up on the same step (wall time); cpu phe/engine: the same with 1 worker in CPU
+  seconds of this process (the engine's: every role's, between the ends of steps 1 and N), which other jobs
+  on the machine barely change; phe/split-he: phe step against the distributed step.
 load: 1-minute load average of this machine after the row's in-process runs.""")
 
 
@@ -391,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
             dist = run_distributed("split-he", bits, batch, args.steps, args.seed)
             print(f"{bits} bits batch {batch}: split-he distributed {dist.step_s:.3f} s/step", flush=True)
             engine = run_engine(bits, batch, args.steps, args.seed)
-            print(f"  engine (loopback, 1 worker): {engine.times.step_s:.3f} s/step", flush=True)
+            cpu = f" (cpu {engine.times.cpu_s:.3f})" if engine.times.cpu_s else ""
+            print(f"  engine (loopback, 1 worker): {engine.times.step_s:.3f} s/step{cpu}", flush=True)
             engine_n = None
             if args.workers > 1:
                 engine_n = run_engine(bits, batch, args.steps, args.seed, args.workers)
@@ -400,11 +445,16 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
             products = [key for counts in engine.counts.values() for key in counts.mul_bits]
-            stages = phe_stages(engine, "active", phe_costs(pk, sk, products))
+            wall, cpu_costs = phe_costs(pk, sk, products)
+            stages, cpu_stages = phe_stages(engine, "active", wall), phe_stages(engine, "active", cpu_costs)
             print(f"  {_counts_line(engine, 'active')}", flush=True)
             cells = ", ".join(f"{s} {v:.3f}" for s, v in stages.items())
-            print(f"  phe: {sum(stages.values()):.2f} s/step ({cells})", flush=True)
-            rows.append(Row(bits, batch, split[batch], dist, engine, engine_n, stages, os.getloadavg()[0]))
+            print(
+                f"  phe: {sum(stages.values()):.2f} s/step ({cells}; cpu {sum(cpu_stages.values()):.2f})",
+                flush=True,
+            )
+            load = os.getloadavg()[0]
+            rows.append(Row(bits, batch, split[batch], dist, engine, engine_n, stages, cpu_stages, load))
     shutdown_pools()
     print()
     _print_table(rows, args.steps, args.workers)
