@@ -21,7 +21,7 @@ from vflnet.roles import coordinator
 from vflnet.roles.common import setup_torch
 from vflnet.roles.party import PartyHost, serve
 from vflnet.wire.bridge import LoopbackBridge
-from vflnet.wire.loopback import SCHEME
+from vflnet.wire.loopback import SCHEME, LoopbackHub
 
 
 class LoopbackFailure(RuntimeError):
@@ -43,11 +43,15 @@ def run_loopback(cfg: Config, run_dir: Path, on_tick: Callable[[], None] | None 
     logger.addHandler(handler)
     level = logger.level
     logger.setLevel(getattr(logging, cfg.runtime.log_level))
-    bridge = LoopbackBridge()
+    # every thread that runs party code computes with the configured torch thread count, as a party
+    # process does (OpenMP keeps it per thread), so a loopback run ends bit-identical to a gRPC run
+    threads = cfg.runtime.torch_threads
+    bridge = LoopbackBridge(LoopbackHub(thread_init=lambda: torch.set_num_threads(threads)))
     codes: dict[str, int | BaseException] = {}
 
     def role(name: str, fn: Callable[[], int]) -> threading.Thread:
         def body() -> None:
+            torch.set_num_threads(threads)
             try:
                 codes[name] = fn()
             except BaseException as exc:  # reported below, with the role's name

@@ -100,7 +100,9 @@ class LoopbackServer:
         self.interceptors = list(interceptors)
         self._generic: list[grpc.GenericRpcHandler] = []
         self._registered: dict[str, grpc.RpcMethodHandler] = {}
-        self._pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{name}-loop")
+        self._pool = futures.ThreadPoolExecutor(
+            max_workers=max_workers, thread_name_prefix=f"{name}-loop", initializer=hub.thread_init
+        )
         self.address = ""
         self._stopped = threading.Event()
 
@@ -173,9 +175,13 @@ class LoopbackServer:
 
 
 class LoopbackHub:
-    """The in-process network: loopback servers by address, and one timer for every call deadline."""
+    """The in-process network: loopback servers by address, and one timer for every call deadline.
 
-    def __init__(self) -> None:
+    ``thread_init`` runs first on every thread that serves calls: per-thread runtime settings a party
+    process would have set once (OpenMP's thread count is per thread, and it decides float reductions)."""
+
+    def __init__(self, thread_init: Callable[[], None] | None = None) -> None:
+        self.thread_init = thread_init
         self._servers: dict[str, LoopbackServer] = {}
         self._cond = threading.Condition()
         self._deadlines: list[tuple[float, int, weakref.ref[LoopbackCall]]] = []
