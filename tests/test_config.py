@@ -1,10 +1,11 @@
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import base_config, write_config
+from tests.conftest import REPO, base_config, write_config
 from vflnet.config import ConfigError
 from vflnet.validation import config_from_dict, load_config
 
@@ -117,3 +118,26 @@ def test_cli_config_check_exit_codes(tmp_path, repo):
     )
     assert bad.returncode == 2
     assert f"{path}: key 'parties[2].bottom.kind'" in bad.stderr and "'mlp'" in bad.stderr
+
+
+def _run_configs() -> list[Path]:
+    """Every vflnet run config in the repository: configs/ and the deployments' own (k8s, lab)."""
+    found = sorted(REPO.glob("configs/*.yaml"))
+    for path in sorted(REPO.glob("deploy/**/*.yaml")):
+        docs = list(yaml.safe_load_all(path.read_text()))  # Kubernetes manifests hold several
+        if len(docs) == 1 and isinstance(docs[0], dict) and {"parties", "protocol"} <= docs[0].keys():
+            found.append(path)
+    return found
+
+
+def test_run_configs_are_found():
+    names = [str(p.relative_to(REPO)) for p in _run_configs()]
+    assert "configs/scoring-cancer.yaml" in names and "deploy/k8s/config/run.yaml" in names
+    assert "deploy/lab/run.yaml" in names and "deploy/k8s/parties.yaml" not in names
+
+
+@pytest.mark.parametrize("path", _run_configs(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_shipped_config_passes_config_check(path, tmp_path, monkeypatch):
+    """What `vflnet config check` does, from an empty directory: nothing a script writes may be needed."""
+    monkeypatch.chdir(tmp_path)
+    load_config(path)

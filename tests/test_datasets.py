@@ -41,3 +41,20 @@ def test_user_csv_and_npz(tmp_path):
         load_dataset("synthetic", {"n_classes": 1})
     with pytest.raises(KeyError, match="unknown dataset 'cifar10'"):
         load_dataset("cifar10")
+
+
+def test_rare_positive_breast_cancer_keeps_every_benign_and_a_seeded_few_malignant():
+    cancer = load_dataset("breast_cancer")  # sklearn's labels: malignant = 0
+    rare = load_dataset("breast_cancer_rare")
+    assert rare.features.shape == (397, 30) and rare.n_classes == 2 and not rare.is_image
+    assert rare.labels.sum() == 40 and rare.ids.tolist() == list(range(397))  # malignant = 1 here
+    # every row is a breast_cancer row with the flipped label, in the original order
+    rows = {tuple(x): 1 - y for x, y in zip(cancer.features.tolist(), cancer.labels.tolist(), strict=True)}
+    assert [rows[tuple(x)] for x in rare.features.tolist()] == rare.labels.tolist()
+    assert len({tuple(x) for x in rare.features.tolist()}) == 397
+    again = load_dataset("breast_cancer_rare", {"n_positive": 40, "seed": 0})
+    np.testing.assert_array_equal(again.features, rare.features)
+    other = load_dataset("breast_cancer_rare", {"n_positive": 10, "seed": 1})
+    assert len(other.ids) == 367 and other.labels.sum() == 10
+    with pytest.raises(ValueError, match="n_positive must lie in 1..212"):
+        load_dataset("breast_cancer_rare", {"n_positive": 500})

@@ -167,6 +167,28 @@ def _breast_cancer(params: dict[str, Any]) -> Dataset:
     return _make("breast_cancer", d.data, d.target, is_image=False)
 
 
+@register_dataset(
+    "breast_cancer_rare",
+    "breast_cancer with malignant = 1 kept rare: all 357 benign + n_positive seeded malignant (Li et al.'s setting)",
+    {
+        "n_positive": _int(1, 40, "malignant samples kept (at most 212)"),
+        "seed": _int(0, 0, "seed of the draw of the malignant samples"),
+    },
+)
+def _breast_cancer_rare(params: dict[str, Any]) -> Dataset:
+    from sklearn.datasets import load_breast_cancer
+
+    d = load_breast_cancer()
+    y = 1 - d.target  # malignant = 1
+    n_positive = int(params["n_positive"])
+    if not 1 <= n_positive <= int(y.sum()):
+        raise ValueError(f"dataset 'breast_cancer_rare': n_positive must lie in 1..{int(y.sum())}")
+    rng = np.random.default_rng(int(params["seed"]))
+    malignant = rng.choice(np.flatnonzero(y == 1), n_positive, replace=False)
+    keep = np.sort(np.concatenate([np.flatnonzero(y == 0), malignant]))
+    return _make("breast_cancer_rare", d.data[keep], y[keep], is_image=False)
+
+
 @register_dataset("wine", "scikit-learn wine (178 x 13, 3 classes)")
 def _wine(params: dict[str, Any]) -> Dataset:
     from sklearn.datasets import load_wine
