@@ -144,17 +144,18 @@ def test_mismatched_sample_ids_and_unknown_ids_are_refused(active):
     code, details = _status(party_stub.RunStep, _command(1, [10**9]))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "not held by this party" in details
     ids = train[:4]
+    # the refused step changed nothing: step 1 is still the next one
     pending = stub.ExchangeEmbeddings.future(
-        _emb(sender="passive-1", step=2, ids=train[4:8]), timeout=DEADLINE
+        _emb(sender="passive-1", step=1, ids=train[4:8]), timeout=DEADLINE
     )
     # the order is fixed: RunStep comes once the active party holds them (its condition is notified
     # whenever embeddings arrive; RunStep waits on the same one)
     with party.side.cond:
         held = party.side.cond.wait_for(
-            lambda: "passive-1" in getattr(party.side.slots.get(2), "embeddings", {}), DEADLINE
+            lambda: "passive-1" in getattr(party.side.slots.get(1), "embeddings", {}), DEADLINE
         )
-    assert held, "the active party never stored passive-1's embeddings for step 2"
-    code, details = _status(party_stub.RunStep, _command(2, ids))
+    assert held, "the active party never stored passive-1's embeddings for step 1"
+    code, details = _status(party_stub.RunStep, _command(1, ids))
     # the passive call is released with the failure too (not by its own deadline)
     released = pending.exception(timeout=DEADLINE)
     assert released is not None and released.code() == grpc.StatusCode.ABORTED, released
@@ -190,3 +191,100 @@ def test_a_message_over_the_payload_ceiling_names_the_setting(active):
         t.join(DEADLINE)
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "transport.max_payload_mb" in details
     assert all(c == grpc.StatusCode.ABORTED and "transport.max_payload_mb" in d for c, d in results.values())
+
+
+def _shutdown(run_id="bad-input", sender="coordinator"):
+    return messages_pb2.ShutdownRequest(run_id=run_id, sender=sender, reason="test", save_checkpoint=True)
+
+
+@pytest.mark.parametrize(
+    "request_, code, text",
+    [
+        (_shutdown(run_id="other-run"), grpc.StatusCode.PERMISSION_DENIED, "run 'other-run'"),
+        (_shutdown(sender="passive-1"), grpc.StatusCode.PERMISSION_DENIED, "role 'passive'"),
+        (_shutdown(sender=""), grpc.StatusCode.PERMISSION_DENIED, "unknown party"),
+    ],
+)
+def test_a_refused_shutdown_changes_nothing(active, request_, code, text):
+    """Security finding 3: a refused Shutdown used to fail the in-flight steps first."""
+    party, stub, party_stub, train = active
+    assert _status(party_stub.Shutdown, request_)[0] == code
+    assert text in _status(party_stub.Shutdown, request_)[1]
+    assert not party.liveness.shutdown.is_set()
+    report, _ = _full_step(party_stub, stub, 1, train[:4])  # the run goes on
+    assert report.metrics["count"] == 4 and party.local.version == 1
+
+
+def test_a_refused_run_step_has_no_effect(active):
+    """Security finding 3: an unknown sender got UNKNOWN (a KeyError) after resetting the idle timer; a
+    far-future step was accepted and parked the party."""
+    party, stub, party_stub, train = active
+    before = party.liveness._last
+    forged = _command(1, train[:4])
+    forged.header.sender = "mallory"
+    code, details = _status(party_stub.RunStep, forged)
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "unknown party 'mallory'" in details
+    forged.header.sender = "passive-2"
+    code, details = _status(party_stub.RunStep, forged)
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "role 'passive'" in details
+    assert party.liveness._last == before  # a refused message is no sign of life from the coordinator
+    code, details = _status(party_stub.RunStep, _command(50, train[:4]))
+    assert (
+        code == grpc.StatusCode.FAILED_PRECONDITION and "out of order" in details and "1 is next" in details
+    )
+    assert party.side.slots == {} and party.local.version == 0
+    report, _ = _full_step(party_stub, stub, 1, train[:4])
+    assert report.metrics["count"] == 4 and party.local.version == 1
+
+
+def test_undecodable_bytes_get_invalid_argument_and_the_server_keeps_serving(active, caplog):
+    """Security finding 8: each undecodable message logged a full traceback and got INTERNAL."""
+    party, stub, party_stub, train = active
+    raw = party.test_channel.unary_unary(
+        "/vflnet.v1.Party/RunStep", request_serializer=lambda b: b, response_deserializer=lambda b: b
+    )
+    for _ in range(20):
+        with pytest.raises(grpc.RpcError) as info:
+            raw(b"\xff\xff\xff\xff", timeout=DEADLINE)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a valid message" in info.value.details()
+    refusals = [r for r in caplog.records if "undecodable" in r.getMessage()]
+    assert 1 <= len(refusals) <= 6 and not any(r.exc_info for r in refusals)  # 1, 2, 4, 8, 16: throttled
+    report, _ = _full_step(party_stub, stub, 1, train[:4])
+    assert report.metrics["count"] == 4
+
+
+def test_an_oversized_name_is_cut_in_the_status(active):
+    """Security finding 8: a 10 kB name echoed into the status turned PERMISSION_DENIED into
+    RESOURCE_EXHAUSTED."""
+    _, stub, _, _ = active
+    code, details = _status(stub.ExchangeEmbeddings, _emb(sender="m" * 10_000))
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "(10000 characters)" in details
+    assert len(details) < 500
+    code, details = _status(stub.ExchangeEmbeddings, _emb(run_id="r" * 10_000))
+    assert code == grpc.StatusCode.PERMISSION_DENIED and len(details) < 500
+
+
+def test_health_answers_per_served_service(active):
+    """Security finding 8: per-service health answered NOT_FOUND for the services a role serves."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    party, _, _, _ = active
+    health = health_pb2_grpc.HealthStub(party.test_channel)
+    for service in ("vflnet.v1.Party", "vflnet.v1.Active"):
+        reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=DEADLINE)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+    with pytest.raises(grpc.RpcError) as info:  # the active party serves no Coordinator
+        health.Check(health_pb2.HealthCheckRequest(service="vflnet.v1.Coordinator"), timeout=DEADLINE)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_embeddings_for_a_future_step_park_nothing(active):
+    """Security finding 4: ExchangeEmbeddings for future steps each parked a slot (and a worker) forever."""
+    party, stub, party_stub, train = active
+    for step in (2, 3, 40):
+        code, details = _status(stub.ExchangeEmbeddings, _emb(step=step, ids=train[:4]))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION and "step 1 is next" in details
+    assert party.side.slots == {}
+    report, _ = _full_step(party_stub, stub, 1, train[:4])
+    assert report.metrics["count"] == 4

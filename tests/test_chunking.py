@@ -323,3 +323,84 @@ def test_split_he_with_a_small_limit_through_a_proxy_ends_with_the_default_runs_
         assert all(m.ByteSize() > limit and list(m.cipher.shape) == [len(m.sample_ids), 10] for m in sent)
     summary = json.loads((tmp_path / "small/summary.json").read_text())
     assert summary["steps"] == 2
+
+
+def test_a_chunked_stream_needs_a_deadline_and_fits_the_inflight_budget(active: Active) -> None:
+    """Security finding 4: 50 chunked streams that never finish each buffered up to the payload cap and
+    held a worker without end (a party went from 516 to 935 MB and the run failed)."""
+    transport = dataclasses.replace(SMALL, max_inflight_mb=0.05)  # ~52 KB over all streams
+    srv, address = serve(active, transport)
+    raw = raw_channel(address)  # closed below: no gRPC thread may outlive a test (later tests fork)
+    try:
+        call = raw.stream_stream(
+            CALL_METHOD, messages_pb2.Chunk.SerializeToString, messages_pb2.Chunk.FromString
+        )
+        one = [messages_pb2.Chunk(data=embeddings(n=2, dim=2).SerializeToString(), index=0, count=1)]
+        with pytest.raises(grpc.RpcError) as info:  # no deadline: refused before a chunk is read
+            list(call(iter(one), metadata=((METHOD_KEY, EXCHANGE),)))
+        assert (
+            info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            and "needs a deadline" in info.value.details()
+        )
+        big = [messages_pb2.Chunk(data=b"x" * 10000, index=i, count=10) for i in range(10)]  # 100 KB
+        code, details = status(lambda **kw: list(call(iter(big), metadata=((METHOD_KEY, EXCHANGE),), **kw)))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "transport.max_inflight_mb" in details
+        # the refused stream gave its bytes back: a whole message still fits
+        with open_channel(address, transport, "passive-1") as channel:
+            msg = embeddings(n=30, dim=100)  # ~12 KB: two chunks
+            assert (
+                services_pb2_grpc.ActiveStub(channel).ExchangeEmbeddings(msg, timeout=DEADLINE).values
+                == msg.values
+            )
+    finally:
+        raw.close()
+        srv.stop(grace=0)
+
+
+def test_a_chunked_call_from_the_wrong_role_is_refused_before_its_stream_is_read(
+    tmp_path: Path, active: Active
+) -> None:
+    """Security finding 4: a chunked RunStep from the wrong role was buffered (8 MiB, 6 s) before any
+    role check. The refusal now comes while the caller is still sending."""
+    import threading
+
+    tls.make_ca(tmp_path)
+    for name, role in (("active", "active"), ("coordinator", "coordinator")):
+        tls.issue_party_cert(tmp_path, name, role)
+    transport = dataclasses.replace(
+        SMALL,
+        tls=TLSConfig(
+            enabled=True,
+            ca=str(tmp_path / "ca.pem"),
+            cert=str(tmp_path / "{name}.pem"),
+            key=str(tmp_path / "{name}.key"),
+        ),
+    )
+    srv, address = serve(active, transport)
+    release, finished = threading.Event(), threading.Event()
+
+    def never_ending() -> Iterator[messages_pb2.Chunk]:
+        yield messages_pb2.Chunk(data=b"x" * 1000, index=0, count=1000)
+        release.wait(DEADLINE)  # a stream that would go on; the server must not wait for it
+        finished.set()
+
+    try:
+        creds = tls.channel_credentials(
+            tmp_path / "ca.pem", tmp_path / "coordinator.pem", tmp_path / "coordinator.key"
+        )
+        with grpc.secure_channel(
+            address, creds, options=[("grpc.ssl_target_name_override", "active")]
+        ) as channel:
+            call = channel.stream_stream(
+                CALL_METHOD, messages_pb2.Chunk.SerializeToString, messages_pb2.Chunk.FromString
+            )
+            with pytest.raises(grpc.RpcError) as info:
+                list(call(never_ending(), metadata=((METHOD_KEY, EXCHANGE),), timeout=DEADLINE))
+            refused_while_sending = not finished.is_set()
+        assert (
+            info.value.code() == grpc.StatusCode.PERMISSION_DENIED and "coordinator" in info.value.details()
+        )
+        assert refused_while_sending
+    finally:
+        release.set()
+        srv.stop(grace=0)

@@ -303,3 +303,25 @@ def test_healthcheck_wait_until_serving() -> None:
         flip.join()
     finally:
         server.stop(grace=None)
+
+
+def test_a_channel_to_a_roster_party_accepts_only_that_partys_certificate(tls_server, pki) -> None:
+    """Security finding 1: every party certificate also holds localhost, so checking the dialled host
+    let a client reach whichever party answered; a channel opened for a roster peer checks its name."""
+    from vflnet.config import TLSConfig, TransportConfig
+    from vflnet.wire.channels import open_channel
+
+    good = pki["good"]
+    transport = TransportConfig(
+        tls=TLSConfig(
+            enabled=True, ca=str(good / "ca.pem"), cert=str(good / "{name}.pem"), key=str(good / "{name}.key")
+        )
+    )
+    _, address = tls_server  # serves with coord's certificate
+    with open_channel(address, transport, "alice", peer="coord") as channel:
+        assert channel.unary_unary("/vflnet.v1.Coordinator/Join")(b"x", timeout=DEADLINE) == b"alice/active"
+    with open_channel(address, transport, "alice", peer="bob") as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            channel.unary_unary("/vflnet.v1.Coordinator/Join")(b"x", timeout=DEADLINE)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "Hostname Verification Check failed" in info.value.details()

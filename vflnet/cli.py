@@ -6,6 +6,10 @@ import argparse
 import importlib
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vflnet.config import Config, PartyConfig
 
 ROLES = ("coordinator", "active", "passive")
 
@@ -79,14 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_party(args: argparse.Namespace) -> int:
     from vflnet.config import ConfigError
-    from vflnet.roles.common import setup_logging, setup_torch
     from vflnet.validation import load_config
 
     cfg = load_config(args.config)
     try:
         me = cfg.party(args.name)
     except KeyError as exc:
-        raise ConfigError(str(args.config), "parties", str(exc).strip('"')) from exc
+        raise ConfigError(str(args.config), "parties", str(exc.args[0] if exc.args else exc)) from exc
     if me.role != args.role:
         raise ConfigError(
             str(args.config),
@@ -99,6 +102,16 @@ def _cmd_party(args: argparse.Namespace) -> int:
         )
     run_dir = args.run_dir or Path(cfg.run.dir) / cfg.run.id
     run_dir.mkdir(parents=True, exist_ok=True)
+    from vflnet.roles.run_lock import role_lock
+
+    with role_lock(run_dir, args.name):
+        return _run_role(args, cfg, me, run_dir)
+
+
+def _run_role(args: argparse.Namespace, cfg: Config, me: PartyConfig, run_dir: Path) -> int:
+    from vflnet.config import ConfigError
+    from vflnet.roles.common import setup_logging, setup_torch
+
     setup_logging(args.name, cfg.runtime.log_level)
     setup_torch(cfg)
     listen = args.listen or me.address or "127.0.0.1:0"
@@ -123,12 +136,17 @@ def _cmd_party(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from vflnet.runner.parent_death import die_with_parent_if_asked
+
+    die_with_parent_if_asked()  # a launcher's child never outlives it
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in _MODULE_COMMANDS:  # these parse their own arguments (some pass extras through)
         rc = importlib.import_module(_MODULE_COMMANDS[argv[0]][0]).main(argv[1:])
         return 0 if rc is None else int(rc)
     args = build_parser().parse_args(argv)
     from vflnet.config import ConfigError
+    from vflnet.roles.run_lock import RunDirInUse
+    from vflnet.wire.channels import BindError, PlaintextRefused
 
     try:
         if args.command == "run":
@@ -164,5 +182,11 @@ def main(argv: list[str] | None = None) -> int:
             return bench_main(args.args)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    except RunDirInUse as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (BindError, PlaintextRefused) as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     return 1

@@ -270,12 +270,25 @@ class TransportConfig:
         "ceiling on one logical message, chunked or not: a bigger one is refused before sending, with an "
         "error naming this key",
     )
+    max_inflight_mb: float = setting(
+        2048.0,
+        "bytes of chunked requests one server buffers at once, over all its streams; a stream that would "
+        "go over gets RESOURCE_EXHAUSTED (streams that never finish cannot exhaust memory)",
+    )
+    max_concurrent_rpcs: int = setting(
+        64, "calls one server handles at once; more get RESOURCE_EXHAUSTED instead of queueing without bound"
+    )
     rpc_timeout_s: float = setting(60.0, "deadline of every RPC and of waiting for peers within a step")
     join_timeout_s: float = setting(120.0, "how long the coordinator waits for the whole roster")
     idle_timeout_s: float = setting(600.0, "a party exits if the coordinator is silent this long")
     tls: TLSConfig = setting(factory=TLSConfig, help="")
     allow_plaintext_remote: bool = setting(
         False, "permit plaintext gRPC to a non-loopback address (logs a warning)"
+    )
+    reflection: bool = setting(
+        False,
+        "serve gRPC server reflection (v1alpha, for grpcurl); off by default: a vflnet peer never needs it "
+        "and it exposes every service to any caller",
     )
 
 
@@ -560,6 +573,8 @@ def validate(cfg: Config) -> None:
     _positive(cfg.transport.idle_timeout_s, "transport.idle_timeout_s", src)
     _positive(cfg.transport.max_message_mb, "transport.max_message_mb", src)
     _positive(cfg.transport.max_payload_mb, "transport.max_payload_mb", src)
+    _positive(cfg.transport.max_inflight_mb, "transport.max_inflight_mb", src)
+    _positive(cfg.transport.max_concurrent_rpcs, "transport.max_concurrent_rpcs", src)
     tls = cfg.transport.tls
     if tls.enabled:
         for k in ("ca", "cert", "key"):

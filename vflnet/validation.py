@@ -85,7 +85,7 @@ def _check_dataset_name(cfg: Config) -> None:
     try:
         check_params(cfg.data.dataset, cfg.data.params)
     except KeyError as exc:  # an unknown dataset (the message lists the known ones)
-        raise ConfigError(cfg.source, "data", str(exc)) from exc
+        raise ConfigError(cfg.source, "data.dataset", str(exc.args[0] if exc.args else exc)) from exc
     except ValueError as exc:
         raise ConfigError(cfg.source, "data.params", str(exc)) from exc
 

@@ -86,7 +86,7 @@ class PullPassive(PartySide):
 class PullActive(PartySide):
     def joined(self, reply: messages_pb2.JoinReply) -> None:
         address = {p.name: p.address for p in reply.roster}
-        self.peers = {p.name: self.host.channel(address[p.name]) for p in self.cfg.passives}
+        self.peers = {p.name: self.host.channel(address[p.name], p.name) for p in self.cfg.passives}
 
     def step(self, cmd: messages_pb2.StepCommand, rows: np.ndarray) -> dict[str, float]:
         host, h = self.host, cmd.header

@@ -90,6 +90,12 @@ def _make(
     name: str, x: np.ndarray, y: np.ndarray, *, is_image: bool, ids: np.ndarray | None = None
 ) -> Dataset:
     y = np.asarray(y)
+    if len(x) != len(y) or (ids is not None and len(ids) != len(y)):
+        # never train on a silently truncated pairing of rows and labels
+        sizes = f"{len(x)} rows of x, {len(y)} labels" + ("" if ids is None else f", {len(ids)} ids")
+        raise ValueError(f"{name}: {sizes}: each row needs exactly one label (and id)")
+    if is_image and x.dtype == np.uint8:  # 0-255 pixels: image models and `normalize: auto` take [0, 1]
+        x = x.astype(np.float32) / 255.0
     classes, y_index = np.unique(y, return_inverse=True)
     return Dataset(
         name=name,

@@ -96,6 +96,11 @@ def party_view(cfg: Config, party_name: str, dataset: Dataset | None = None) -> 
 def normalize(x: np.ndarray, train_rows: np.ndarray, mode: str, is_image: bool) -> np.ndarray:
     """Normalise a party's own features using statistics of its own training rows only."""
     if mode == "auto":
+        if is_image and x.size and (x.min() < 0 or x.max() > 1):
+            raise ValueError(
+                f"image values span [{x.min():g}, {x.max():g}]; `data.normalize: auto` leaves images as "
+                "they are and expects [0, 1]: set data.normalize to minmax or standard"
+            )
         mode = "none" if is_image else "standard"
     if mode == "none":
         return x.astype(np.float32)

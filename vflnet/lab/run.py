@@ -8,7 +8,6 @@ logs and the proxy trace are all written under the lab directory.
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import os
 import shutil
@@ -24,10 +23,10 @@ from typing import IO, Any
 from vflnet.interceptors.trace import trace_path
 from vflnet.lab.netlab import Host, Lab, LabError, in_netns, lab_config, lab_processes, write_yaml
 from vflnet.runner.local import stop_processes
+from vflnet.runner.parent_death import child_env
 from vflnet.runner.report import print_summary
 from vflnet.wire import tls as tls_files
 
-PR_SET_PDEATHSIG = 1
 START_TIMEOUT_S = 60.0  # the proxy must be listening by then
 EXIT_GRACE_S = 30.0  # parties exit on their own after the coordinator's Shutdown
 PROXY_MAIN = "import sys; from vflnet.roles.proxy import main; sys.exit(main(sys.argv[1:]))"
@@ -60,10 +59,6 @@ class Proc:
 class LabRunResult:
     rc: int
     run_dir: Path
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _listening(ns: str, port: int) -> bool:
@@ -101,14 +96,13 @@ class LabRun:
     def _spawn(self, host: Host, args: list[str]) -> Proc:
         log_path = self.run_dir / "logs" / f"{host.name}.log"
         log_file = log_path.open("ab")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = child_env(dict(os.environ, PYTHONUNBUFFERED="1"))
         popen = subprocess.Popen(
             ["ip", "netns", "exec", host.ns, sys.executable, *args],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
-            preexec_fn=_die_with_parent,
         )
         proc = Proc(host, popen, log_path, log_file)
         self.procs[host.name] = proc

@@ -145,7 +145,7 @@ class SplitPassive(PartySide):
     def joined(self, reply: messages_pb2.JoinReply) -> None:
         self.compute = self.make_compute()
         active = next(p for p in reply.roster if p.role == "active")
-        self.active = services_pb2_grpc.ActiveStub(self.host.channel(active.address))
+        self.active = services_pb2_grpc.ActiveStub(self.host.channel(active.address, active.name))
 
     def make_compute(self) -> Any:
         return PassiveSplit(self.host.local)
@@ -278,6 +278,8 @@ class SplitActive(PartySide):
     def _slot(self, step: int) -> StepSlot:
         if step <= self.completed_step:
             raise stale_step(f"step {step} is not current: step {self.completed_step} is already done")
+        if step > self.completed_step + 1:  # nothing parks a slot for a step the schedule has not reached
+            raise stale_step(f"step {step} is out of order: step {self.completed_step + 1} is next")
         if step not in self.slots:
             self.slots[step] = StepSlot(step)
         return self.slots[step]

@@ -44,7 +44,7 @@ from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.bridge import add_handlers
 from vflnet.wire.channels import check_message_size
 from vflnet.wire.ciphers import cipher_from_proto_checked
-from vflnet.wire.errors import RpcFailure, describe_rpc_error, invalid
+from vflnet.wire.errors import RpcFailure, describe_rpc_error, invalid, shown
 
 log = logging.getLogger("vflnet.split_he")
 DECRYPT = "/vflnet.v1.Coordinator/Decrypt"
@@ -156,9 +156,16 @@ class DecryptionService(CoordinatorSide):
     """The coordinator holds the Paillier private key and decrypts what parties send.
 
     Parties mask everything before asking (vflnet.crypto.masking), so what it decrypts is
-    statistically independent of the values. It checks who may ask for what, and counts it all."""
+    statistically independent of the values. It checks who may ask for what, and counts it all.
 
-    PURPOSES = {"aggregate_logits": {"active"}, "masked_gradient": {"active", "passive"}}
+    It is no decryption oracle: a request is bound to the step in flight (its number and phase), to
+    the requester's role and purpose, one per (step, party, purpose), and to the shape the protocol
+    expects: the aggregate logits have one row per sample of the step; a party's masked gradient exists
+    only in training steps. The width of the logits and the size of a party's gradient are fixed by its
+    first request (the coordinator never sees the models). What remains trusted, a party packing other
+    ciphertexts into the shape it is entitled to, is in docs/protocols.md and docs/security.md."""
+
+    PURPOSES = {"aggregate_logits": {"active"}, "masked_gradient": {"passive"}}
 
     def __init__(self, host: Any) -> None:
         super().__init__(host)
@@ -178,6 +185,16 @@ class DecryptionService(CoordinatorSide):
         self.lock = threading.Lock()
         self.requests: dict[str, int] = {}
         self.values: dict[str, int] = {}
+        self.step = messages_pb2.Header()  # the step in flight (its header and batch size)
+        self.batch_size = 0
+        self.served: set[tuple[str, str]] = set()  # (party, purpose) decrypted in this step
+        self.shapes: dict[tuple[str, str], tuple[int, ...]] = {}  # fixed by each party's first request
+
+    def command(self, party: str, cmd: messages_pb2.StepCommand) -> messages_pb2.StepCommand:
+        with self.lock:
+            if cmd.header.step != self.step.step:
+                self.step, self.batch_size, self.served = cmd.header, len(cmd.sample_ids), set()
+        return cmd
 
     def add_services(self, server: Any) -> None:
         add_handlers(server, {DECRYPT: self.decrypt})
@@ -191,10 +208,14 @@ class DecryptionService(CoordinatorSide):
         check_run(self.cfg, req.header.run_id)
         allowed = self.PURPOSES.get(req.purpose)
         if allowed is None:
-            raise invalid(f"unknown decryption purpose {req.purpose!r}; known: {sorted(self.PURPOSES)}")
+            raise invalid(f"unknown decryption purpose {shown(req.purpose)}; known: {sorted(self.PURPOSES)}")
         check_sender(self.cfg, req.header.sender, allowed, context)
         try:
             masked = cipher_from_proto(req.cipher, self.public_key)
+        except (ValueError, OverflowError) as exc:
+            raise invalid(f"cannot decrypt: {exc}") from exc
+        self._bind(req, masked.shape)
+        try:
             ints = self._private_key.decrypt_encoded(masked, workers=self.cfg.protocol.he.workers)
         except (ValueError, OverflowError) as exc:
             raise invalid(f"cannot decrypt: {exc}") from exc
@@ -205,7 +226,7 @@ class DecryptionService(CoordinatorSide):
             self.values[key] = self.values.get(key, 0) + ints.size
         reply_header = header(
             self.cfg,
-            "coordinator",
+            self.cfg.coordinator.name,
             req.header.step,
             req.header.epoch,
             req.header.batch_id,
@@ -215,6 +236,38 @@ class DecryptionService(CoordinatorSide):
         return messages_pb2.DecryptReply(
             header=reply_header, shape=list(ints.shape), integer_width=width, integers=data
         )
+
+    def _bind(self, req: messages_pb2.DecryptRequest, shape: tuple[int, ...]) -> None:
+        """Refuse (FAILED_PRECONDITION / INVALID_ARGUMENT) a request the step in flight does not call for;
+        on success the (party, purpose) slot of this step is spent."""
+        h, key = req.header, (req.header.sender, req.purpose)
+        with self.lock:
+            if self.step.step == 0 or h.step != self.step.step or h.phase != self.step.phase:
+                raise RpcFailure(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"decryption for step {h.step} (phase {h.phase}); step {self.step.step} "
+                    f"(phase {self.step.phase}) is in flight",
+                )
+            if req.purpose == "masked_gradient" and h.phase != messages_pb2.TRAIN:
+                raise RpcFailure(
+                    grpc.StatusCode.FAILED_PRECONDITION, "a masked gradient exists only in training"
+                )
+            if key in self.served:
+                raise RpcFailure(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{h.sender} already had its {req.purpose} of step {h.step} decrypted",
+                )
+            if req.purpose == "aggregate_logits" and (len(shape) != 2 or shape[0] != self.batch_size):
+                raise invalid(
+                    f"aggregate logits of shape {shape}; step {h.step} has {self.batch_size} samples"
+                )
+            expected = self.shapes.setdefault(key, shape[1:] if req.purpose == "aggregate_logits" else shape)
+            got = shape[1:] if req.purpose == "aggregate_logits" else shape
+            if got != expected:
+                raise invalid(
+                    f"{req.purpose} of shape {shape}; {h.sender}'s earlier requests fixed {expected}"
+                )
+            self.served.add(key)
 
     def finish(self) -> dict[str, Any]:
         return {"decryptions": {"requests": self.requests, "values": self.values}}

@@ -12,7 +12,7 @@ import torch
 
 from vflnet.config import Config
 from vflnet.v1 import messages_pb2
-from vflnet.wire.errors import RpcFailure, permission_denied, stale_step
+from vflnet.wire.errors import RpcFailure, permission_denied, shown, stale_step
 
 
 def setup_logging(name: str, level: str) -> None:
@@ -47,7 +47,7 @@ def header(
 
 def check_run(cfg: Config, got: str) -> None:
     if got != cfg.run.id:
-        raise permission_denied(f"message for run {got!r}, this is run {cfg.run.id!r}")
+        raise permission_denied(f"message for run {shown(got)}, this is run {cfg.run.id!r}")
 
 
 def check_sender(cfg: Config, sender: str, roles: set[str], context: grpc.ServicerContext | None) -> None:
@@ -55,7 +55,7 @@ def check_sender(cfg: Config, sender: str, roles: set[str], context: grpc.Servic
     certificate's identity (a party cannot speak for another)."""
     names = {p.name: p.role for p in cfg.parties}
     if sender not in names:
-        raise permission_denied(f"unknown party {sender!r}: not in the roster")
+        raise permission_denied(f"unknown party {shown(sender)}: not in the roster")
     if names[sender] not in roles:
         raise permission_denied(
             f"party {sender!r} has role {names[sender]!r}; this call needs {sorted(roles)}"

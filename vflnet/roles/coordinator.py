@@ -22,11 +22,12 @@ from vflnet.config import Config
 from vflnet.data.alignment import epoch_batches, eval_batches, intersect, split_train_test
 from vflnet.interceptors.setup import party_interception
 from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, RunFailed
-from vflnet.roles.common import check_run, header, wait_for
+from vflnet.roles.common import check_run, check_sender, header, wait_for
 from vflnet.roles.party import accept_release
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.bridge import Bridge, add_handlers
-from vflnet.wire.errors import RpcFailure, describe_rpc_error, permission_denied
+from vflnet.wire.channels import stop_server
+from vflnet.wire.errors import RpcFailure, describe_rpc_error, permission_denied, shown
 
 log = logging.getLogger("vflnet.coordinator")
 
@@ -45,15 +46,17 @@ class Admission:
     complete: threading.Event = field(default_factory=threading.Event)
     reply: messages_pb2.JoinReply | None = None
 
-    def admit(self, req: messages_pb2.JoinRequest) -> None:
+    def admit(self, req: messages_pb2.JoinRequest, context: Any) -> None:
         check_run(self.cfg, req.run_id)
         roster = {p.name: p.role for p in self.cfg.parties if p.role != "coordinator"}
         if req.name not in roster:
-            raise permission_denied(f"party {req.name!r} is not in the roster ({', '.join(roster)})")
+            raise permission_denied(f"party {shown(req.name)} is not in the roster ({', '.join(roster)})")
         if req.role != roster[req.name]:
             raise permission_denied(
-                f"party {req.name!r} joined as {req.role!r}; the roster says {roster[req.name]!r}"
+                f"party {req.name!r} joined as {shown(req.role)}; the roster says {roster[req.name]!r}"
             )
+        # under TLS the name joined must be the certificate's: no party can take another's seat
+        check_sender(self.cfg, req.name, {req.role}, context)
         with self.lock:
             if req.name in self.joined:
                 raise RpcFailure(grpc.StatusCode.ALREADY_EXISTS, f"party {req.name!r} has already joined")
@@ -115,7 +118,6 @@ class Schedule:
         self.cfg, self.stubs, self.metrics, self.side = cfg, stubs, metrics, side
         self.train_ids = np.asarray(reply.train_ids, dtype=np.int64)
         self.test_ids = np.asarray(reply.test_ids, dtype=np.int64)
-        self.addresses = {p.name: p.address for p in reply.roster}
         self.step = 0
         self.timeout = cfg.transport.rpc_timeout_s
         self.released_bytes: dict[str, int] = {}
@@ -135,7 +137,9 @@ class Schedule:
         }
 
     def _header(self, phase: int, epoch: int, batch_id: int) -> messages_pb2.Header:
-        return header(self.cfg, "coordinator", self.step, epoch, batch_id, phase, self.side.model_version)
+        return header(
+            self.cfg, self.cfg.coordinator.name, self.step, epoch, batch_id, phase, self.side.model_version
+        )
 
     def _all(self, calls: dict[str, Any], what: str) -> dict[str, Any]:
         """Wait for every party's call; stop at the first failure instead of waiting for parties
@@ -290,11 +294,11 @@ class Schedule:
         for r in self.cfg.model_release:
             if r.when != when:
                 continue
-            self.step += 1
+            # a release carries the last step's number: step numbers belong to RunStep, which every
+            # party receives, so each party can refuse any step but the next one
             cmd = messages_pb2.ReleaseCommand(
                 header=self._header(messages_pb2.PHASE_UNSPECIFIED, 0, 0),
                 recipient=r.recipient,
-                recipient_address=self.addresses.get(r.recipient, self.coordinator_address),
                 modules=r.modules,
             )
             ack = self._all(
@@ -314,8 +318,6 @@ class Schedule:
                 }
             )
 
-    coordinator_address = ""
-
 
 def shutdown_all(
     cfg: Config, stubs: dict[str, services_pb2_grpc.PartyStub], reason: str, save: bool
@@ -324,7 +326,9 @@ def shutdown_all(
     for name, stub in stubs.items():
         try:
             reply = stub.Shutdown(
-                messages_pb2.ShutdownRequest(run_id=cfg.run.id, save_checkpoint=save, reason=reason),
+                messages_pb2.ShutdownRequest(
+                    run_id=cfg.run.id, save_checkpoint=save, reason=reason, sender=cfg.coordinator.name
+                ),
                 timeout=30,
             )
             paths[name] = reply.checkpoint
@@ -350,7 +354,7 @@ class CoordinatorHost:
         self.admission = Admission(cfg, self.side)
 
     def join(self, req: messages_pb2.JoinRequest, context: Any) -> messages_pb2.JoinReply:
-        self.admission.admit(req)
+        self.admission.admit(req, context)
         wait_for(self.admission.complete, self.cfg.transport.join_timeout_s, "the rest of the roster to join")
         assert self.admission.reply is not None
         return self.admission.reply
@@ -394,12 +398,11 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge) -> int:
         assert admission.reply is not None
         for info in admission.reply.roster:
             stubs[info.name] = services_pb2_grpc.PartyStub(
-                bridge.open_channel(info.address, name, host.interception.chain)
+                bridge.open_channel(info.address, name, host.interception.chain, info.name)
             )
         deliver_server_knowledge(cfg, host.interception.knowledge, admission.reply, admission.joined)
         host.side.start(admission.joined)
         schedule = Schedule(cfg, stubs, metrics, admission.reply, host.side)
-        schedule.coordinator_address = address
         write_atomic(run_dir / "plan.json", json.dumps(schedule.plan()))
         result = schedule.run()
         summary.update(result, status="completed")
@@ -416,4 +419,4 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge) -> int:
         host.interception.finish(run_dir)
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         metrics.close()
-        server.stop(grace=2).wait()
+        stop_server(server, grace=2)

@@ -28,7 +28,8 @@ from vflnet.protocols.base import PROTOCOLS, PartySide
 from vflnet.roles.common import Liveness, check_run, check_sender, header, wait_for
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.bridge import Bridge, add_handlers
-from vflnet.wire.errors import RpcFailure, describe_rpc_error
+from vflnet.wire.channels import stop_server
+from vflnet.wire.errors import RpcFailure, describe_rpc_error, shown
 from vflnet.wire.meter import Meter
 from vflnet.wire.tensors import from_tensor_map
 
@@ -70,9 +71,10 @@ class PartyHost:
         )
 
     # ------------------------------------------------------------------------------- setup
-    def channel(self, address: str) -> grpc.Channel:
-        """A client channel to a peer, with this party's interceptor chain on it."""
-        return self.bridge.open_channel(address, self.name, self.interception.chain)
+    def channel(self, address: str, peer: str) -> grpc.Channel:
+        """A client channel to roster party ``peer`` at ``address``, with this party's interceptor chain
+        on it (under TLS the server must hold ``peer``'s certificate)."""
+        return self.bridge.open_channel(address, self.name, self.interception.chain, peer)
 
     def header(self, h: messages_pb2.Header) -> messages_pb2.Header:
         """The header of a message this party sends within the step (or phase) of ``h``."""
@@ -85,7 +87,7 @@ class PartyHost:
         return {"config": dataclasses.asdict(cfg) if cfg is not None else None, "input_shape": shape}
 
     def join(self, coordinator: str, advertise: str) -> messages_pb2.JoinReply:
-        self.coordinator_channel = self.channel(coordinator)
+        self.coordinator_channel = self.channel(coordinator, self.cfg.coordinator.name)
         stub = services_pb2_grpc.CoordinatorStub(self.coordinator_channel)
         req = messages_pb2.JoinRequest(
             run_id=self.cfg.run.id,
@@ -132,8 +134,8 @@ class PartyHost:
         add_handlers(
             server,
             {
-                RUN_STEP: lambda req, ctx: self.run_step(req),
-                SHUTDOWN: lambda req, ctx: self.shutdown(req),
+                RUN_STEP: self.run_step,
+                SHUTDOWN: self.shutdown,
                 RELEASE_MODEL: lambda req, ctx: self.release_model(req, ctx),
                 RECEIVE_MODEL: lambda req, ctx: self.receive_model(req, ctx),
             },
@@ -142,30 +144,36 @@ class PartyHost:
 
     # ---------------------------------------------------------------------------- per step
     def begin_step(self, cmd: messages_pb2.StepCommand) -> np.ndarray:
-        """Checks shared by every protocol at the start of a step; returns this party's rows."""
-        self._from_coordinator(cmd.header)
-        if cmd.header.step <= self.last_step:
+        """Checks shared by every protocol at the start of a step, all before any effect; returns this
+        party's rows. Steps are numbered 1, 2, ... across phases, so only the next one is accepted: a
+        replayed or stale step, or one from the future that would park the party, is refused."""
+        expected = self.last_step + 1
+        if cmd.header.step != expected:
+            why = "is stale" if cmd.header.step <= self.last_step else "is out of order"
             raise RpcFailure(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"step {cmd.header.step} is stale: step {self.last_step} is done",
+                f"step {cmd.header.step} {why}: step {self.last_step} is done, {expected} is next",
             )
         if len(cmd.sample_ids) == 0:
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "a step needs at least one sample id")
+        try:
+            rows = self.data.rows(np.asarray(cmd.sample_ids, dtype=np.int64))
+        except KeyError as exc:
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc.args[0] if exc.args else exc)) from exc
         self.current = cmd.header
         self.local.enter_epoch(cmd.header.epoch)
-        try:
-            return self.data.rows(np.asarray(cmd.sample_ids, dtype=np.int64))
-        except KeyError as exc:
-            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc).strip('"')) from exc
+        return rows
 
-    def _from_coordinator(self, h: messages_pb2.Header) -> None:
+    def _from_coordinator(self, h: messages_pb2.Header, context: Any) -> None:
+        """Run id, sender (under TLS: its certificate) and role are checked before anything happens; only
+        then does the message count as a sign of life from the coordinator."""
+        check_run(self.cfg, h.run_id)
+        check_sender(self.cfg, h.sender, {"coordinator"}, context)
         wait_for(self.ready, self.cfg.transport.rpc_timeout_s, f"{self.name} to finish joining")
         self.liveness.touch()
-        check_run(self.cfg, h.run_id)
-        if h.sender != "coordinator" and self.cfg.party(h.sender).role != "coordinator":
-            raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED, "only the coordinator schedules steps")
 
-    def run_step(self, cmd: messages_pb2.StepCommand) -> messages_pb2.StepReport:
+    def run_step(self, cmd: messages_pb2.StepCommand, context: Any = None) -> messages_pb2.StepReport:
+        self._from_coordinator(cmd.header, context)
         with self.step_lock:
             rows = self.begin_step(cmd)
             metrics = self.side.step(cmd, rows)
@@ -182,12 +190,31 @@ class PartyHost:
     # ----------------------------------------------------------------------- model release
     def release_model(self, cmd: messages_pb2.ReleaseCommand, context: Any) -> messages_pb2.ReleaseAck:
         """The coordinator's order to hand ``cmd.modules`` to ``cmd.recipient`` (the config's model_release)."""
-        self._from_coordinator(cmd.header)
+        self._from_coordinator(cmd.header, context)
+        granted = {
+            m
+            for r in self.cfg.model_release
+            if r.owner == self.name and r.recipient == cmd.recipient
+            for m in r.modules
+        }
+        if not set(cmd.modules) <= granted or not cmd.modules:
+            raise RpcFailure(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the run config grants {shown(cmd.recipient)} {sorted(granted) or 'no'} modules of {self.name}'s "
+                f"model; the command asks for {shown(', '.join(cmd.modules))}",
+            )
+        # the recipient's address comes from the roster, never from the command
+        if cmd.recipient == self.cfg.coordinator.name:
+            channel = self.coordinator_channel
+        else:
+            roster = {p.name: p.address for p in self.join_reply.roster}
+            channel = self.channel(roster[cmd.recipient], cmd.recipient)
         with self.step_lock:
             missing = [m for m in cmd.modules if m not in self.local.modules]
             if missing:
                 raise RpcFailure(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"{self.name} has no module(s) {missing} to release"
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{self.name} has no module(s) {shown(', '.join(missing))} to release",
                 )
             params, spec = self.side.release(list(cmd.modules))
             msg = messages_pb2.ModelRelease(
@@ -199,7 +226,7 @@ class PartyHost:
                 if cmd.recipient == self.cfg.coordinator.name
                 else services_pb2_grpc.PartyStub
             )
-            stub = service(self.channel(cmd.recipient_address))
+            stub = service(channel)
             try:
                 stub.ReceiveModel(msg, timeout=self.cfg.transport.rpc_timeout_s)
             except grpc.RpcError as exc:
@@ -224,8 +251,9 @@ class PartyHost:
         self.side.checkpoint(path)
         return str(path)
 
-    def shutdown(self, req: messages_pb2.ShutdownRequest) -> messages_pb2.ShutdownReply:
+    def shutdown(self, req: messages_pb2.ShutdownRequest, context: Any = None) -> messages_pb2.ShutdownReply:
         check_run(self.cfg, req.run_id)
+        check_sender(self.cfg, req.sender, {"coordinator"}, context)
         log.info("%s: shutdown requested (%s)", self.name, req.reason)
         self.side.stop(req.reason)
         with self.step_lock:  # never save a half-applied update
@@ -250,7 +278,8 @@ def accept_release(
     if not granted or not set(msg.modules) <= granted:
         raise RpcFailure(
             grpc.StatusCode.PERMISSION_DENIED,
-            f"{name} is granted {sorted(granted) or 'no'} modules of {h.sender}'s model, got {list(msg.modules)}",
+            f"{name} is granted {sorted(granted) or 'no'} modules of {h.sender}'s model, "
+            f"got {shown(', '.join(msg.modules))}",
         )
     try:
         params = from_tensor_map(msg.parameters, f"{h.sender}'s released parameter")
@@ -277,5 +306,5 @@ def serve(host: PartyHost, listen: str, coordinator: str, advertise: str) -> int
     why = host.liveness.wait()
     if why != "shutdown":
         log.error("%s: stopping: %s", host.name, why)
-    server.stop(grace=2).wait()
+    stop_server(server, grace=2)
     return 0 if why == "shutdown" else 3

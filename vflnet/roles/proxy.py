@@ -38,7 +38,7 @@ from vflnet.config import TLSConfig, TransportConfig
 from vflnet.interceptors.chain import Chain, Refused
 from vflnet.interceptors.events import METHODS, WireEvent, message_class
 from vflnet.interceptors.trace import TraceWriter
-from vflnet.wire.channels import bind, grpc_options, make_server, open_channel
+from vflnet.wire.channels import bind, grpc_options, make_server, open_channel, stop_server
 from vflnet.wire.chunking import METHOD_KEY, ChunkingChannel, Limits
 
 log = logging.getLogger("vflnet.proxy")
@@ -466,7 +466,7 @@ def wait_for_signal() -> None:
 def serve_until_signal(server: grpc.Server, writer: TraceWriter | None) -> None:
     """Serve until SIGINT/SIGTERM, then stop the server and close the trace (durable on close)."""
     wait_for_signal()
-    server.stop(grace=2).wait()
+    stop_server(server, grace=2)
     if writer is not None:
         writer.close()
 

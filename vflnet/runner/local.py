@@ -8,7 +8,6 @@ SIGTERM from the kernel if the launcher itself dies (PR_SET_PDEATHSIG), so none 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -20,16 +19,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from vflnet.config import Config, dump
+from vflnet.roles.run_lock import role_lock
+from vflnet.runner.parent_death import child_env
 from vflnet.runner.report import print_summary
 from vflnet.runner.scoring import score_run
 from vflnet.validation import load_config
-
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass
@@ -64,14 +58,15 @@ class LocalCluster:
         log_path = self.run_dir / "logs" / f"{name}.log"
         log_file = log_path.open("ab")
         cmd = [sys.executable, "-m", "vflnet", *args]
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.cfg.runtime.torch_threads))
+        env = child_env(
+            dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.cfg.runtime.torch_threads))
+        )
         proc = subprocess.Popen(
             cmd,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
-            preexec_fn=_die_with_parent,
         )
         child = Child(name, role, proc, log_path, log_file)
         self.children[name] = child
@@ -256,8 +251,8 @@ def _tail(path: Path, n: int) -> list[str]:
         return []
 
 
-def prepare_run_dir(cfg: Config, config_path: Path, run_dir: Path | None) -> tuple[Path, Path]:
-    """Give the run an id and a fresh directory; write the resolved config there."""
+def choose_run_dir(cfg: Config, config_path: Path, run_dir: Path | None) -> Path:
+    """Give the run an id and, unless one is given, a fresh directory."""
     if not cfg.run.id:
         cfg.run.id = f"{config_path.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     if run_dir is None:
@@ -267,16 +262,21 @@ def prepare_run_dir(cfg: Config, config_path: Path, run_dir: Path | None) -> tup
             n += 1
             run_dir = Path(cfg.run.dir) / f"{cfg.run.id}-{n}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "logs").mkdir(exist_ok=True)
-    resolved = run_dir / "config.yaml"
-    dump(cfg, resolved)
-    return run_dir, resolved
+    return run_dir
 
 
 def run_local(config_path: str | Path, *, run_dir: Path | None = None, progress: bool = True) -> int:
     config_path = Path(config_path)
     cfg = load_config(config_path)
-    run_dir, resolved = prepare_run_dir(cfg, config_path, run_dir)
+    run_dir = choose_run_dir(cfg, config_path, run_dir)
+    with role_lock(run_dir, "launcher"):  # before anything is written: the directory may be another run's
+        (run_dir / "logs").mkdir(exist_ok=True)
+        resolved = run_dir / "config.yaml"
+        dump(cfg, resolved)
+        return _run(cfg, run_dir, resolved, progress)
+
+
+def _run(cfg: Config, run_dir: Path, resolved: Path, progress: bool) -> int:
     if cfg.transport.bridge == "loopback":
         return _run_in_process(cfg, run_dir, progress)
     print(f"run {cfg.run.id}: {len(cfg.parties)} processes, run directory {run_dir}", file=sys.stderr)

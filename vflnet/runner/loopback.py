@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ from vflnet.config import Config
 from vflnet.roles import coordinator
 from vflnet.roles.common import setup_torch
 from vflnet.roles.party import PartyHost, serve
+from vflnet.roles.run_lock import role_lock
 from vflnet.wire.bridge import LoopbackBridge
 from vflnet.wire.loopback import SCHEME, LoopbackHub
 
@@ -34,6 +36,13 @@ def run_loopback(cfg: Config, run_dir: Path, on_tick: Callable[[], None] | None 
         raise LoopbackFailure(
             "`via` (a proxy in front of a party) needs real processes: use transport.bridge: grpc"
         )
+    with ExitStack() as locks:  # as `vflnet party` does for its one role, before anything is written
+        for p in cfg.parties:
+            locks.enter_context(role_lock(run_dir, p.name))
+        _run_roles(cfg, run_dir, on_tick)
+
+
+def _run_roles(cfg: Config, run_dir: Path, on_tick: Callable[[], None] | None) -> None:
     threads_before = torch.get_num_threads()
     setup_torch(cfg)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from vflnet.v1 import tensor_pb2 as vflnet_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18vflnet/v1/messages.proto\x12\tvflnet.v1\x1a\x16vflnet/v1/tensor.proto\"\x8f\x01\n\x06Header\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\x03\x12\x0e\n\x06sender\x18\x04 \x01(\t\x12\x15\n\rmodel_version\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\x12\x1f\n\x05phase\x18\x07 \x01(\x0e\x32\x10.vflnet.v1.Phase\"\x8c\x01\n\x0bJoinRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x12\n\nsample_ids\x18\x05 \x03(\x03\x12,\n\x0einitial_params\x18\x06 \x01(\x0b\x32\x14.vflnet.v1.TensorMap\"8\n\tPartyInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"z\n\tJoinReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12$\n\x06roster\x18\x02 \x03(\x0b\x32\x14.vflnet.v1.PartyInfo\x12\x11\n\ttrain_ids\x18\x03 \x03(\x03\x12\x10\n\x08test_ids\x18\x04 \x03(\x03\x12\x12\n\npublic_key\x18\x05 \x01(\x0c\"\x84\x01\n\x0bStepCommand\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x12\n\nsample_ids\x18\x02 \x03(\x03\x12\x18\n\x10\x63heckpoint_after\x18\x03 \x01(\x08\x12$\n\x06params\x18\x04 \x01(\x0b\x32\x14.vflnet.v1.TensorMap\"\x9a\x03\n\nStepReport\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x33\n\x07metrics\x18\x02 \x03(\x0b\x32\".vflnet.v1.StepReport.MetricsEntry\x12\x38\n\nbytes_sent\x18\x03 \x03(\x0b\x32$.vflnet.v1.StepReport.BytesSentEntry\x12>\n\rpayload_bytes\x18\x04 \x03(\x0b\x32\'.vflnet.v1.StepReport.PayloadBytesEntry\x12#\n\x05grads\x18\x05 \x01(\x0b\x32\x14.vflnet.v1.TensorMap\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x30\n\x0e\x42ytesSentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x33\n\x11PayloadBytesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"J\n\x0fShutdownRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x17\n\x0fsave_checkpoint\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"#\n\rShutdownReply\x12\x12\n\ncheckpoint\x18\x01 \x01(\t\"r\n\x0eReleaseCommand\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x11\n\trecipient\x18\x02 \x01(\t\x12\x19\n\x11recipient_address\x18\x03 \x01(\t\x12\x0f\n\x07modules\x18\x04 \x03(\t\"z\n\x0cModelRelease\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x0f\n\x07modules\x18\x02 \x03(\t\x12(\n\nparameters\x18\x03 \x01(\x0b\x32\x14.vflnet.v1.TensorMap\x12\x0c\n\x04spec\x18\x04 \x01(\t\"\x9b\x01\n\nReleaseAck\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x38\n\nbytes_sent\x18\x02 \x03(\x0b\x32$.vflnet.v1.ReleaseAck.BytesSentEntry\x1a\x30\n\x0e\x42ytesSentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x9e\x01\n\nEmbeddings\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x12\n\nsample_ids\x18\x02 \x03(\x03\x12#\n\x06values\x18\x03 \x01(\x0b\x32\x11.vflnet.v1.TensorH\x00\x12)\n\x06\x63ipher\x18\x04 \x01(\x0b\x32\x17.vflnet.v1.CipherTensorH\x00\x42\t\n\x07payload\"\x92\x01\n\x12\x45mbeddingGradients\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12#\n\x06values\x18\x02 \x01(\x0b\x32\x11.vflnet.v1.TensorH\x00\x12)\n\x06\x63ipher\x18\x03 \x01(\x0b\x32\x17.vflnet.v1.CipherTensorH\x00\x42\t\n\x07payload\"m\n\x0e\x44\x65\x63ryptRequest\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x0f\n\x07purpose\x18\x02 \x01(\t\x12\'\n\x06\x63ipher\x18\x03 \x01(\x0b\x32\x17.vflnet.v1.CipherTensor\"i\n\x0c\x44\x65\x63ryptReply\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x15\n\rinteger_width\x18\x03 \x01(\x05\x12\x10\n\x08integers\x18\x04 \x01(\x0c\"3\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\r\"\x1c\n\x0bReplyTicket\x12\r\n\x05token\x18\x01 \x01(\t*@\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\t\n\x05TRAIN\x10\x01\x12\x08\n\x04\x45VAL\x10\x02\x12\x0b\n\x07PREDICT\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18vflnet/v1/messages.proto\x12\tvflnet.v1\x1a\x16vflnet/v1/tensor.proto\"\x8f\x01\n\x06Header\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\x03\x12\x0e\n\x06sender\x18\x04 \x01(\t\x12\x15\n\rmodel_version\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\x12\x1f\n\x05phase\x18\x07 \x01(\x0e\x32\x10.vflnet.v1.Phase\"\x8c\x01\n\x0bJoinRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x12\n\nsample_ids\x18\x05 \x03(\x03\x12,\n\x0einitial_params\x18\x06 \x01(\x0b\x32\x14.vflnet.v1.TensorMap\"8\n\tPartyInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"z\n\tJoinReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12$\n\x06roster\x18\x02 \x03(\x0b\x32\x14.vflnet.v1.PartyInfo\x12\x11\n\ttrain_ids\x18\x03 \x03(\x03\x12\x10\n\x08test_ids\x18\x04 \x03(\x03\x12\x12\n\npublic_key\x18\x05 \x01(\x0c\"\x84\x01\n\x0bStepCommand\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x12\n\nsample_ids\x18\x02 \x03(\x03\x12\x18\n\x10\x63heckpoint_after\x18\x03 \x01(\x08\x12$\n\x06params\x18\x04 \x01(\x0b\x32\x14.vflnet.v1.TensorMap\"\x9a\x03\n\nStepReport\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x33\n\x07metrics\x18\x02 \x03(\x0b\x32\".vflnet.v1.StepReport.MetricsEntry\x12\x38\n\nbytes_sent\x18\x03 \x03(\x0b\x32$.vflnet.v1.StepReport.BytesSentEntry\x12>\n\rpayload_bytes\x18\x04 \x03(\x0b\x32\'.vflnet.v1.StepReport.PayloadBytesEntry\x12#\n\x05grads\x18\x05 \x01(\x0b\x32\x14.vflnet.v1.TensorMap\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x30\n\x0e\x42ytesSentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x33\n\x11PayloadBytesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"Z\n\x0fShutdownRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x17\n\x0fsave_checkpoint\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06sender\x18\x04 \x01(\t\"#\n\rShutdownReply\x12\x12\n\ncheckpoint\x18\x01 \x01(\t\"]\n\x0eReleaseCommand\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x11\n\trecipient\x18\x02 \x01(\t\x12\x0f\n\x07modules\x18\x04 \x03(\tJ\x04\x08\x03\x10\x04\"z\n\x0cModelRelease\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x0f\n\x07modules\x18\x02 \x03(\t\x12(\n\nparameters\x18\x03 \x01(\x0b\x32\x14.vflnet.v1.TensorMap\x12\x0c\n\x04spec\x18\x04 \x01(\t\"\x9b\x01\n\nReleaseAck\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x38\n\nbytes_sent\x18\x02 \x03(\x0b\x32$.vflnet.v1.ReleaseAck.BytesSentEntry\x1a\x30\n\x0e\x42ytesSentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x9e\x01\n\nEmbeddings\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x12\n\nsample_ids\x18\x02 \x03(\x03\x12#\n\x06values\x18\x03 \x01(\x0b\x32\x11.vflnet.v1.TensorH\x00\x12)\n\x06\x63ipher\x18\x04 \x01(\x0b\x32\x17.vflnet.v1.CipherTensorH\x00\x42\t\n\x07payload\"\x92\x01\n\x12\x45mbeddingGradients\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12#\n\x06values\x18\x02 \x01(\x0b\x32\x11.vflnet.v1.TensorH\x00\x12)\n\x06\x63ipher\x18\x03 \x01(\x0b\x32\x17.vflnet.v1.CipherTensorH\x00\x42\t\n\x07payload\"m\n\x0e\x44\x65\x63ryptRequest\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x0f\n\x07purpose\x18\x02 \x01(\t\x12\'\n\x06\x63ipher\x18\x03 \x01(\x0b\x32\x17.vflnet.v1.CipherTensor\"i\n\x0c\x44\x65\x63ryptReply\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x15\n\rinteger_width\x18\x03 \x01(\x05\x12\x10\n\x08integers\x18\x04 \x01(\x0c\"3\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\r\"\x1c\n\x0bReplyTicket\x12\r\n\x05token\x18\x01 \x01(\t*@\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\t\n\x05TRAIN\x10\x01\x12\x08\n\x04\x45VAL\x10\x02\x12\x0b\n\x07PREDICT\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,8 +40,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STEPREPORT_PAYLOADBYTESENTRY']._serialized_options = b'8\001'
   _globals['_RELEASEACK_BYTESSENTENTRY']._loaded_options = None
   _globals['_RELEASEACK_BYTESSENTENTRY']._serialized_options = b'8\001'
-  _globals['_PHASE']._serialized_start=2204
-  _globals['_PHASE']._serialized_end=2268
+  _globals['_PHASE']._serialized_start=2199
+  _globals['_PHASE']._serialized_end=2263
   _globals['_HEADER']._serialized_start=64
   _globals['_HEADER']._serialized_end=207
   _globals['_JOINREQUEST']._serialized_start=210
@@ -61,27 +61,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STEPREPORT_PAYLOADBYTESENTRY']._serialized_start=1029
   _globals['_STEPREPORT_PAYLOADBYTESENTRY']._serialized_end=1080
   _globals['_SHUTDOWNREQUEST']._serialized_start=1082
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1156
-  _globals['_SHUTDOWNREPLY']._serialized_start=1158
-  _globals['_SHUTDOWNREPLY']._serialized_end=1193
-  _globals['_RELEASECOMMAND']._serialized_start=1195
-  _globals['_RELEASECOMMAND']._serialized_end=1309
-  _globals['_MODELRELEASE']._serialized_start=1311
-  _globals['_MODELRELEASE']._serialized_end=1433
-  _globals['_RELEASEACK']._serialized_start=1436
-  _globals['_RELEASEACK']._serialized_end=1591
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1172
+  _globals['_SHUTDOWNREPLY']._serialized_start=1174
+  _globals['_SHUTDOWNREPLY']._serialized_end=1209
+  _globals['_RELEASECOMMAND']._serialized_start=1211
+  _globals['_RELEASECOMMAND']._serialized_end=1304
+  _globals['_MODELRELEASE']._serialized_start=1306
+  _globals['_MODELRELEASE']._serialized_end=1428
+  _globals['_RELEASEACK']._serialized_start=1431
+  _globals['_RELEASEACK']._serialized_end=1586
   _globals['_RELEASEACK_BYTESSENTENTRY']._serialized_start=979
   _globals['_RELEASEACK_BYTESSENTENTRY']._serialized_end=1027
-  _globals['_EMBEDDINGS']._serialized_start=1594
-  _globals['_EMBEDDINGS']._serialized_end=1752
-  _globals['_EMBEDDINGGRADIENTS']._serialized_start=1755
-  _globals['_EMBEDDINGGRADIENTS']._serialized_end=1901
-  _globals['_DECRYPTREQUEST']._serialized_start=1903
-  _globals['_DECRYPTREQUEST']._serialized_end=2012
-  _globals['_DECRYPTREPLY']._serialized_start=2014
-  _globals['_DECRYPTREPLY']._serialized_end=2119
-  _globals['_CHUNK']._serialized_start=2121
-  _globals['_CHUNK']._serialized_end=2172
-  _globals['_REPLYTICKET']._serialized_start=2174
-  _globals['_REPLYTICKET']._serialized_end=2202
+  _globals['_EMBEDDINGS']._serialized_start=1589
+  _globals['_EMBEDDINGS']._serialized_end=1747
+  _globals['_EMBEDDINGGRADIENTS']._serialized_start=1750
+  _globals['_EMBEDDINGGRADIENTS']._serialized_end=1896
+  _globals['_DECRYPTREQUEST']._serialized_start=1898
+  _globals['_DECRYPTREQUEST']._serialized_end=2007
+  _globals['_DECRYPTREPLY']._serialized_start=2009
+  _globals['_DECRYPTREPLY']._serialized_end=2114
+  _globals['_CHUNK']._serialized_start=2116
+  _globals['_CHUNK']._serialized_end=2167
+  _globals['_REPLYTICKET']._serialized_start=2169
+  _globals['_REPLYTICKET']._serialized_end=2197
 # @@protoc_insertion_point(module_scope)

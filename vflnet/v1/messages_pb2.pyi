@@ -125,14 +125,16 @@ class StepReport(_message.Message):
     def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., bytes_sent: _Optional[_Mapping[str, int]] = ..., payload_bytes: _Optional[_Mapping[str, int]] = ..., grads: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
-    __slots__ = ("run_id", "save_checkpoint", "reason")
+    __slots__ = ("run_id", "save_checkpoint", "reason", "sender")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SAVE_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     save_checkpoint: bool
     reason: str
-    def __init__(self, run_id: _Optional[str] = ..., save_checkpoint: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    sender: str
+    def __init__(self, run_id: _Optional[str] = ..., save_checkpoint: _Optional[bool] = ..., reason: _Optional[str] = ..., sender: _Optional[str] = ...) -> None: ...
 
 class ShutdownReply(_message.Message):
     __slots__ = ("checkpoint",)
@@ -141,16 +143,14 @@ class ShutdownReply(_message.Message):
     def __init__(self, checkpoint: _Optional[str] = ...) -> None: ...
 
 class ReleaseCommand(_message.Message):
-    __slots__ = ("header", "recipient", "recipient_address", "modules")
+    __slots__ = ("header", "recipient", "modules")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     RECIPIENT_FIELD_NUMBER: _ClassVar[int]
-    RECIPIENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODULES_FIELD_NUMBER: _ClassVar[int]
     header: Header
     recipient: str
-    recipient_address: str
     modules: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., recipient: _Optional[str] = ..., recipient_address: _Optional[str] = ..., modules: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., recipient: _Optional[str] = ..., modules: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelRelease(_message.Message):
     __slots__ = ("header", "modules", "parameters", "spec")

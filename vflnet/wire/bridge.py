@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import grpc
+from grpc_health.v1 import health_pb2
 
 from vflnet.config import TransportConfig
 from vflnet.interceptors.chain import Chain
@@ -23,7 +24,7 @@ from vflnet.interceptors.grpc_adapters import ServerChainInterceptor, intercept_
 from vflnet.wire.channels import bind as grpc_bind
 from vflnet.wire.channels import make_server as grpc_server
 from vflnet.wire.channels import open_channel as grpc_channel
-from vflnet.wire.errors import handle_errors
+from vflnet.wire.errors import handle_errors, lenient_parser
 from vflnet.wire.loopback import LoopbackHub
 
 Handler = Callable[[Any, Any], Any]  # (request, context) -> response
@@ -42,7 +43,10 @@ class Bridge(Protocol):
         """Bind ``server`` of party ``name`` and return the address peers dial."""
         ...
 
-    def open_channel(self, address: str, name: str, chain: Chain) -> grpc.Channel: ...
+    def open_channel(self, address: str, name: str, chain: Chain, peer: str = "") -> grpc.Channel:
+        """A channel from party ``name`` to ``address``; under TLS, ``peer`` (a roster name) is the
+        identity the server's certificate must carry."""
+        ...
 
 
 def add_handlers(server: Server, handlers: dict[str, Handler]) -> None:
@@ -57,11 +61,14 @@ def add_handlers(server: Server, handlers: dict[str, Handler]) -> None:
         service, name = method.lstrip("/").rsplit("/", 1)
         by_service.setdefault(service, {})[name] = grpc.unary_unary_rpc_method_handler(
             handle_errors(fn, name),
-            request_deserializer=request_cls.FromString,
+            request_deserializer=lenient_parser(request_cls),
             response_serializer=response_cls.SerializeToString,
         )
+    health = getattr(server, "health_servicer", None)
     for service, methods in by_service.items():
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, methods),))
+        if health is not None:  # per-service health for what this server really serves
+            health.set(service, health_pb2.HealthCheckResponse.SERVING)
 
 
 def unary(channel: grpc.Channel, method: str) -> grpc.UnaryUnaryMultiCallable:
@@ -90,8 +97,8 @@ class GrpcBridge:
             host = "127.0.0.1"
         return f"{host}:{port}"
 
-    def open_channel(self, address: str, name: str, chain: Chain) -> grpc.Channel:
-        return intercept_channel(grpc_channel(address, self.transport, name), chain, name, address)
+    def open_channel(self, address: str, name: str, chain: Chain, peer: str = "") -> grpc.Channel:
+        return intercept_channel(grpc_channel(address, self.transport, name, peer), chain, name, address)
 
 
 class LoopbackBridge:
@@ -104,5 +111,5 @@ class LoopbackBridge:
     def bind(self, server: Any, name: str, listen: str, advertise: str = "") -> str:
         return server.bind()
 
-    def open_channel(self, address: str, name: str, chain: Chain) -> grpc.Channel:
+    def open_channel(self, address: str, name: str, chain: Chain, peer: str = "") -> grpc.Channel:
         return intercept_channel(self.hub.channel(address, name), chain, name, address)

@@ -13,6 +13,7 @@ import ipaddress
 import logging
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 from google.protobuf.message import Message
@@ -60,64 +61,99 @@ def make_server(
     max_workers: int = 32,
 ) -> grpc.Server:
     chain = list(interceptors or [])
+    authorize = None
     if transport.tls.enabled:
         from vflnet.wire.tls import ROLE_PERMISSIONS, RoleAuthorizer
 
-        chain.insert(0, RoleAuthorizer(ROLE_PERMISSIONS))  # identity first, before any tap or attack
-    chain.insert(0, ChunkingInterceptor(Limits.of(transport)))  # outermost: the rest sees whole messages
+        authorizer = RoleAuthorizer(ROLE_PERMISSIONS)
+        chain.insert(0, authorizer)  # identity first, before any tap or attack
+        authorize = authorizer.check
+    # outermost: the rest sees whole messages; it runs the role check itself before reading a stream
+    chain.insert(0, ChunkingInterceptor(Limits.of(transport), authorize))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{name}-rpc"),
         interceptors=chain,
-        options=grpc_options(transport),
+        maximum_concurrent_rpcs=transport.max_concurrent_rpcs,
+        # no SO_REUSEPORT (gRPC's default): a second process binding a party's port would silently
+        # share, and so receive some of, that party's traffic
+        options=[*grpc_options(transport), ("grpc.so_reuseport", 0)],
     )
-    add_standard_services(server)
+    server.health_servicer = add_standard_services(server, transport.reflection)  # type: ignore[attr-defined]
     return server
 
 
-def add_standard_services(server: grpc.Server) -> None:
-    """gRPC health checking and server reflection, so standard tools (grpc_health_probe, grpcurl) work."""
+def add_standard_services(server: grpc.Server, reflection: bool = False) -> Any:
+    """gRPC health checking (grpc_health_probe, `vflnet health`) and, when asked for, server reflection
+    (grpcurl). grpcio-reflection serves v1alpha only."""
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-    from grpc_reflection.v1alpha import reflection
-
-    from vflnet.v1 import services_pb2
 
     health_servicer = health.HealthServicer()
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = [s.full_name for s in services_pb2.DESCRIPTOR.services_by_name.values()]
-    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    if reflection:
+        from grpc_reflection.v1alpha import reflection as grpc_reflection
+
+        from vflnet.v1 import services_pb2
+
+        names = [s.full_name for s in services_pb2.DESCRIPTOR.services_by_name.values()]
+        grpc_reflection.enable_server_reflection(
+            [*names, health.SERVICE_NAME, grpc_reflection.SERVICE_NAME], server
+        )
+    return health_servicer
+
+
+def stop_server(server: Any, grace: float) -> None:
+    """Stop serving, waiting at most ``grace`` + 5 s: a stream stuck in a handler (undecodable
+    reflection requests did this) must never keep a finished role from exiting."""
+    if not server.stop(grace).wait(grace + 5.0):
+        log.warning("the server did not stop within %.0f s; leaving its stuck calls behind", grace + 5.0)
 
 
 def bind(server: grpc.Server, address: str, transport: TransportConfig, name: str) -> int:
     """Bind ``host:port`` (port 0 = any free port) and return the port actually bound."""
-    if transport.tls.enabled:
-        from vflnet.wire.tls import server_credentials
+    try:
+        if transport.tls.enabled:
+            from vflnet.wire.tls import server_credentials
 
-        port = server.add_secure_port(address, server_credentials(*_tls_files(transport, name)))
-    else:
-        if not is_loopback(address):
-            _check_plaintext_allowed(address, transport)
-        port = server.add_insecure_port(address)
+            port = server.add_secure_port(address, server_credentials(*_tls_files(transport, name)))
+        else:
+            if not is_loopback(address):
+                _check_plaintext_allowed(address, transport)
+            port = server.add_insecure_port(address)
+    except RuntimeError:  # grpc's "Failed to bind"
+        port = 0
     if port == 0:
-        raise OSError(f"cannot bind {address}")
+        raise BindError(
+            f"{name} cannot listen on {address}: the port is in use or the address is not this machine's"
+        )
     return port
+
+
+class BindError(OSError):
+    pass
 
 
 def _check_plaintext_allowed(address: str, transport: TransportConfig) -> None:
     if not transport.allow_plaintext_remote:
-        raise PermissionError(
+        raise PlaintextRefused(
             f"plaintext gRPC on non-loopback address {address}: enable transport.tls or set "
             "transport.allow_plaintext_remote: true"
         )
     log.warning("PLAINTEXT gRPC on %s: anyone on the network path can read and alter this traffic", address)
 
 
-def open_channel(address: str, transport: TransportConfig, name: str) -> grpc.Channel:
+def open_channel(address: str, transport: TransportConfig, name: str, peer: str = "") -> grpc.Channel:
+    """A channel from party ``name`` to ``address``. Under TLS with ``peer`` (a roster name) the server
+    must present that party's certificate: every party certificate names its party in its SANs, and
+    all of them also hold localhost, so checking the dialled host alone would accept any party."""
     if transport.tls.enabled:
         from vflnet.wire.tls import channel_credentials
 
+        options: list[tuple[str, int | str]] = list(grpc_options(transport))
+        if peer:
+            options.append(("grpc.ssl_target_name_override", peer))
         channel = grpc.secure_channel(
-            address, channel_credentials(*_tls_files(transport, name)), options=grpc_options(transport)
+            address, channel_credentials(*_tls_files(transport, name)), options=options
         )
     else:
         if not is_loopback(address):
@@ -132,6 +168,10 @@ def check_message_size(msg: Message, transport: TransportConfig, what: str) -> N
     error = payload_error(msg.ByteSize(), Limits.of(transport), what)
     if error:
         raise MessageTooLarge(f"{error} (or use a smaller batch)")
+
+
+class PlaintextRefused(PermissionError):
+    pass
 
 
 class MessageTooLarge(ValueError):

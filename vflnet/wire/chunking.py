@@ -53,11 +53,19 @@ class Limits:
     message: int  # bytes of one gRPC message (transport.max_message_mb)
     payload: int  # bytes of one logical message after reassembly (transport.max_payload_mb)
     ticket_ttl_s: float  # how long a parked reply waits for its fetch (transport.rpc_timeout_s)
+    # bytes of chunked requests buffered at once over all streams (transport.max_inflight_mb)
+    inflight: int = 1 << 62
+    # the longest deadline a chunked call may ask for: the longest call's timeout + 5 s
+    stream_deadline_s: float = 1e9
 
     @classmethod
     def of(cls, transport: TransportConfig) -> Limits:
         return cls(
-            int(transport.max_message_mb * MIB), int(transport.max_payload_mb * MIB), transport.rpc_timeout_s
+            int(transport.max_message_mb * MIB),
+            int(transport.max_payload_mb * MIB),
+            transport.rpc_timeout_s,
+            int(transport.max_inflight_mb * MIB),
+            max(transport.rpc_timeout_s, transport.join_timeout_s) + 5.0,
         )
 
     @property
@@ -80,33 +88,72 @@ def split(data: bytes, limits: Limits) -> Iterator[messages_pb2.Chunk]:
         yield messages_pb2.Chunk(data=data[i * size : (i + 1) * size], index=i, count=count)
 
 
-def join(chunks: Iterable[messages_pb2.Chunk], limits: Limits, what: str) -> bytes:
+class _Budget:
+    """Bytes buffered by all of a server's chunked streams at once."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if self.used + n > self.limit:
+                return False
+            self.used += n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.used -= n
+
+
+def join(
+    chunks: Iterable[messages_pb2.Chunk], limits: Limits, what: str, budget: _Budget | None = None
+) -> bytes:
     """Reassemble a whole stream: chunks 0..count-1 in order, none empty unless it is the only one,
-    at most ``limits.payload`` bytes in all."""
+    at most ``limits.payload`` bytes in all, and within the server's in-flight ``budget``."""
     parts: list[bytes] = []
     total, count = 0, 0
-    for c in chunks:
-        count = count or c.count
-        if c.count != count or c.index != len(parts) or c.index >= count:
-            raise ChunkError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"{what}: got chunk {c.index} of {c.count}, expected chunk {len(parts)} of {count or '?'}",
-            )
-        if not c.data and count > 1:
-            raise ChunkError(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: chunk {c.index} of {count} is empty")
-        total += len(c.data)
-        if total > limits.payload:
-            raise ChunkError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{what} is over transport.max_payload_mb ({limits.payload} bytes)",
-            )
-        parts.append(c.data)
+    try:
+        for c in chunks:
+            if budget is not None and not budget.take(len(c.data)):
+                raise ChunkError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{what}: the server buffers {limits.inflight} bytes of chunked requests at most "
+                    "(transport.max_inflight_mb); try again later",
+                )
+            total += len(c.data)
+            parts.append(c.data)
+            _check_chunk(c, parts, count or c.count, total, limits, what)
+            count = count or c.count
+    finally:
+        if budget is not None:
+            budget.give(total)
     if not count or len(parts) != count:
         raise ChunkError(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"{what}: the stream ended after {len(parts)} of {count or '?'} chunks",
         )
     return b"".join(parts)
+
+
+def _check_chunk(
+    c: messages_pb2.Chunk, parts: list[bytes], count: int, total: int, limits: Limits, what: str
+) -> None:
+    """``c`` (just appended to ``parts``) is the next chunk of a stream of ``count``."""
+    index = len(parts) - 1
+    if c.count != count or c.index != index or c.index >= count:
+        raise ChunkError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{what}: got chunk {c.index} of {c.count}, expected chunk {index} of {count or '?'}",
+        )
+    if not c.data and count > 1:
+        raise ChunkError(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: chunk {c.index} of {count} is empty")
+    if total > limits.payload:
+        raise ChunkError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{what} is over transport.max_payload_mb ({limits.payload} bytes)",
+        )
 
 
 def payload_error(size: int, limits: Limits, what: str) -> str | None:
@@ -153,9 +200,13 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
     Place it first: the rest of the pipeline then only ever sees whole logical messages under their
     own method name (the role check of a chunked ExchangeEmbeddings is ExchangeEmbeddings')."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(
+        self, limits: Limits, authorize: Callable[[str, grpc.ServicerContext], None] | None = None
+    ) -> None:
         self.limits = limits
         self.stash = _ReplyStash(limits.ticket_ttl_s)
+        self.budget = _Budget(limits.inflight)
+        self.authorize = authorize  # the role check (mutual TLS), run before a stream is read
 
     def intercept_service(
         self,
@@ -221,8 +272,18 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
         chunks: Iterator[messages_pb2.Chunk],
         context: grpc.ServicerContext,
     ) -> Iterator[messages_pb2.Chunk]:
+        if self.authorize is not None:
+            self.authorize(method, context)  # aborts: a caller's role is known before any chunk is read
+        remaining = context.time_remaining()
+        if remaining is None or remaining > self.limits.stream_deadline_s:
+            # the deadline bounds how long a stream may hold a worker and its buffer
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"a chunked {method} call needs a deadline of at most {self.limits.stream_deadline_s:g} s "
+                "(the larger of transport.rpc_timeout_s and join_timeout_s, + 5)",
+            )
         try:
-            data = join(chunks, self.limits, f"chunked {method} request")
+            data = join(chunks, self.limits, f"chunked {method} request", self.budget)
             request = handler.request_deserializer(data) if handler.request_deserializer else data
         except ChunkError as exc:
             context.abort(exc.code, str(exc))

@@ -24,6 +24,46 @@ class RpcFailure(Exception):
         self.message = message
 
 
+def shown(text: str, limit: int = 64) -> str:
+    """A caller-supplied name or id as it goes into a status or a log line: quoted and cut to ``limit``
+    characters (a 10 kB name in a status' details overflows gRPC's metadata limit and floods logs)."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+class Undecodable:
+    """What the request deserializer hands a handler for bytes that are not the method's message."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def lenient_parser(message_cls: Any) -> Callable[[bytes], Any]:
+    """``message_cls.FromString`` that returns Undecodable instead of raising: gRPC logs a raised
+    deserializer error with a full traceback per call (log flooding) and answers INTERNAL."""
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_cls.FromString(data)
+        except Exception as exc:  # DecodeError, or a RuntimeWarning promoted to an error
+            return Undecodable(exc)
+
+    return parse
+
+
+class _Throttle:
+    """Log a repeated refusal at its 1st, 2nd, 4th, 8th, ... occurrence, with the count."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, key: str) -> int | None:
+        n = self.counts[key] = self.counts.get(key, 0) + 1
+        return n if n & (n - 1) == 0 else None
+
+
+_throttle = _Throttle()
+
+
 def stale_step(message: str) -> RpcFailure:
     return RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, message)
 
@@ -44,10 +84,17 @@ def handle_errors(
 
     @functools.wraps(fn)
     def wrapper(request: Any, context: grpc.ServicerContext) -> Any:
+        if isinstance(request, Undecodable):
+            count = _throttle(f"undecodable {name}")
+            if count:
+                log.warning("%s refused an undecodable message (%d so far): %s", name, count, request.error)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: the request is not a valid message")
         try:
             return fn(request, context)
         except RpcFailure as exc:
-            log.warning("%s refused: %s: %s", name, exc.code.name, exc.message)
+            count = _throttle(f"{name} {exc.code.name}")
+            if count:
+                log.warning("%s refused (%d so far): %s: %s", name, count, exc.code.name, exc.message)
             context.abort(exc.code, exc.message)
         except PayloadError as exc:
             log.warning("%s refused a malformed payload: %s", name, exc)
