@@ -270,3 +270,19 @@ def test_plaintext_to_a_remote_address_is_refused_with_the_setting_named():
         PlaintextRefused, match="enable transport.tls or set transport.allow_plaintext_remote"
     ):
         open_channel("10.1.2.3:50051", TransportConfig(), "active")
+
+
+def test_cafe_with_unequal_regions_is_refused_by_config_check():
+    """Finding 7: CAFE with unequal passive regions passed `config check`, then crashed the run with an
+    error that blamed a passive party."""
+    import yaml
+
+    from vflnet.config import ConfigError
+
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "cafe-digits.yaml").read_text())
+    config_from_dict(data, "cafe.yaml")  # as shipped: equal halves
+    data["parties"][3]["features"]["region"] = [0, 8, 4, 7]  # 8x3 beside 8x4
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data, "cafe.yaml")
+    assert info.value.key == "parties[3].features.region"
+    assert "passive-1 8x4, passive-2 8x3" in info.value.message

@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from google.protobuf.message import Message
@@ -23,6 +23,9 @@ from google.protobuf.message import Message
 from vflnet.interceptors.events import WireEvent
 from vflnet.registry import Param, validate_params
 from vflnet.v1 import messages_pb2
+
+if TYPE_CHECKING:
+    from vflnet.config import Config
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,12 @@ class Attack(ABC):
         if any(t.matches(event) for t in self.taps):
             self.observe(event)
         return changed
+
+    @classmethod
+    def check_config(cls, cfg: Config, party: str) -> list[tuple[str, str]]:
+        """(config key, problem) pairs that make this attack at ``party`` impossible in the run
+        (``vflnet config check`` reports the first); none by default."""
+        return []
 
     @abstractmethod
     def observe(self, event: WireEvent) -> None:

@@ -25,6 +25,7 @@ import torch
 
 from vflnet.attacks.base import Attack, Tap
 from vflnet.attacks.cafe import CafeAttack, CafeParams, CafeResult, ServerObservation
+from vflnet.config import Config
 from vflnet.interceptors.events import WireEvent
 from vflnet.models.cafe_net import TOP, CafeVFL, worker_name
 from vflnet.registry import ATTACKS, Param
@@ -59,6 +60,23 @@ class CafeTap(Attack):
     taps = (Tap("RunStep", "request", "client"), Tap("RunStep", "response", "client"))
     knowledge = ("architecture", "train_ids", "party_addresses", "workers", "label_holder")
     truth_needed = "images"
+
+    @classmethod
+    def check_config(cls, cfg: Config, party: str) -> list[tuple[str, str]]:
+        """CAFE's template is one worker model for every image region: the regions must be equal."""
+        sizes = {
+            p.name: (r[1] - r[0], r[3] - r[2])
+            for p in cfg.passives
+            if p.features is not None and (r := p.features.region) is not None
+        }
+        if len(set(sizes.values())) > 1:
+            i = next(i for i, p in enumerate(cfg.parties) if p.name == list(sizes)[-1])
+            shown = ", ".join(f"{n} {h}x{w}" for n, (h, w) in sizes.items())
+            return [
+                (f"parties[{i}].features.region", f"needs equal regions at every passive party, got {shown}")
+            ]
+        return []
+
     params = {
         "objective": _choice(("cafe", "dlg", "cosine", "sapag")),
         "loop": _choice(("single", "nested")),
