@@ -265,3 +265,26 @@ def test_cli_reports_missing_and_bad_inputs(tmp_path: Path, capsys: pytest.Captu
     shutil.copyfile(__file__, bad)
     assert trace_cli.main(["show", str(bad)]) == 1
     assert "vflnet trace:" in capsys.readouterr().err
+
+
+def test_cli_export_keeps_the_numbers_of_control_messages(tmp_path: Path) -> None:
+    """Security finding 8: export left out JoinReply and DecryptReply contents, the only plaintext
+    numbers a passive party receives under split-he."""
+    from vflnet.crypto.masking import ints_to_bytes
+
+    ints = np.array([[2**70, -5], [7, -(2**65)]], dtype=object)
+    data, width = ints_to_bytes(ints)
+    join = messages_pb2.JoinReply(run_id="r1", train_ids=[4, 5, 6], test_ids=[9], public_key=b"{}")
+    join.roster.add(name="active", role="active", address="127.0.0.1:1")
+    decrypt = messages_pb2.DecryptReply(shape=[2, 2], integer_width=width, integers=data)
+    run = tmp_path / "run"
+    with TraceWriter(trace_mod.trace_path(run, "passive-1"), party="passive-1", run_id="r1") as w:
+        w(WireEvent("response", "client", "/vflnet.v1.Coordinator/Join", "passive-1", "x", join, 1.0))
+        w(WireEvent("response", "client", "/vflnet.v1.Coordinator/Decrypt", "passive-1", "x", decrypt, 2.0))
+    out = tmp_path / "x.npz"
+    assert trace_cli.main(["export", str(run), "--out", str(out)]) == 0
+    with np.load(out) as npz:
+        np.testing.assert_array_equal(npz["rec0_train_ids"], [4, 5, 6])
+        np.testing.assert_array_equal(npz["rec0_test_ids"], [9])
+        assert '"address": "127.0.0.1:1"' in str(npz["rec0_fields"])
+        assert npz["rec1_integers"].tolist() == [[str(2**70), "-5"], ["7", str(-(2**65))]]

@@ -66,6 +66,11 @@ def message_class(method: str, direction: str) -> type[Message] | None:
     return pair[0] if direction == "request" else pair[1]
 
 
+def walk_messages(msg: Message, kind: type[Message]) -> Iterator[tuple[str, Message]]:
+    """Every nested message of class ``kind`` in ``msg``, with its dotted field path."""
+    return _walk(msg, "", kind)
+
+
 def _walk(msg: Message, prefix: str, kind: type[Message]) -> Iterator[tuple[str, Message]]:
     """Every nested message of class ``kind`` with its dotted field path (maps by key, lists by index)."""
     for fd, value in msg.ListFields():

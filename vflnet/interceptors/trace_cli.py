@@ -14,9 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from google.protobuf import json_format
+from google.protobuf.message import Message
 
-from vflnet.interceptors.events import DIRECTIONS, SIDES, WireEvent, short_name
+from vflnet.interceptors.events import DIRECTIONS, SIDES, WireEvent, short_name, walk_messages
 from vflnet.interceptors.trace import SUFFIX, TraceError, read_trace, summarize
+from vflnet.v1 import messages_pb2, tensor_pb2
 
 
 def find_traces(target: Path) -> list[Path]:
@@ -143,6 +146,8 @@ def cmd_export(events: Iterator[WireEvent], out: Path) -> int:
         for path, cipher in event.ciphertexts().items():
             width = max(cipher.width, 1)
             arrays[f"rec{i}_{path}"] = np.frombuffer(cipher.data, dtype=np.uint8).reshape(-1, width)
+        arrays.update({f"rec{i}_{k}": v for k, v in _other_numbers(event.message).items()})
+        arrays[f"rec{i}_fields"] = np.asarray(_fields_json(event.message))
     out.parent.mkdir(parents=True, exist_ok=True)
     np.savez(
         out,
@@ -153,6 +158,35 @@ def cmd_export(events: Iterator[WireEvent], out: Path) -> int:
     )
     print(f"wrote {len(numbers['step'])} records to {out}")
     return 0
+
+
+def _other_numbers(message: Message) -> dict[str, np.ndarray]:
+    """Numbers a message carries outside tensors: repeated integer fields (a JoinReply's train and test
+    IDs) and a DecryptReply's plaintext integers (as decimal strings: they may exceed 64 bits)."""
+    out: dict[str, np.ndarray] = {}
+    for fd, value in message.ListFields():
+        if fd.is_repeated and fd.cpp_type in (fd.CPPTYPE_INT64, fd.CPPTYPE_UINT64, fd.CPPTYPE_INT32):
+            if fd.name != "sample_ids" and fd.name != "shape":  # sample_ids are exported already
+                out[fd.name] = np.asarray(value, dtype=np.int64)
+    if isinstance(message, messages_pb2.DecryptReply) and message.integer_width:
+        from vflnet.crypto.masking import ints_from_bytes
+
+        ints = ints_from_bytes(message.integers, message.integer_width, tuple(message.shape))
+        out["integers"] = np.asarray([str(v) for v in ints.reshape(-1)]).reshape(ints.shape)
+    return out
+
+
+def _fields_json(message: Message) -> str:
+    """Every field of the message as JSON, bulk payloads (tensor and ciphertext data, decrypted
+    integers) left out: they are their own arrays."""
+    copy = type(message)()
+    copy.CopyFrom(message)
+    for kind in (tensor_pb2.Tensor, tensor_pb2.CipherTensor):
+        for _, sub in walk_messages(copy, kind):
+            sub.ClearField("data")
+    if isinstance(copy, messages_pb2.DecryptReply):
+        copy.ClearField("integers")
+    return json_format.MessageToJson(copy, indent=None)
 
 
 def main(argv: list[str] | None = None) -> int:
