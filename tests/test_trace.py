@@ -288,3 +288,34 @@ def test_cli_export_keeps_the_numbers_of_control_messages(tmp_path: Path) -> Non
         np.testing.assert_array_equal(npz["rec0_test_ids"], [9])
         assert '"address": "127.0.0.1:1"' in str(npz["rec0_fields"])
         assert npz["rec1_integers"].tolist() == [[str(2**70), "-5"], ["7", str(-(2**65))]]
+
+
+def test_requests_from_outside_the_run_are_counted_not_recorded(tmp_path: Path) -> None:
+    """Security finding 8: a party's trace recorded refused garbage from non-roster senders until its
+    cap, crowding out the run's own messages."""
+    from tests.conftest import base_config
+    from vflnet.interceptors.setup import party_interception
+    from vflnet.validation import config_from_dict
+
+    data = base_config()
+    data["run"]["id"] = "r1"
+    data["trace"] = {"parties": ["active"]}
+    cfg = config_from_dict(data)
+    interception = party_interception(cfg, "active", tmp_path)
+
+    def request(msg: messages_pb2.Embeddings, side: str = "server") -> WireEvent:
+        return WireEvent("request", side, EXCHANGE, "active", "ipv4:x", msg, 1.0)
+
+    good = embeddings(1)
+    good.header.run_id = "r1"
+    mallory, other_run = messages_pb2.Embeddings(), messages_pb2.Embeddings()
+    mallory.CopyFrom(good)
+    mallory.header.sender = "mallory"
+    other_run.CopyFrom(good)
+    other_run.header.run_id = "r2"
+    for msg in (mallory, other_run, good, mallory):
+        interception.chain(request(msg))
+    interception.chain(request(mallory, side="client"))  # what the party itself sent is always kept
+    interception.finish(tmp_path)
+    recorded = list(read_trace(trace_mod.trace_path(tmp_path, "active")))
+    assert [(e.side, e.sender) for e in recorded] == [("server", "passive-1"), ("client", "mallory")]

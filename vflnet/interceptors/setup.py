@@ -17,6 +17,7 @@ from vflnet.attacks.base import Attack, AttackContext, OwnStepView
 from vflnet.attacks.knowledge import threat_model_knowledge
 from vflnet.config import Config, PluginConfig
 from vflnet.interceptors.chain import Chain
+from vflnet.interceptors.events import WireEvent
 from vflnet.interceptors.trace import TraceWriter, trace_path
 from vflnet.registry import ATTACKS, load_plugin_modules
 
@@ -78,6 +79,38 @@ def save_attack_output(
     return path
 
 
+class RunTrace:
+    """A party's trace tap, minus what arrives from outside the run: a request at this party's server
+    of another run, or from a name outside the roster, is counted and not recorded (a flood of garbage
+    would otherwise fill the trace up to its cap). Everything the party itself sends and receives as a
+    client, and every request of the run, is recorded as before."""
+
+    def __init__(self, writer: TraceWriter, cfg: Config) -> None:
+        self.writer, self.run_id = writer, cfg.run.id
+        self.roster = {p.name for p in cfg.parties}
+        self.left_out = 0
+
+    def __call__(self, event: WireEvent) -> None:
+        if event.side == "server" and event.direction == "request":
+            msg = event.message
+            run_id = event.run_id if event.run_id is not None else getattr(msg, "run_id", None)
+            sender = (
+                event.sender
+                if event.sender is not None
+                else getattr(msg, "sender", getattr(msg, "name", None))
+            )
+            if run_id != self.run_id or (sender is not None and sender not in self.roster):
+                self.left_out += 1
+                if self.left_out & (self.left_out - 1) == 0:  # 1, 2, 4, ...: never a log flood
+                    log.warning(
+                        "%s: %d requests from outside the run left out of the trace",
+                        self.writer.party,
+                        self.left_out,
+                    )
+                return None
+        return self.writer(event)
+
+
 def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyInterception:
     load_plugin_modules(cfg.plugins)
     role = cfg.party(name).role
@@ -88,7 +121,7 @@ def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyIntercepti
         trace = TraceWriter(
             trace_path(run_dir, name), name, cfg.run.id, max_bytes=int(cfg.trace.max_mb * 1024 * 1024)
         )
-        mods.append(trace)
+        mods.append(RunTrace(trace, cfg))
     attacks = []
     for entry in cfg.attacks:
         if entry.party == name:
