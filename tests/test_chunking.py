@@ -404,3 +404,55 @@ def test_a_chunked_call_from_the_wrong_role_is_refused_before_its_stream_is_read
     finally:
         release.set()
         srv.stop(grace=0)
+
+
+def test_stalled_chunked_streams_hold_only_part_of_the_workers(active: Active) -> None:
+    """Security finding 4: streams that never finish held every worker (50 streams: the run failed).
+    A server reads at most max_workers // 4 chunked streams at once; other calls keep the rest."""
+    import threading
+    import time
+
+    srv, address = serve(active, SMALL)  # 8 workers: 2 chunked streams at once
+    release = threading.Event()
+
+    def stalled() -> Iterator[messages_pb2.Chunk]:
+        yield messages_pb2.Chunk(data=b"x" * 100, index=0, count=5)
+        release.wait(DEADLINE)
+
+    raw = raw_channel(address)
+    try:
+        call = raw.stream_stream(
+            CALL_METHOD, messages_pb2.Chunk.SerializeToString, messages_pb2.Chunk.FromString
+        )
+        outcomes: list[grpc.StatusCode] = []
+
+        def hold() -> None:
+            outcomes.append(
+                status(lambda **kw: list(call(stalled(), metadata=((METHOD_KEY, EXCHANGE),), **kw)))[0]
+            )
+
+        held = [threading.Thread(target=hold) for _ in range(2)]
+        for t in held:
+            t.start()
+        whole = [messages_pb2.Chunk(data=embeddings(n=2, dim=2).SerializeToString(), index=0, count=1)]
+        code, details = grpc.StatusCode.OK, ""
+        deadline = time.monotonic() + DEADLINE  # until the server has taken up both stalled streams
+        while code == grpc.StatusCode.OK and time.monotonic() < deadline:
+            code, details = status(
+                lambda **kw: list(call(iter(whole), metadata=((METHOD_KEY, EXCHANGE),), **kw))
+            )
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "2 chunked calls" in details
+        with open_channel(address, SMALL, "passive-1") as channel:  # a whole unary call is still served
+            msg = embeddings(n=2, dim=2)
+            assert (
+                services_pb2_grpc.ActiveStub(channel).ExchangeEmbeddings(msg, timeout=DEADLINE).values
+                == msg.values
+            )
+        release.set()
+        for t in held:
+            t.join(DEADLINE)
+        assert outcomes == [grpc.StatusCode.INVALID_ARGUMENT] * 2  # incomplete once their senders stop
+    finally:
+        release.set()
+        raw.close()
+        srv.stop(grace=0)

@@ -69,7 +69,9 @@ def make_server(
         chain.insert(0, authorizer)  # identity first, before any tap or attack
         authorize = authorizer.check
     # outermost: the rest sees whole messages; it runs the role check itself before reading a stream
-    chain.insert(0, ChunkingInterceptor(Limits.of(transport), authorize))
+    chain.insert(
+        0, ChunkingInterceptor(Limits.of(transport), authorize, max_streams=max(1, max_workers // 4))
+    )
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{name}-rpc"),
         interceptors=chain,

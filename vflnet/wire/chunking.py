@@ -201,12 +201,19 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
     own method name (the role check of a chunked ExchangeEmbeddings is ExchangeEmbeddings')."""
 
     def __init__(
-        self, limits: Limits, authorize: Callable[[str, grpc.ServicerContext], None] | None = None
+        self,
+        limits: Limits,
+        authorize: Callable[[str, grpc.ServicerContext], None] | None = None,
+        max_streams: int = 1 << 30,
     ) -> None:
         self.limits = limits
         self.stash = _ReplyStash(limits.ticket_ttl_s)
         self.budget = _Budget(limits.inflight)
         self.authorize = authorize  # the role check (mutual TLS), run before a stream is read
+        # chunked streams being read at once: a stalled stream holds a worker thread until its deadline,
+        # so they may take only part of the server's workers and control calls (RunStep) keep the rest
+        self.streams = threading.BoundedSemaphore(max_streams)
+        self.max_streams = max_streams
 
     def intercept_service(
         self,
@@ -282,6 +289,11 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
                 f"a chunked {method} call needs a deadline of at most {self.limits.stream_deadline_s:g} s "
                 "(the larger of transport.rpc_timeout_s and join_timeout_s, + 5)",
             )
+        if not self.streams.acquire(blocking=False):
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self.max_streams} chunked calls are being received already; try again later",
+            )
         try:
             data = join(chunks, self.limits, f"chunked {method} request", self.budget)
             request = handler.request_deserializer(data) if handler.request_deserializer else data
@@ -291,6 +303,8 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"chunked {method} request does not decode: {exc}"
             )
+        finally:
+            self.streams.release()
         reply = handler.unary_unary(request, context)
         if reply is not None:
             yield from split(self._reply_bytes(method, handler, reply, context), self.limits)
