@@ -96,7 +96,7 @@ class FeatureReconstruction(Attack):
         "max_rows": _int(0, 5000, "rows attacked at most (0: all)"),
         "r": _int(0, 0, "Algorithm 2 rows sampled (0: d + 1, the paper's)"),
         "repeats": _int(1, 20, "Algorithm 2 repeats (the paper's 20)"),
-        "max_r": _int(1, 16, "Algorithm 2 is skipped when r exceeds this (2^r candidates)"),
+        "max_r": _int(1, 12, "Algorithm 2 is skipped when r exceeds this (2^r candidates x n x 20 repeats)"),
         "criterion": _choice(
             "normalized",
             "Algorithm 2's reported x*: paper (smallest residual) or normalized",
