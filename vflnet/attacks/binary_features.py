@@ -44,13 +44,13 @@ def _choice(default: str, help_: str, options: tuple[str, ...]) -> Param:
 
 
 def estimate_rank(s: np.ndarray, rank_tol: float) -> int:
-    """The attacker's d: the singular values above rank_tol * s_1; if none vanish (noise), the largest
-    gap s_i / s_(i+1)."""
+    """The attacker's d from the singular values alone: those above rank_tol * s_1; if none vanish
+    (noise), those above twice the noise floor, taken as the median singular value (the noise part's
+    singular values are nearly flat, and k >= 2 d_A keeps the median among them)."""
     d = int((s > rank_tol * s[0]).sum())
     if d < len(s):
         return d
-    ratios = s[:-1] / np.maximum(s[1:], 1e-300)
-    return int(np.argmax(ratios)) + 1
+    return max(1, int((s > 2.0 * np.median(s)).sum()))
 
 
 @ATTACKS.register
@@ -240,10 +240,12 @@ def score_sender(output: dict[str, np.ndarray], sender: str, cols: dict[int, np.
         found = found_c = 0
         accs = []
         for j, col in cols.items():
-            best = max((_match(h, col) for h in raw), default=(0.0, 0.0))
-            found += best[0] == 1.0
-            found_c += best[1] == 1.0
-            accs.append(best[1] if bool(output[f"{sender}/bias_trick"]) else best[0])
+            matches = [_match(h, col) for h in raw]
+            oriented = max((m[0] for m in matches), default=0.0)
+            either = max((m[1] for m in matches), default=0.0)
+            found += oriented == 1.0
+            found_c += either == 1.0
+            accs.append(either if bool(output[f"{sender}/bias_trick"]) else oriented)
             out[f"col{j}/alg1"] = accs[-1]
             out[f"col{j}/baseline"] = float(max(col.mean(), 1 - col.mean()))
         out["alg1_raw_hits"] = float(len(raw))
