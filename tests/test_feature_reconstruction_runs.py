@@ -17,7 +17,7 @@ from tests.conftest import DEADLINES, write_config
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import party_seed
 from vflnet.defenses.embedding_defenses import Masquerade
-from vflnet.reproduce.feature_reconstruction import experiment, run_one
+from vflnet.reproduce.feature_reconstruction import experiment, run_one, split_he_config, split_he_recovery
 from vflnet.runner.local import run_local
 from vflnet.validation import config_from_dict
 
@@ -111,6 +111,17 @@ def test_masquerade_leads_the_attack_to_the_fabricated_feature(
     np.testing.assert_array_equal(out["alg1_raw_hits"][0], fabricated)
     assert s["col0/alg1"] < s["col0/baseline"]  # the true feature: no better than guessing
     assert result["test_accuracy"] >= noise_runs[0.0]["test_accuracy"] - 0.01
+
+
+def test_split_he_hides_the_wire_but_not_what_the_active_party_decrypts(tmp_path: Path) -> None:
+    """split-he: the embeddings arrive encrypted, yet with C = 10 classes >= d_A = 6 the active party's own
+    prediction outputs (minus its own logits) span the passive features."""
+    data = split_he_config(300)
+    data["protocol"]["he"] = {"key_bits": 512, "allow_insecure_keys": True}  # small keys: test speed only
+    result, derived = split_he_recovery(data, tmp_path / "run")
+    wire = scores_of(result)
+    assert wire["encrypted_batches"] > 0 and "alg1_found" not in wire  # no plaintext row on the wire
+    assert derived["binary_features"] == 2 and derived["alg1_found"] == 2 and derived["alg1_false_hits"] == 0
 
 
 @pytest.mark.e2e

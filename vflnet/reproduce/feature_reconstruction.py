@@ -271,6 +271,7 @@ def section_noise(
                     "alg2_paper_accuracy",
                     "baseline",
                     "alg1_raw_hits",
+                    "z_rms",
                 )
             }
             curve.append((sigma, point))
@@ -489,21 +490,26 @@ def passive_logits_from_predictions(data: dict[str, Any], run_dir: Path) -> tupl
     return ids, (logp[:, 1:] - logp[:, :1]) - (own[:, 1:] - own[:, :1])
 
 
-def section_split_he(out: Path, n: int) -> str:
+def split_he_recovery(data: dict[str, Any], run_dir: Path) -> tuple[dict[str, Any], dict[str, float]]:
+    """Run a split-he config; (the run's result with the wire attack's scores, the scores of Algorithm 1
+    on what the active party derives from its own predictions)."""
     from vflnet.attacks.base import AttackContext
     from vflnet.attacks.binary_features import FeatureReconstruction, binary_columns, score_sender
     from vflnet.data.datasets import load_dataset
 
-    data = split_he_config(n)
-    run_dir = out / "runs" / "split-he"
-    r = run_one(data, run_dir)
-    wire = {k.removeprefix("passive-1/"): v for k, v in r["scores"].items()}
+    result = run_one(data, run_dir)
     ids, z = passive_logits_from_predictions(data, run_dir)
     attack = FeatureReconstruction(AttackContext("active", "active", "offline"), algorithm="1")
     output = {f"passive-1/{k}": v for k, v in attack.attack(z).items()}
     dataset = load_dataset("binary-mix", data["data"]["params"])
     cols = binary_columns(dataset.features[dataset.ids.searchsorted(ids), :6])
-    s = score_sender(output, "passive-1", cols)
+    return result, score_sender(output, "passive-1", cols)
+
+
+def section_split_he(out: Path, n: int) -> str:
+    data = split_he_config(n)
+    r, s = split_he_recovery(data, out / "runs" / "split-he")
+    wire = {k.removeprefix("passive-1/"): v for k, v in r["scores"].items()}
     return "\n".join(
         [
             "## 5. Under split-he (paper 000 Sec. VII: the attack applies to whatever aggregate the attacker decrypts)",
