@@ -159,12 +159,16 @@ def test_embedding_noise_keeps_the_gradient_of_w_a() -> None:
     np.testing.assert_allclose(inner.weight.grad.numpy(), (g.T @ x).numpy(), rtol=1e-5)
 
 
-def _train_stream(w0: np.ndarray, x_a: np.ndarray, x_b: np.ndarray, y: np.ndarray) -> list[np.ndarray]:
-    """z_A of every step of a short training run on the split protocol's compute (momentum SGD, weight
-    decay, the paper's optimizer), then of a prediction pass."""
+MOMENTUM = OptimizerConfig(kind="momentum", lr=0.1, momentum=0.9, weight_decay=1e-4)  # the paper's
+
+
+def _train_stream(
+    w0: np.ndarray, x_a: np.ndarray, x_b: np.ndarray, y: np.ndarray, opt: OptimizerConfig = MOMENTUM
+) -> list[np.ndarray]:
+    """z_A of every step of a short training run on the split protocol's compute, then of a
+    prediction pass."""
     from vflnet.config import ModelConfig
 
-    opt = OptimizerConfig(kind="momentum", lr=0.1, momentum=0.9, weight_decay=1e-4)
     bottom_a = torch.nn.Linear(w0.shape[1], w0.shape[0], bias=False).double()
     with torch.no_grad():
         bottom_a.weight.copy_(torch.from_numpy(w0))
@@ -198,5 +202,14 @@ def test_theorem_1_rotated_weights_and_inputs_send_the_same_stream() -> None:
             np.testing.assert_allclose(a, b, atol=1e-9)
         # and the inputs do differ: the attacker's view cannot tell X_A from X_A U^T
         assert np.abs(x_a - x_a @ u.T).max() > 0.5
+        # Remark 2 extends the proof to Adam, but Adam's per-coordinate step is not rotation
+        # equivariant: there the two streams part after the first update
+        adam = OptimizerConfig(kind="adam", lr=0.01)
+        plain, rotated = (
+            _train_stream(w0, x_a, x_b, y, adam),
+            _train_stream(w0 @ u.T, x_a @ u.T, x_b, y, adam),
+        )
+        np.testing.assert_allclose(plain[0], rotated[0], atol=1e-9)
+        assert np.abs(plain[-1] - rotated[-1]).max() > 1e-3
     finally:
         torch.set_default_dtype(torch.float32)
