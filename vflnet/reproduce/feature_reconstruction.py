@@ -332,13 +332,17 @@ def plots(out: Path, curves: dict[str, Any], masq: dict[str, Any], none_dirs: di
         for ax, key, label in ((ax_a, "acc", "model"), (ax_b, "alg2_normalized_accuracy", "normalized")):
             mean = [p[key][0] for _, p in curve]
             err = [[p[key][0] - p[key][1] for _, p in curve], [p[key][2] - p[key][0] for _, p in curve]]
-            ax.errorbar(sig, mean, yerr=err, marker="o", capsize=3, label=f"{dataset} ({label})")
+            bars = ax.errorbar(sig, mean, yerr=err, marker="o", capsize=3, label=f"{dataset} ({label})")
+            if ax is ax_a:
+                color = bars.lines[0].get_color()
         ax_b.plot(
             sig, [p["alg2_paper_accuracy"][0] for _, p in curve], "x--", label=f"{dataset} (paper's rule)"
         )
         ax_b.plot(sig, [p["baseline"][0] for _, p in curve], ":", color="grey")
         if dataset in masq:
-            ax_a.axhline(masq[dataset]["test_accuracy"], ls="--", lw=1, label=f"{dataset} masquerade")
+            ax_a.axhline(
+                masq[dataset]["test_accuracy"], ls="--", lw=1, color=color, label=f"{dataset} masquerade"
+            )
     ax_a.set(xlabel="sigma", ylabel="test accuracy", title="(a) model accuracy")
     ax_b.set(
         xlabel="sigma", ylabel="attack accuracy", title="(b) Algorithm 2 attack accuracy (dotted: baseline)"
