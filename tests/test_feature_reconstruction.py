@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from vflnet.attacks import feature_reconstruction as fr
-from vflnet.attacks.binary_features import estimate_rank
+from vflnet.attacks.base import AttackContext
+from vflnet.attacks.binary_features import FeatureReconstruction, estimate_rank
 from vflnet.config import LRScheduleConfig, OptimizerConfig
 from vflnet.defenses.embedding_defenses import Masquerade, NoisyEmbedding
 from vflnet.models.local import LocalModel
@@ -213,3 +214,12 @@ def test_theorem_1_rotated_weights_and_inputs_send_the_same_stream() -> None:
         assert np.abs(plain[-1] - rotated[-1]).max() > 1e-3
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+def test_attack_refuses_fewer_rows_than_unknowns_and_checks_its_params() -> None:
+    attack = FeatureReconstruction(AttackContext("active", "active", "t"), tol=0.01, rank=4)
+    rng = np.random.default_rng(0)
+    out = attack.attack(embeddings(passive_data(rng, 4, 3, 1, []), rng))
+    assert int(out["too_few_rows"]) == 4 and "alg1_raw_hits" not in out and "alg2" not in out
+    with pytest.raises(ValueError, match="tol"):
+        FeatureReconstruction(AttackContext("active", "active", "t"), tol=0.7)

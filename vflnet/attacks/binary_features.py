@@ -39,6 +39,10 @@ def _int(lo: int, default: int, help_: str) -> Param:
     )
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
 def _choice(default: str, help_: str, options: tuple[str, ...]) -> Param:
     return Param(default, help_, lambda v: v in options, " or ".join(options))
 
@@ -78,13 +82,13 @@ class FeatureReconstruction(Attack):
         "rank_tol": Param(
             1e-5,
             "relative singular value below which Z_A has no more rank",
-            lambda v: isinstance(v, float) and 0 < v < 1,
+            lambda v: _number(v) and 0 < v < 1,
             "a number in (0, 1)",
         ),
         "tol": Param(
             1e-3,
             "binary test of Algorithm 1: every entry within tol of 0 or 1",
-            lambda v: isinstance(v, float) and 0 < v < 0.5,
+            lambda v: _number(v) and 0 < v < 0.5,
             "a number in (0, 0.5)",
         ),
         "bias_trick": Param(
@@ -131,6 +135,8 @@ class FeatureReconstruction(Attack):
             if self.p["step"] not in groups:
                 return np.zeros(0, np.int64), np.zeros((0, 0))
             key = self.p["step"]
+        elif self.p["phase"] == "train":  # the last of the largest batches (a final batch may be short)
+            key = max(groups, key=lambda step: (sum(len(i) for i, _ in groups[step]), step))
         else:
             key = max(groups)
         ids = np.concatenate([i for i, _ in groups[key]]).astype(np.int64)
@@ -165,6 +171,9 @@ class FeatureReconstruction(Attack):
             "bias_trick": np.array(p["bias_trick"]),
             "criterion": np.array(p["criterion"]),
         }
+        if len(z) <= d:  # no more rows than unknowns: every x' would be a "hit"
+            out["too_few_rows"] = np.array(len(z))
+            return out
         if p["algorithm"] in ("both", "1"):
             start = time.perf_counter()
             m, pivots = fr.solve_matrix(a)
@@ -256,6 +265,8 @@ def explained(hit: np.ndarray, cols: dict[int, np.ndarray]) -> bool:
 
 def score_sender(output: dict[str, np.ndarray], sender: str, cols: dict[int, np.ndarray]) -> dict[str, float]:
     out: dict[str, float] = {"binary_features": float(len(cols)), "rank": float(output[f"{sender}/rank"])}
+    if f"{sender}/too_few_rows" in output:
+        out["too_few_rows"] = float(output[f"{sender}/too_few_rows"])
     raw = output.get(f"{sender}/alg1_raw_hits")
     if raw is not None:
         hits = output[f"{sender}/alg1_hits"]
