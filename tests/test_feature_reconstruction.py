@@ -223,3 +223,27 @@ def test_attack_refuses_fewer_rows_than_unknowns_and_checks_its_params() -> None
     assert int(out["too_few_rows"]) == 4 and "alg1_raw_hits" not in out and "alg2" not in out
     with pytest.raises(ValueError, match="tol"):
         FeatureReconstruction(AttackContext("active", "active", "t"), tol=0.7)
+
+
+def test_adaptive_attack_finds_only_what_the_plain_search_already_finds() -> None:
+    """Sec. VII's adaptive attack (search again on the rows where a = 0) reaches a true binary column only
+    when it lies in W_A's rank-(d_A - 1) image, e_j in Q's row space; but then the plain search finds it
+    on every row already. Here Q drops a Gaussian column: both find the two binary columns."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(4)
+    x = passive_data(rng, 1500, 6, 2, [])
+    module = Masquerade(8, 40, "per_sample", seed=3)
+    with torch.no_grad():
+        module.q.weight.copy_(torch.eye(8)[1:])  # null vector e_0, a Gaussian column
+    rows = torch.from_numpy(x.astype(np.float32))
+    z = module(rows).detach().numpy()
+    a = module.fabricated(rows).numpy().astype(np.uint8)
+    attack = FeatureReconstruction(AttackContext("active", "active", "t"), algorithm="1")
+    plain = {h.tobytes() for h in attack.attack(z)["alg1_raw_hits"]}
+    assert plain == {a.tobytes(), *(x[:, j].astype(np.uint8).tobytes() for j in (6, 7))}
+    out = attack.adaptive(z, a)
+    kept = out["adaptive_rows"]
+    assert int(out["adaptive_rank"]) == 7 and np.all(a[kept] == 0)
+    for j in (6, 7):
+        col = x[kept, j].astype(np.uint8)
+        assert any(np.array_equal(h, col) or np.array_equal(h, 1 - col) for h in out["adaptive_hits"])

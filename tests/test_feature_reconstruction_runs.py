@@ -95,7 +95,11 @@ def test_masquerade_leads_the_attack_to_the_fabricated_feature(
     tmp_path: Path, noise_runs: dict[float, dict[str, Any]]
 ) -> None:
     data = experiment(
-        "bank-like", n=3000, test_fraction=0.3, defense={"name": "masquerade"}, attack={"rank": 8}
+        "bank-like",
+        n=3000,
+        test_fraction=0.3,
+        defense={"name": "masquerade"},
+        attack={"rank": 8, "adaptive": True},
     )
     result = run_one(data, tmp_path / "run")
     s = scores_of(result)
@@ -109,6 +113,9 @@ def test_masquerade_leads_the_attack_to_the_fabricated_feature(
     np.testing.assert_array_equal(out["alg1_raw_hits"][0], fabricated)
     assert s["col0/alg1"] < s["col0/baseline"]  # the true feature: no better than guessing
     assert result["test_accuracy"] >= noise_runs[0.0]["test_accuracy"] - 0.01
+    # Sec. VII's adaptive attack: on the rows where a = 0, Z_A spans W_A's rank-7 image, and the true
+    # binary feature is not in it (it would be only if Q's null vector had a 0 in its coordinate)
+    assert s["adaptive_rank"] == 7 and s["adaptive_found"] == 0
 
 
 def test_split_he_hides_the_wire_but_not_what_the_active_party_decrypts(tmp_path: Path) -> None:

@@ -107,6 +107,13 @@ class FeatureReconstruction(Attack):
             ("normalized", "paper"),
         ),
         "seed": _int(0, 0, "Algorithm 2 sampling seed"),
+        "adaptive": Param(
+            False,
+            "Sec. VII's adaptive attack on the masquerade: when Algorithm 1 finds a single feature, search "
+            "again on the rows where it is 0",
+            lambda v: isinstance(v, bool),
+            "true/false",
+        ),
     }
 
     def __init__(self, context: Any, **params: Any) -> None:
@@ -188,6 +195,8 @@ class FeatureReconstruction(Attack):
             out["alg1_categorical"] = np.array([fr.categorical(raw, g) for g in groups], np.int64).reshape(
                 len(groups), raw.shape[1]
             )
+            if p["adaptive"] and len(out["alg1_hits"]) == 1:  # the one vector as found, not complemented
+                out.update(self.adaptive(z, next(h for h in raw if h.any() and not h.all())))
         r = p["r"] or d + 1
         if p["algorithm"] in ("both", "2") and r <= p["max_r"]:
             start = time.perf_counter()
@@ -197,6 +206,24 @@ class FeatureReconstruction(Attack):
             out["alg2_paper_residual"] = np.array(res.paper_residual)
             out["alg2_normalized_score"] = np.array(res.normalized_score)
             out["alg2"] = res.paper if p["criterion"] == "paper" else res.normalized
+        return out
+
+    def adaptive(self, z: np.ndarray, found: np.ndarray) -> dict[str, np.ndarray]:
+        """Paper 000 Sec. VII: the rows where the one feature found (the fabricated a) is 0 lose the mask
+        a u, so Z_A there spans W_A's (d_A - 1)-dimensional image; search it again (Algorithm 1)."""
+        p = self.p
+        rows = np.nonzero(found == 0)[0]
+        sub = z[rows]
+        _, s = fr.attack_basis(sub, bias_trick=p["bias_trick"])
+        d = estimate_rank(s, p["rank_tol"])
+        out = {"adaptive_rows": rows, "adaptive_rank": np.array(d)}
+        if len(rows) <= d:
+            out["adaptive_hits"] = np.zeros((0, len(rows)), np.uint8)
+            return out
+        a, _ = fr.attack_basis(sub, rank=d, bias_trick=p["bias_trick"])
+        m, pivots = fr.solve_matrix(a)
+        codes = fr.search_mitm(m, pivots, p["tol"]) if p["method"] == "mitm" else fr.search_brute(m, p["tol"])
+        out["adaptive_hits"] = fr.canonical_hits(fr.hit_vectors(m, codes))
         return out
 
     # --------------------------------------------------------------------------- scoring
@@ -289,6 +316,16 @@ def score_sender(output: dict[str, np.ndarray], sender: str, cols: dict[int, np.
         out["alg1_groups"] = float(len(output[f"{sender}/alg1_categorical"]))
         out["alg1_mean_accuracy"] = float(np.mean(accs)) if accs else 0.0
         out["alg1_seconds"] = float(output[f"{sender}/alg1_seconds"])
+    adaptive = output.get(f"{sender}/adaptive_hits")
+    if adaptive is not None:
+        rows = output[f"{sender}/adaptive_rows"]
+        sub = {j: c[rows] for j, c in cols.items()}
+        out["adaptive_hits"] = float(len(adaptive))
+        out["adaptive_rank"] = float(output[f"{sender}/adaptive_rank"])
+        out["adaptive_found"] = float(
+            sum(any(_match(h, c)[1] == 1.0 for h in adaptive) for c in sub.values() if 0 < c.mean() < 1)
+        )
+        out["adaptive_false_hits"] = float(sum(not explained(h, sub) for h in adaptive))
     candidates = [*cols.values(), *onehot_sums(cols)]
     for crit in ("paper", "normalized"):
         v = output.get(f"{sender}/alg2_{crit}")
