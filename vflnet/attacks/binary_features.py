@@ -70,7 +70,7 @@ class FeatureReconstruction(Attack):
         ),
         "step": Param(
             -1,
-            "phase train: the training step whose batch is attacked (-1: the last one)",
+            "phase train: the training step whose batch is attacked (-1: the last of the largest batches)",
             lambda v: isinstance(v, int) and not isinstance(v, bool),
             "an integer",
         ),
