@@ -204,9 +204,28 @@ def build_party_modules(
 
     torch.manual_seed(party_seed(cfg, party))
     bottom = build_bottom(party.bottom, input_shape) if party.bottom is not None and input_shape else None
+    if bottom is not None and party.bottom is not None and input_shape is not None:
+        bottom = defended_bottom(cfg, party, bottom, int(input_shape[0]), party.bottom.out)
     top = None
     if party.role == "active":
         outs = [p.bottom.out for p in cfg.feature_parties if p.bottom is not None]
         in_dim = outs[0] if cfg.protocol.aggregation == "sum" else sum(outs)
         top = TopModel(cfg.model.top, in_dim, n_classes)
     return bottom, top
+
+
+def defended_bottom(
+    cfg: Config, party: PartyConfig, bottom: nn.Module, in_dim: int, out_dim: int
+) -> nn.Module:
+    """The bottom model as the party's bottom defenses (paper 000: embedding-noise, masquerade) make it,
+    in config order; built under the party's seed, like the bottom itself."""
+    from vflnet.data.partition import party_seed
+    from vflnet.registry import DEFENSES
+
+    for entry in cfg.defenses:
+        if entry.party != party.name:
+            continue
+        defense = DEFENSES.get(entry.name)(**entry.params)
+        if getattr(defense, "acts_on", "") == "bottom":
+            bottom = defense.build(0, party_seed(cfg, party))(bottom, in_dim, out_dim)
+    return bottom

