@@ -103,7 +103,7 @@ class ModelInversion(Attack):
         "n_samples": _int(1, "test samples reconstructed (the first ones seen in evaluation)", 16),
         "iterations": _int(1, "optimisation steps (paper: 3,000)", 3000),
         "lr": _num(0.0, "Adam learning rate", 0.01),
-        "tv_weight": _num(0.0, "weight of the TV prior", 0.01),
+        "tv_weight": _num(0.0, "weight of the TV prior", 0.001),
         "image_shape": Param(
             [],
             "[h, w] of the target's region when its inputs are flat (mlp bottoms)",
@@ -179,6 +179,28 @@ class ModelInversion(Attack):
         return [save_image_grid(real, fake, Path(out_dir) / f"{cls.name}-grid.png", n=16, title=cls.name)]
 
 
+def pgd(
+    top: torch.nn.Module,
+    x0: torch.Tensor,
+    before: torch.Tensor,
+    after: torch.Tensor,
+    target_class: int,
+    omega: float,
+    eta: float,
+    iterations: int,
+) -> torch.Tensor:
+    """Targeted PGD (paper 001, Eq. 1) on one block x0 of the top model's input, the other parties'
+    blocks (``before``, ``after``) held fixed: x_m = x_{m-1} - eta sign(grad), |x_m - x0| <= omega."""
+    target = torch.full((len(x0),), target_class, dtype=torch.long)
+    x = x0.clone()
+    for _ in range(iterations):
+        x.requires_grad_(True)
+        (grad,) = torch.autograd.grad(F.cross_entropy(top(torch.cat([before, x, after], dim=1)), target), x)
+        with torch.no_grad():
+            x = x0 + (x - eta * grad.sign() - x0).clamp(-omega, omega)
+    return x.detach()
+
+
 @ATTACKS.register
 class PgdCodeRewrite(Attack):
     name = "pgd-code-rewrite"
@@ -238,15 +260,16 @@ class PgdCodeRewrite(Attack):
 
     def perturb(self, top: torch.nn.Module, x0: torch.Tensor) -> torch.Tensor:
         d, k, n = x0.shape[1], self.p["position"], self.p["n_blocks"]
-        target = torch.full((len(x0),), self.p["target_class"], dtype=torch.long)
-        x = x0.clone()
-        for _ in range(self.p["iterations"]):
-            x.requires_grad_(True)
-            full = torch.cat([torch.zeros(len(x0), d * k), x, torch.zeros(len(x0), d * (n - k - 1))], dim=1)
-            (grad,) = torch.autograd.grad(F.cross_entropy(top(full), target), x)
-            with torch.no_grad():
-                x = x0 + (x - self.p["eta"] * grad.sign() - x0).clamp(-self.p["omega"], self.p["omega"])
-        return x.detach()
+        return pgd(
+            top,
+            x0,
+            torch.zeros(len(x0), d * k),
+            torch.zeros(len(x0), d * (n - k - 1)),
+            self.p["target_class"],
+            self.p["omega"],
+            self.p["eta"],
+            self.p["iterations"],
+        )
 
     def output(self) -> dict[str, np.ndarray]:
         ids = np.concatenate(self.ids) if self.ids else np.zeros(0, np.int64)

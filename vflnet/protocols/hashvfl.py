@@ -270,7 +270,13 @@ def rebuild_bottom(released: dict[str, Any]) -> nn.Module:
 def rebuild_top(released: dict[str, Any]) -> TopModel:
     """A released top model (an MLP's sizes read from its weights), in inference mode."""
     spec, params = released["spec"]["top"], released["parameters"]
-    weights = [v for k, v in params.items() if k.startswith("top.") and k.endswith("weight")]
+
+    def layer_order(name: str) -> list[int]:  # a protobuf map keeps no order: top.net.0 before top.net.2
+        return [int(t) for t in name.split(".") if t.isdigit()]
+
+    weights = [
+        params[k] for k in sorted(params, key=layer_order) if k.startswith("top.") and k.endswith("weight")
+    ]
     top = TopModel(ModelConfig(**spec["config"]), int(weights[0].shape[1]), int(weights[-1].shape[0]))
     top.load_state_dict(
         {k.removeprefix("top."): torch.from_numpy(v) for k, v in params.items() if k.startswith("top.")}
