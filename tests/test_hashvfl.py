@@ -206,3 +206,90 @@ def test_only_bit_packed_pm1_codes_cross_the_wire_between_processes(tmp_path):
     step = next(s for s in steps if s["kind"] == "step")
     payload = step["payload_bytes"]["passive-1/ExchangeEmbeddings"]
     assert payload * 32 <= step["batch_size"] * 4 * 4 + 32  # <= 1/32 of float32 (+ one padding byte)
+
+
+# -------------------------------------------------------------------------------- attacks
+def _released_top(top: torch.nn.Module) -> dict:
+    from dataclasses import asdict
+
+    from vflnet.config import ModelConfig
+
+    params = {f"top.{k}": v.detach().numpy() for k, v in top.state_dict().items()}
+    return {"parameters": params, "spec": {"top": {"config": asdict(ModelConfig(kind="mlp", hidden=[16]))}}}
+
+
+def _pgd_rewrite(codes: np.ndarray, top: torch.nn.Module, omega: float, eta: float, iterations: int):
+    from vflnet.attacks.base import AttackContext
+    from vflnet.attacks.hashvfl import PgdCodeRewrite
+    from vflnet.interceptors.events import WireEvent
+
+    context = AttackContext("passive-2", "passive", "r", {"released_model": {"active": _released_top(top)}})
+    attack = PgdCodeRewrite(context, omega=omega, eta=eta, iterations=iterations)
+    msg = messages_pb2.Embeddings(
+        header=messages_pb2.Header(run_id="r", step=9, sender="passive-2", phase=messages_pb2.PREDICT),
+        sample_ids=list(range(len(codes))),
+        values=tensors.to_pm1_proto(codes),
+    )
+    event = WireEvent("request", "client", "/vflnet.v1.Active/ExchangeEmbeddings", "passive-2", "active", msg)
+    out = attack(event)
+    assert out.values.dtype == "pm1"  # the rewritten submission still passes the receiver's validation
+    return tensors.from_proto(out.values)
+
+
+def test_pgd_rewrite_cannot_flip_a_code_bit_below_a_total_perturbation_of_one():
+    from vflnet.models.zoo import TopModel
+
+    torch.manual_seed(0)
+    from vflnet.config import ModelConfig
+
+    top = TopModel(ModelConfig(kind="mlp", hidden=[16]), 32, 10)
+    codes = hashing.hard_sign(torch.randn(64, 16)).numpy()
+    same = _pgd_rewrite(codes, top, omega=1.0, eta=0.1, iterations=5)  # |phi| <= 0.5
+    assert np.array_equal(same, codes)
+    moved = _pgd_rewrite(codes, top, omega=2.0, eta=1.0, iterations=5)  # steps of 1 reach Sign's threshold
+    assert (moved != codes).sum() > 0
+    assert set(np.unique(moved)) <= {-1.0, 1.0}
+
+
+@pytest.mark.e2e
+def test_hashvfl_run_with_its_attacks_over_loopback(tmp_path):
+    """One digits run under hashvfl: inversion from a released bottom, model completion, a PGD rewrite
+    at prediction time and the Hamming detector; and the no-defense control of the inversion."""
+    results = {}
+    for name, proto in (("hash", "hashvfl"), ("split", "split")):
+        data = hash_config(code_len=4 if proto == "hashvfl" else 16)
+        if proto == "split":
+            data["protocol"] = {"kind": "split", "aggregation": "concat"}
+        data["train"].update(epochs=8, batch_size=32, optimizer={"kind": "adam", "lr": 0.01})
+        data["model_release"] = [
+            {"owner": "passive-1", "recipient": "active", "modules": ["bottom"]},
+            {"owner": "active", "recipient": "passive-2", "modules": ["top"]},
+        ]
+        data["predict"] = {"set": "test", "count": 128}
+        data["attacks"] = [
+            {
+                "name": "model-inversion",
+                "party": "active",
+                "params": {"iterations": 400, "n_samples": 12, "image_shape": [8, 4]},
+            },
+            {"name": "passive-model-completion", "party": "passive-1", "params": {"fine_tune_bottom": False}},
+        ]
+        if proto == "hashvfl":
+            data["attacks"] += [
+                {"name": "pgd-code-rewrite", "party": "passive-2", "params": {"omega": 2, "eta": 1}},
+                {"name": "hamming-detector", "party": "active"},
+            ]
+        summary = _run(tmp_path, data, name)
+        results[name] = (summary, json.loads((tmp_path / name / "attacks/scores.json").read_text()))
+        assert (tmp_path / name / "attacks/model-inversion-grid.png").exists()
+    hash_scores, split_scores = results["hash"][1], results["split"][1]
+    assert results["hash"][0]["final"]["test_accuracy"] > 0.7
+    # the codes give the inversion far less to work with than 16 real numbers
+    assert (
+        hash_scores["model-inversion@active"]["ssim"] < split_scores["model-inversion@active"]["ssim"] - 0.1
+    )
+    assert hash_scores["passive-model-completion@passive-1"]["label_accuracy"] > 0.3  # chance: 0.1
+    with np.load(tmp_path / "hash/attacks/pgd-code-rewrite@passive-2.npz") as f:
+        assert len(f["sample_ids"]) == 128 and f["bits_flipped"].mean() > 0
+    with np.load(tmp_path / "hash/attacks/hamming-detector@active.npz") as f:
+        assert len(f["hamming"]) == 128 and f["flagged"].mean() > 0
