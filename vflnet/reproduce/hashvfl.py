@@ -19,6 +19,7 @@ import argparse
 import copy
 import itertools
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,8 @@ def run_config(
 
 
 class Runner:
-    """Runs configs under one output folder and keeps their wall times."""
+    """Runs configs under one output folder and keeps their wall times; a run that finished there
+    with the same config is reused (an interrupted reproduction picks up where it stopped)."""
 
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = out_dir
@@ -148,7 +150,11 @@ class Runner:
         cfg["run"].update(dir=str(self.out_dir), id=f"hashvfl-{name}")
         path = self.out_dir / f"{name}.yaml"
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        text = yaml.safe_dump(cfg, sort_keys=False)
+        if path.exists() and path.read_text() == text and (run_dir / "summary.json").exists():
+            return run_dir  # finished earlier under this out-dir with this exact config
+        shutil.rmtree(run_dir, ignore_errors=True)
+        path.write_text(text)
         start = time.perf_counter()
         if run_local(path, run_dir=run_dir, progress=False) != 0:
             raise RuntimeError(f"run {name} failed; see {run_dir}/logs")
