@@ -7,7 +7,7 @@ and consistency loss of the label holder, and the paper's baselines' pieces.
   rows are unique) and adds the consistency term -mean_i mean_u (h_i . o_y)/d to the cross-entropy
   (Algorithm 1's ``CE + 1 - Cos`` without the constant).
 - Variants (the baselines of Table X and Fig. 6): ``hashvfl`` (BN + Sign + class codes), ``no_bn``
-  (Sign + class codes), ``greedy_hash`` (Sign, no BN, CE plus the party-local penalty mean|V - H|^3),
+  (Sign + class codes), ``greedy_hash`` (Sign, no BN, CE plus the party-local penalty ||V - H||_3),
   ``bsl`` (binarised split learning: BN + Sign, CE only, no class codes).
 - Laplace noise on the codes (Table VII): ``Sign(H + Lap(2/eps))``, re-signed so the wire stays +/-1.
 """
@@ -76,9 +76,9 @@ def consistency_loss(codes: list[torch.Tensor], table: torch.Tensor, y: torch.Te
 
 
 def greedy_penalty(v: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """Greedy Hash's pull of the real-valued output towards its code (the reference code's
-    mean |V - H|^3), computed where V lives: at the party."""
-    return (v - h.detach()).abs().pow(3).mean()
+    """Greedy Hash's pull of the real-valued output towards its code, as the reference code has it:
+    the 3-norm ||V - H||_3 over the batch matrix; computed where V lives: at the party."""
+    return torch.linalg.vector_norm(v - h.detach(), ord=3)
 
 
 def laplace_resign(h: torch.Tensor, epsilon: float, generator: torch.Generator) -> torch.Tensor:

@@ -206,7 +206,7 @@ class HashVFL(Protocol):
     params = {
         "variant": Param(
             "hashvfl",
-            "hashvfl (BN + Sign + class codes), no_bn, greedy_hash (Sign, no BN, |V-H|^3 penalty), bsl (BN + Sign, no class codes)",
+            "hashvfl (BN + Sign + class codes), no_bn, greedy_hash (Sign, no BN, ||V-H||_3 penalty), bsl (BN + Sign, no class codes)",
             lambda v: v in hashing.VARIANTS,
             f"one of {list(hashing.VARIANTS)}",
         ),
