@@ -115,6 +115,7 @@ def run_config(
         "data": {
             **copy.deepcopy(spec["data"]),
             "test_fraction": 0.2 if dataset in ("mnist", "digits") else 0.3,
+            **({"normalize": "none"} if "columns" in spec else {}),  # tabular unscaled, as the reference code
         },
         "parties": parties,
         "model": {"top": {"kind": "mlp", "hidden": [16]}},
