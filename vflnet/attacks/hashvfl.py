@@ -100,7 +100,7 @@ class ModelInversion(Attack):
             lambda v: isinstance(v, str),
             "a party name",
         ),
-        "n_samples": _int(1, "test samples reconstructed (the first ones seen in evaluation)", 16),
+        "n_samples": _int(1, "test samples reconstructed (evenly spaced over the evaluated IDs)", 16),
         "iterations": _int(1, "optimisation steps (paper: 3,000)", 3000),
         "lr": _num(0.0, "Adam learning rate", 0.01),
         "tv_weight": _num(0.0, "weight of the TV prior", 0.001),
@@ -120,9 +120,7 @@ class ModelInversion(Attack):
         if event.phase != messages_pb2.EVAL or event.sender != self.p["target"]:
             return
         values = event.tensors()["values"]
-        for sid, row in zip(event.sample_ids.tolist(), values, strict=True):
-            if len(self.seen) < self.p["n_samples"]:
-                self.seen.setdefault(int(sid), row)
+        self.seen.update(zip(event.sample_ids.tolist(), values, strict=True))
 
     def output(self) -> dict[str, np.ndarray]:
         from vflnet.protocols.hashvfl import rebuild_bottom
@@ -135,7 +133,8 @@ class ModelInversion(Attack):
         model = rebuild_bottom(released)
         shape = tuple(released["spec"]["bottom"]["input_shape"])
         image_hw = tuple(self.p["image_shape"]) or shape[-2:]
-        ids = np.array(sorted(self.seen), dtype=np.int64)
+        seen = np.array(sorted(self.seen), dtype=np.int64)  # the last evaluation's output per sample
+        ids = seen[np.linspace(0, len(seen) - 1, min(self.p["n_samples"], len(seen))).round().astype(int)]
         targets = torch.from_numpy(np.stack([self.seen[int(i)] for i in ids]))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)

@@ -377,7 +377,7 @@ def full_knowledge_asr(run_dir: Path, variant: str | None, omega: float, eta: fl
     data = load_dataset(cfg.data.dataset, cfg.data.params)
     _, test = run_split(cfg, data)
     label_of = dict(zip(data.ids.tolist(), data.labels.tolist(), strict=True))
-    ids = np.array([i for i in test.tolist() if label_of[i] != 0][:n_samples])
+    ids = test[attacked(test, label_of, n_samples)]
     blocks = []
     for name in ("passive-1", "passive-2"):
         view = party_view(cfg, name, data)
@@ -410,9 +410,16 @@ def attack_success(run_dir: Path, n_samples: int) -> tuple[float, np.ndarray]:
     with np.load(files[-1]) as f:
         ids, predicted = f["sample_ids"], f["predicted"]
     labels = _labels(run_dir)
-    keep = np.array([labels[int(i)] != 0 for i in ids])
-    ids, predicted = ids[keep][:n_samples], predicted[keep][:n_samples]
-    return 100 * float((predicted == 0).mean()), ids
+    pick = attacked(ids, labels, n_samples)
+    return 100 * float((predicted[pick] == 0).mean()), ids[pick]
+
+
+def attacked(ids: np.ndarray, labels: dict[int, int], n_samples: int) -> np.ndarray:
+    """Positions of ``n_samples`` samples drawn at random (seed 0) from those not of class 0."""
+    candidates = np.flatnonzero([labels[int(i)] != 0 for i in ids])
+    return np.sort(
+        np.random.default_rng(0).choice(candidates, size=min(n_samples, len(candidates)), replace=False)
+    )
 
 
 def detector_rate(run_dir: Path, ids: np.ndarray) -> str:
