@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vflnet reproduce hashvfl", description=__doc__)
     parser.add_argument("--out-dir", type=Path, default=Path("runs/reproduce-hashvfl"))
     parser.add_argument("--quick", action="store_true", help="fewer epochs, one seed, short inversions")
-    parser.add_argument("--epochs", type=int, default=None, help="default 20 (quick: 5)")
+    parser.add_argument("--epochs", type=int, default=None, help="default 30 (quick: 5)")
     parser.add_argument(
         "--seeds", type=int, default=None, help="seeds per accuracy cell (default 3, quick 1)"
     )
@@ -506,8 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    epochs = args.epochs or (5 if args.quick else 20)
-    seeds = list(range(args.seeds or (1 if args.quick else 3)))
+    epochs = args.epochs or (5 if args.quick else 30)
+    seeds = list(range(args.seeds or (1 if args.quick else 2)))
     lengths = [4, 8, 16] if args.quick else [4, 8, 16, 32, 64]
     run = Runner(args.out_dir)
     wanted = set(args.tables.split(","))
