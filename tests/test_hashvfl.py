@@ -182,6 +182,7 @@ def _run(tmp_path, data, name, bridge="loopback"):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # four processes importing torch: 20-60 s on a loaded machine
 def test_only_bit_packed_pm1_codes_cross_the_wire_between_processes(tmp_path):
     data = hash_config()
     data["trace"] = {"parties": ["passive-1", "passive-2"]}
