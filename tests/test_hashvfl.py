@@ -294,3 +294,19 @@ def test_hashvfl_run_with_its_attacks_over_loopback(tmp_path):
         assert len(f["sample_ids"]) == 128 and f["bits_flipped"].mean() > 0
     with np.load(tmp_path / "hash/attacks/hamming-detector@active.npz") as f:
         assert len(f["hamming"]) == 128 and f["flagged"].mean() > 0
+
+
+def test_hashvfl_config_checks_name_the_key():
+    from vflnet.config import ConfigError
+
+    bad_variant = hash_config(variant="nope")
+    with pytest.raises(ConfigError, match="protocol.params.*'variant'"):
+        config_from_dict(bad_variant)
+    unequal = hash_config()
+    unequal["parties"][3]["bottom"]["out"] = 8
+    with pytest.raises(ConfigError, match="code length.*equal"):
+        config_from_dict(unequal)
+    active_features = base_config(active_features=True)
+    active_features["protocol"] = hash_config()["protocol"]
+    with pytest.raises(ConfigError, match="give features to passive parties"):
+        config_from_dict(active_features)
