@@ -223,8 +223,8 @@ def table_ii_viii_x(run: Runner, epochs: int, seeds: list[int], lengths: list[in
 def table_vii(run: Runner, epochs: int, seeds: list[int]) -> list[str]:
     lines = ["## Table VII (subset): HashVFL + Laplace noise on the codes, MNIST accuracy (%)", ""]
     lines += [
-        "| bits | eps=1 ours / paper | eps=2 | eps=10 | bit-flip rate 1/2 e^(-eps/2): 0.303 / 0.184 / 0.003 |",
-        "|---|---|---|---|---|",
+        "| bits | eps=1 ours / paper | eps=2 | eps=10 |",
+        "|---|---|---|---|",
     ]
     for bits in (4, 16):
         cells = []
@@ -236,8 +236,12 @@ def table_vii(run: Runner, epochs: int, seeds: list[int]) -> list[str]:
                 for s in seeds
             ]
             cells.append(f"{ms(accs)} / {PAPER_VII[bits][i]:.2f}")
-        lines.append(f"| {bits} | " + " | ".join(cells) + " | |")
-    return lines
+        lines.append(f"| {bits} | " + " | ".join(cells) + " |")
+    return [
+        *lines,
+        "",
+        "Bit-flip probability exp(-eps/2)/2: 0.303, 0.184, 0.003 (checked in tests/test_hashvfl.py).",
+    ]
 
 
 def table_iii(run: Runner, epochs: int, seeds: list[int]) -> list[str]:
