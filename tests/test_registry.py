@@ -169,7 +169,7 @@ def test_new_keys_have_defaults_and_round_trip():
             lambda d: d["protocol"].update(kind="gossip"),
             "protocol.kind",
             # other tests may have loaded a plug-in protocol into the registry
-            "unknown protocol 'gossip'; known: param-server, ",
+            "unknown protocol 'gossip'; known: hashvfl, param-server, ",
         ),
         (
             lambda d: d.update(model_release=[{"recipient": "active", "modules": ["bottom"]}]),

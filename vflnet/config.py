@@ -239,7 +239,7 @@ class ModelReleaseConfig:
     recipient: str = setting("", "the party (roster name) that receives them", shown="required")
     modules: list[Literal["bottom", "top"]] = setting(factory=list, help="non-empty: `bottom` and/or `top`")
     when: Literal["end", "start"] = setting(
-        "end", "`end` (after training) or `start` (before the first step)"
+        "end", "`end` (after training, before the prediction pass) or `start` (before the first step)"
     )
 
 

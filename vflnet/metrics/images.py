@@ -78,3 +78,27 @@ def save_image_grid(real: Tensor, fake: Tensor, path: str | Path, n: int = 20, t
     fig.savefig(path, dpi=80, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def ssim_per_image(
+    real: Tensor, fake: Tensor, max_val: float = 1.0, window: int = 11, sigma: float = 1.5
+) -> Tensor:
+    """Structural similarity (Wang et al.) of each image pair [N, 1, H, W]: Gaussian window 11, sigma
+    1.5, K1 = 0.01, K2 = 0.03, valid positions only; the window shrinks to the largest odd size that
+    fits a smaller image (8x4 digits halves). Recovered values are clipped to [0, max_val]."""
+    _check_pair(real, fake)
+    x, y = real.double(), fake.double().clamp(0, max_val)
+    size = min(window, x.shape[-2], x.shape[-1])
+    size -= 1 - size % 2
+    r = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
+    g = torch.exp(-(r**2) / (2 * sigma**2))
+    kernel = (g[:, None] * g[None, :] / g.sum() ** 2)[None, None]
+
+    def blur(t: Tensor) -> Tensor:
+        return torch.nn.functional.conv2d(t, kernel)
+
+    c1, c2 = (0.01 * max_val) ** 2, (0.03 * max_val) ** 2
+    mx, my = blur(x), blur(y)
+    vx, vy, cxy = blur(x * x) - mx**2, blur(y * y) - my**2, blur(x * y) - mx * my
+    s = ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx**2 + my**2 + c1) * (vx + vy + c2))
+    return s.flatten(1).mean(1)

@@ -150,6 +150,11 @@ class SplitPassive(PartySide):
     def make_compute(self) -> Any:
         return PassiveSplit(self.host.local)
 
+    def own_model(self) -> nn.Module:
+        """A copy of the model whose output this party sends (its own view's ``model``), taken before
+        the update."""
+        return copy.deepcopy(self.host.local.modules["bottom"])
+
     def encode(self, msg: messages_pb2.Embeddings, emb: Any) -> None:
         msg.values.CopyFrom(tensors.to_proto(emb))
 
@@ -168,7 +173,7 @@ class SplitPassive(PartySide):
         train = h.phase == messages_pb2.TRAIN
         start = time.perf_counter()
         own_view = train and host.interception.wants_own_view
-        snapshot = copy.deepcopy(host.local.modules["bottom"]) if own_view else None
+        snapshot = self.own_model() if own_view else None
         host.local.keep_last_grads = own_view
         emb = self.compute.forward(host.data.x[rows], train)
         msg = messages_pb2.Embeddings(header=host.header(h), sample_ids=cmd.sample_ids)

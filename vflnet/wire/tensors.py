@@ -41,7 +41,10 @@ def from_proto(
     require_finite: bool = True,
     what: str = "tensor",
 ) -> np.ndarray:
-    """Decode and validate. ``None`` in ``expect_shape`` matches any size on that axis."""
+    """Decode and validate. ``None`` in ``expect_shape`` matches any size on that axis. Bit-packed
+    +/-1 codes decode to float32 where no other dtype is expected."""
+    if msg.dtype == PM1 and expect_dtype in (None, PM1):
+        return from_pm1_proto(msg, expect_shape=expect_shape, what=what)
     if msg.dtype not in ALLOWED_DTYPES:
         raise PayloadError(f"{what}: dtype {msg.dtype!r} is not allowed")
     if expect_dtype is not None and msg.dtype != expect_dtype:
@@ -63,6 +66,43 @@ def from_proto(
     if require_finite and array.dtype.kind == "f" and not np.isfinite(array).all():
         raise PayloadError(f"{what}: contains NaN or Inf")
     return array
+
+
+PM1 = "pm1"  # +/-1 values bit-packed: 1 bit each, +1 = bit set, row-major, numpy packbits (MSB first)
+
+
+def to_pm1_proto(codes: np.ndarray | torch.Tensor) -> tensor_pb2.Tensor:
+    """+/-1 codes (HashVFL) as one bit per value; anything else is refused before it is sent."""
+    if isinstance(codes, torch.Tensor):
+        codes = codes.detach().cpu().numpy()
+    flat = np.asarray(codes).reshape(-1)
+    if not np.isin(flat, (-1.0, 1.0)).all():
+        raise PayloadError("only +/-1 values can be sent as bit-packed codes")
+    return tensor_pb2.Tensor(dtype=PM1, shape=list(np.shape(codes)), data=np.packbits(flat > 0).tobytes())
+
+
+def from_pm1_proto(
+    msg: tensor_pb2.Tensor, *, expect_shape: Sequence[int | None] | None = None, what: str = "codes"
+) -> np.ndarray:
+    """Bit-packed +/-1 codes as float32; any other dtype, a wrong length or set padding bits is refused."""
+    if msg.dtype != PM1:
+        raise PayloadError(f"{what}: dtype {msg.dtype!r} where bit-packed +/-1 codes ({PM1!r}) were expected")
+    shape = tuple(int(d) for d in msg.shape)
+    if any(d < 0 for d in shape) or (
+        expect_shape is not None
+        and (
+            len(shape) != len(expect_shape)
+            or any(e is not None and e != d for d, e in zip(shape, expect_shape, strict=False))
+        )
+    ):
+        raise PayloadError(f"{what}: shape {shape} where {tuple(expect_shape or ())} was expected")
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if len(msg.data) != (n + 7) // 8:
+        raise PayloadError(f"{what}: {len(msg.data)} bytes do not hold {n} bits")
+    bits = np.unpackbits(np.frombuffer(msg.data, dtype=np.uint8))
+    if bits[n:].any():
+        raise PayloadError(f"{what}: padding bits after the {n} code bits are set")
+    return np.where(bits[:n] == 1, 1.0, -1.0).astype(np.float32).reshape(shape)
 
 
 def payload_bytes(msg: tensor_pb2.Tensor) -> int:
