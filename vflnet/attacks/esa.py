@@ -1,0 +1,41 @@
+"""Paper 003 Sec. IV-A: the equality solving attack (ESA) on logistic regression.
+
+The active party knows the released model theta = (theta_adv, theta_target) (one row per class),
+its own features x_adv and the confidence vector v of a prediction. Softmax makes
+ln v_k - ln v_{k+1} = z_k - z_{k+1}: c - 1 linear equations in x_target (Eq. 8), solved with the
+Moore-Penrose pseudo-inverse; exact when d_target <= c - 1 (and the differences have full column
+rank), the minimum-norm solution otherwise. A binary model with one output row (sigmoid) gives the
+single equation of Eq. 3.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+LOG_FLOOR = 1e-12  # rounded scores can be 0: clip before the log
+
+
+def equality_solving(
+    theta_adv: np.ndarray,
+    theta_target: np.ndarray,
+    x_adv: np.ndarray,
+    v: np.ndarray,
+    bias: np.ndarray | None = None,
+) -> np.ndarray:
+    """x_target estimates (n, d_target) from theta_adv (c, d_adv), theta_target (c, d_target), x_adv
+    (n, d_adv), confidence vectors v (n, c) and the known bias (c,). With c = 1 (sigmoid output), v
+    holds the positive class's probability in column 0."""
+    theta_adv, theta_target = np.asarray(theta_adv, np.float64), np.asarray(theta_target, np.float64)
+    x_adv, v = np.asarray(x_adv, np.float64), np.asarray(v, np.float64)
+    c = theta_target.shape[0]
+    b = np.zeros(c) if bias is None else np.asarray(bias, np.float64)
+    logv = np.log(np.clip(v, LOG_FLOOR, 1.0))
+    if c == 1:  # sigma^-1(v_1) = x . theta + b
+        p = np.clip(v[:, 0], LOG_FLOOR, 1 - LOG_FLOOR)
+        lhs = np.log(p / (1 - p))[:, None]
+        a = lhs - x_adv @ theta_adv.T - b
+        m = theta_target
+    else:  # adjacent differences (Eq. 8)
+        a = (logv[:, :-1] - logv[:, 1:]) - x_adv @ (theta_adv[:-1] - theta_adv[1:]).T - (b[:-1] - b[1:])
+        m = theta_target[:-1] - theta_target[1:]
+    return a @ np.linalg.pinv(m).T

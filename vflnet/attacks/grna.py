@@ -1,0 +1,150 @@
+"""Paper 003 Sec. V, Algorithm 2: the generative regression network attack (GRNA).
+
+Over many accumulated predictions (x_adv^t, v^t), the adversary trains a generator f_G(x_adv, r) ->
+x_target-hat (r ~ N(0, 1), one value per target feature) so that the released model f, fed
+(x_adv, x_target-hat), reproduces the observed confidence vectors; a penalty on the variance of the
+generated values keeps them from drifting to meaningless samples (Eq. 9). The attacked samples are
+the ones it trained on. A random forest is not differentiable: the adversary first fits an NN that
+imitates it on dummy samples drawn from the whole (0, 1) feature space (Sec. V-B).
+
+Hyperparameters the paper leaves open follow the authors' code: Adam lr 1e-4, batch 64,
+lambda_var 0.25, sigmoid output, LayerNorm after every hidden layer (600, 200, 100).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+Model = Callable[[torch.Tensor], torch.Tensor]  # full feature vector (n, d) -> confidence vectors (n, c)
+
+
+@dataclass(frozen=True)
+class GrnSettings:
+    epochs: int = 60
+    batch_size: int = 64
+    lr: float = 1e-4
+    lambda_var: float = 0.25
+    use_x_adv: bool = True  # Table III case 1 turns it off
+    use_noise: bool = True  # Table III case 2 turns it off
+    seed: int = 0
+
+
+def assemble(
+    x_adv: torch.Tensor, x_target: torch.Tensor, adv_cols: np.ndarray, target_cols: np.ndarray
+) -> torch.Tensor:
+    """The full feature vector in the model's column order."""
+    d = len(adv_cols) + len(target_cols)
+    x = torch.empty(x_adv.shape[0], d, dtype=x_adv.dtype)
+    x[:, torch.as_tensor(adv_cols)] = x_adv
+    x[:, torch.as_tensor(target_cols)] = x_target.to(x_adv.dtype)
+    return x
+
+
+def generator(d_in: int, d_target: int) -> nn.Module:
+    layers: list[nn.Module] = []
+    for width in (600, 200, 100):
+        layers += [nn.Linear(d_in, width), nn.LayerNorm(width), nn.ReLU()]
+        d_in = width
+    layers += [nn.Linear(d_in, d_target), nn.Sigmoid()]
+    return nn.Sequential(*layers)
+
+
+def generative_regression(
+    model: Model,
+    x_adv: np.ndarray,
+    v: np.ndarray,
+    adv_cols: np.ndarray,
+    target_cols: np.ndarray,
+    settings: GrnSettings = GrnSettings(),
+) -> np.ndarray:
+    """Train the generator on the accumulated predictions; return its estimates for those samples."""
+    torch.manual_seed(settings.seed)
+    xa = torch.as_tensor(np.asarray(x_adv), dtype=torch.float32)
+    vt = torch.as_tensor(np.asarray(v), dtype=torch.float32)
+    n, d_target = xa.shape[0], len(target_cols)
+    d_in = (xa.shape[1] if settings.use_x_adv else 0) + (d_target if settings.use_noise else 0)
+    if d_in == 0:
+        raise ValueError("the generator needs x_adv or noise as input")
+    gen = generator(d_in, d_target)
+    opt = torch.optim.Adam(gen.parameters(), lr=settings.lr)
+
+    def inputs(rows: torch.Tensor) -> torch.Tensor:
+        parts = [xa[rows]] if settings.use_x_adv else []
+        if settings.use_noise:
+            parts.append(torch.randn(len(rows), d_target))
+        return torch.cat(parts, 1)
+
+    for _ in range(settings.epochs):
+        for rows in torch.randperm(n).split(settings.batch_size):
+            x_hat = gen(inputs(rows))
+            out = model(assemble(xa[rows], x_hat, adv_cols, target_cols))
+            loss = ((out - vt[rows]) ** 2).sum(1).mean()
+            if settings.lambda_var and len(rows) > 1:
+                loss = loss + settings.lambda_var * x_hat.var(0).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        return gen(inputs(torch.arange(n))).double().numpy()
+
+
+def naive_regression(
+    model: Model,
+    x_adv: np.ndarray,
+    v: np.ndarray,
+    adv_cols: np.ndarray,
+    target_cols: np.ndarray,
+    epochs: int = 60,
+    lr: float = 1e-2,
+    seed: int = 0,
+) -> np.ndarray:
+    """Table III case 4: no generator; x_target-hat are free per-sample parameters (from U(0, 1))
+    fitted so that f reproduces v."""
+    torch.manual_seed(seed)
+    xa = torch.as_tensor(np.asarray(x_adv), dtype=torch.float32)
+    vt = torch.as_tensor(np.asarray(v), dtype=torch.float32)
+    x_hat = torch.rand(xa.shape[0], len(target_cols), requires_grad=True)
+    opt = torch.optim.Adam([x_hat], lr=lr)
+    for _ in range(epochs):
+        loss = ((model(assemble(xa, x_hat, adv_cols, target_cols)) - vt) ** 2).sum(1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return x_hat.detach().double().numpy()
+
+
+def imitate(
+    predict_proba: Callable[[np.ndarray], np.ndarray], d: int, n_dummy: int, seed: int = 0, epochs: int = 5
+) -> nn.Module:
+    """Sec. V-B: an MLP (2000, 200 hidden, sigmoid out) fitted to a non-differentiable model's
+    outputs on dummy samples drawn from U(0, 1)^d."""
+    torch.manual_seed(seed)
+    x = np.random.default_rng(seed).uniform(0, 1, (n_dummy, d))
+    y = torch.as_tensor(predict_proba(x), dtype=torch.float32)
+    xt = torch.as_tensor(x, dtype=torch.float32)
+    net = nn.Sequential(
+        nn.Linear(d, 2000),
+        nn.Dropout(),
+        nn.ReLU(),
+        nn.Linear(2000, 200),
+        nn.Dropout(),
+        nn.ReLU(),
+        nn.Linear(200, y.shape[1]),
+        nn.Sigmoid(),
+    )
+    opt = torch.optim.Adam(net.parameters())
+    for _ in range(epochs):
+        for rows in torch.randperm(n_dummy).split(64):
+            loss = ((net(xt[rows]) - y[rows]) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    net.eval()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return net
