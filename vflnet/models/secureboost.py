@@ -28,8 +28,8 @@ from typing import Any, Protocol
 import numpy as np
 from gmpy2 import mpz
 
-from vflnet.crypto import CipherArray
-from vflnet.crypto.multiexp import prod_axis0
+from vflnet.crypto import CipherArray, encoding
+from vflnet.crypto.multiexp import powmod_scalar, prod_axis0
 from vflnet.crypto.parallel import run_chunks, split_ranges
 
 FRAC_BITS = 20  # fixed point of g and h: |g| <= 1, 0 <= h <= 1/4
@@ -135,21 +135,48 @@ def histograms_encrypted(
 ) -> CipherArray:
     """The same histograms as ``histograms_plain`` over encrypted gh (n, k), by ciphertext additions on
     the engine's arrays (packed gh: one addition per row and feature, whatever k); features are split
-    over ``workers`` processes."""
+    over ``workers`` processes. When gh's slots hold several rows' worth of k values (``slots`` >= 2k),
+    the candidates are packed ``slots // k`` to a ciphertext (shape (nodes, groups, per_group * k)):
+    the label holder decrypts that many times fewer ciphertexts (``unpack_histograms``)."""
     n_candidates = [int(m) for m in n_candidates]
     nodes = [int(n) for n in nodes]
+    total = int(sum(n_candidates))
     chunks = []
-    starts = np.concatenate([[0], np.cumsum(n_candidates)])
     for a, b in split_ranges(len(n_candidates), workers) if n_candidates else []:
         chunks.append((gh.public_key.nsquare, gh.data, buckets[:, a:b], n_candidates[a:b], node_of, nodes))
     parts = run_chunks(_cipher_hist_chunk, chunks, workers)
     width = gh.data.shape[1]
     data = np.concatenate(parts, 1) if parts else np.empty((len(nodes), 0, width), dtype=object)
-    assert data.shape[1] == starts[-1]
     bound = gh.bound * max(1, len(node_of))
+    k = gh.shape[1]
+    q = gh.slots // k if gh.slots >= 2 * k else 1
+    if q == 1:
+        return CipherArray(gh.public_key, data, (len(nodes), total, k), gh.frac_bits, bound, gh.slots)
+    groups = -(-total // q)
+    padded = np.empty((len(nodes), groups * q), dtype=object)
+    padded.reshape(-1)[:] = [mpz(1)] * padded.size  # Enc(0): padding candidates decrypt to zeros
+    padded[:, :total] = data[:, :, 0]
+    grouped = padded.reshape(len(nodes), groups, q)
+    shift = 1 << (encoding.slot_width(gh.public_key.bits, gh.slots) * k)
+    n2 = gh.public_key.nsquare
+    acc = grouped[..., q - 1].copy()
+    for j in range(q - 2, -1, -1):  # Horner, as CipherArray.pack: candidate j in slots [j k, (j + 1) k)
+        acc = powmod_scalar(acc, shift, n2) * grouped[..., j] % n2
     return CipherArray(
-        gh.public_key, data, (len(nodes), int(starts[-1]), gh.shape[1]), gh.frac_bits, bound, gh.slots
+        gh.public_key, acc[..., None], (len(nodes), groups, q * k), gh.frac_bits, bound, gh.slots
     )
+
+
+def packed_shape(n_nodes: int, n_candidates: int, k: int, slots: int) -> tuple[int, int, int]:
+    """The shape ``histograms_encrypted`` sends for gh of k values in ``slots`` slots."""
+    q = slots // k if slots >= 2 * k else 1
+    return (n_nodes, -(-n_candidates // q), q * k) if q > 1 else (n_nodes, n_candidates, k)
+
+
+def unpack_histograms(values: np.ndarray, n_candidates: int, k: int) -> np.ndarray:
+    """(nodes, n_candidates, k) from the decrypted (nodes, groups, per_group * k)."""
+    n_nodes = values.shape[0]
+    return values.reshape(n_nodes, -1, k)[:, :n_candidates]
 
 
 @dataclass
@@ -181,7 +208,8 @@ class LocalParty:
         self.node_of, self.nodes = np.zeros(len(rows), np.int64), []
 
     def histograms(self, node_of: np.ndarray, nodes: Sequence[int]) -> Any:
-        self.node_of, self.nodes = node_of, list(nodes)
+        """Histograms of ``nodes``; every node with rows in ``node_of`` may be split next."""
+        self.node_of, self.nodes = node_of, sorted(set(node_of[node_of >= 0].tolist()))
         if isinstance(self.gh, CipherArray):
             return histograms_encrypted(
                 self.buckets, self.n_candidates, node_of, nodes, self.gh, self.workers
@@ -283,8 +311,9 @@ def grow_tree(
     params: TreeParams,
     gather: Callable[[np.ndarray, list[int]], list[np.ndarray]] | None = None,
 ) -> tuple[Tree, np.ndarray]:
-    """The label holder's loop: level by level, every party's histograms for the open nodes, the best
-    split over all parties (ties: the earlier party, then the earlier candidate), the owner's split.
+    """The label holder's loop: level by level, every party's histograms for the open nodes (asked for
+    the smaller child of each split only: the sibling's is the parent's minus it, exact on integers),
+    the best split over all parties (ties: the earlier party, then the earlier candidate), the owner's split.
     Returns the tree and each row's leaf. ``gather`` collects the parties' decrypted histograms (the
     protocol asks them concurrently); by default it asks them one by one."""
     gather = gather or (lambda node_of, nodes: [p.histograms(node_of, nodes) for p in parties])
@@ -293,16 +322,26 @@ def grow_tree(
     leaf_of = np.full(len(gh), -1, np.int64)
     open_nodes = [0]
     tree.kind[0] = 1
+    known: list[dict[int, np.ndarray]] = [{} for _ in parties]  # party -> node -> its histogram
     for depth in range(params.max_depth + 1):
         if not open_nodes:
             break
+        counts = {n: int((node_of == n).sum()) for n in open_nodes}
         totals = {n: gh[node_of == n].sum(0) for n in open_nodes}
-        hists = gather(node_of, open_nodes) if depth < params.max_depth else []
+        if depth < params.max_depth:
+            # histogram subtraction: ask for the smaller child of each split, derive its sibling from the parent
+            ask = [n for n in open_nodes if n == 0 or _smaller(n, counts)]
+            for p, hist in enumerate(gather(node_of, ask)):
+                for j, n in enumerate(ask):
+                    known[p][n] = hist[j]
+                for n in open_nodes:
+                    if n not in known[p]:
+                        known[p][n] = known[p][(n - 1) // 2] - known[p][_sibling(n)]
         next_nodes = []
-        for j, node in enumerate(open_nodes):
+        for node in open_nodes:
             best = (MIN_GAIN, -1, -1)
-            for p, hist in enumerate(hists):
-                gain, cand = best_split(hist[j], totals[node], n_classes, params)
+            for p in range(len(parties)) if depth < params.max_depth else []:
+                gain, cand = best_split(known[p][node], totals[node], n_classes, params)
                 if cand >= 0 and gain > best[0]:
                     best = (gain, p, cand)
             members = np.flatnonzero(node_of == node)
@@ -324,6 +363,16 @@ def grow_tree(
             next_nodes += [2 * node + 1, 2 * node + 2]
         open_nodes = next_nodes
     return tree, leaf_of
+
+
+def _sibling(node: int) -> int:
+    return node + 1 if node % 2 else node - 1
+
+
+def _smaller(node: int, counts: dict[int, int]) -> bool:
+    """Whether ``node`` is the child whose histogram is asked for: the one with fewer rows (left on ties)."""
+    mine, theirs = counts[node], counts[_sibling(node)]
+    return mine < theirs or (mine == theirs and node % 2 == 1)
 
 
 def traverse(tree: Tree, go_left: Callable[[int, int], np.ndarray], n: int) -> np.ndarray:

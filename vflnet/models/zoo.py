@@ -210,3 +210,26 @@ def build_party_modules(
         in_dim = outs[0] if cfg.protocol.aggregation == "sum" else sum(outs)
         top = TopModel(cfg.model.top, in_dim, n_classes)
     return bottom, top
+
+
+class SplitTable(nn.Module):
+    """A SecureBoost party's split table (protocol `secureboost`): split id -> (feature, threshold), as
+    buffers so checkpoints and model releases carry it. No trainable parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("feature", torch.zeros(0, dtype=torch.int64))
+        self.register_buffer("threshold", torch.zeros(0, dtype=torch.float64))
+
+    def set(self, features: list[int], thresholds: list[float]) -> None:
+        self.feature = torch.tensor(features, dtype=torch.int64)
+        self.threshold = torch.tensor(thresholds, dtype=torch.float64)
+
+
+MODELS.register(
+    ModelKind(
+        "splits",
+        "a SecureBoost party's split table (protocol secureboost): split id -> (feature, threshold); `out`: the number of classes (no embedding)",
+        build_bottom=lambda cfg, shape: SplitTable(),
+    )
+)
