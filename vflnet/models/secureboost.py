@@ -49,12 +49,14 @@ class TreeParams:
 
 # ----------------------------------------------------------------------- a party's features
 def candidate_thresholds(x: np.ndarray, n_bins: int) -> list[np.ndarray]:
-    """Per feature, distinct quantiles of the training values below the largest one (a threshold at the
-    maximum would send every row left)."""
+    """Per feature, its distinct training values if there are at most ``n_bins`` (the candidates of an
+    exact tree), else distinct quantiles; always below the largest value (a threshold there would send
+    every row left)."""
     qs = np.linspace(0, 1, n_bins + 1)[1:-1]
     out = []
     for col in np.asarray(x, np.float64).T:
-        t = np.unique(np.quantile(col, qs, method="lower"))
+        distinct = np.unique(col)
+        t = distinct if len(distinct) <= n_bins else np.unique(np.quantile(col, qs, method="lower"))
         out.append(t[t < col.max()])
     return out
 
@@ -196,7 +198,9 @@ class LocalParty:
 
     @classmethod
     def fit(cls, x: np.ndarray, train_rows: np.ndarray, n_bins: int, workers: int = 1) -> LocalParty:
-        return cls(np.asarray(x, np.float64), candidate_thresholds(x[train_rows], n_bins), workers)
+        """Image regions count as flat pixel features."""
+        flat = np.asarray(x, np.float64).reshape(len(x), -1)
+        return cls(flat, candidate_thresholds(flat[train_rows], n_bins), workers)
 
     @property
     def n_candidates(self) -> list[int]:
