@@ -168,7 +168,7 @@ def test_new_keys_have_defaults_and_round_trip():
         (
             lambda d: d["protocol"].update(kind="gossip"),
             "protocol.kind",
-            "known: param-server, split, split-he",
+            "known: param-server, secureboost, split, split-he",
         ),
         (
             lambda d: d.update(model_release=[{"recipient": "active", "modules": ["bottom"]}]),

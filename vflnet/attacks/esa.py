@@ -10,7 +10,13 @@ single equation of Eq. 3.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import torch
+
+from vflnet.attacks.prediction_base import PredictionAttack
+from vflnet.registry import ATTACKS
 
 LOG_FLOOR = 1e-12  # rounded scores can be 0: clip before the log
 
@@ -39,3 +45,34 @@ def equality_solving(
         a = (logv[:, :-1] - logv[:, 1:]) - x_adv @ (theta_adv[:-1] - theta_adv[1:]).T - (b[:-1] - b[1:])
         m = theta_target[:-1] - theta_target[1:]
     return a @ np.linalg.pinv(m).T
+
+
+@ATTACKS.register
+class EqualitySolving(PredictionAttack):
+    name = "esa"
+    description = "paper 003 equality solving attack: the passive parties' features from LR confidence scores"
+
+    def output(self) -> dict[str, np.ndarray]:
+        ids, v, x_adv, own = self.gathered()
+        if len(ids) == 0:
+            return {"sample_ids": ids, "x_target": np.zeros((0, 0))}
+        theta_adv, bias = linear_layer(own.get("bottom"), v.shape[1], x_adv.shape[1])
+        parts = []
+        for name, got in self.released().items():
+            config = got["spec"]["bottom"]["config"]
+            if config["kind"] != "linear":
+                raise ValueError(f"ESA needs a linear model; {name}'s bottom is {config['kind']!r}")
+            parts.append(np.asarray(got["parameters"]["bottom.weight"], np.float64))
+            bias = bias + np.asarray(got["parameters"].get("bottom.bias", 0.0), np.float64)
+        if not isinstance(own.get("top").net, torch.nn.Identity):
+            raise ValueError("ESA needs the sum of linear bottoms as the logits (model.top.kind: none)")
+        x_hat = equality_solving(theta_adv, np.concatenate(parts, 1), x_adv, v, bias)
+        return {"sample_ids": ids, "x_target": x_hat}
+
+
+def linear_layer(module: Any, c: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """(weight (c, d), bias (c,)) of the active party's own linear bottom (zeros without features)."""
+    if module is None:
+        return np.zeros((c, d)), np.zeros(c)
+    bias = module.bias.detach().double().numpy() if module.bias is not None else np.zeros(c)
+    return module.weight.detach().double().numpy(), bias

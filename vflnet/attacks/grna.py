@@ -15,10 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+
+from vflnet.attacks.prediction_base import PredictionAttack, rebuild_bottom
+from vflnet.registry import ATTACKS, Param
 
 Model = Callable[[torch.Tensor], torch.Tensor]  # full feature vector (n, d) -> confidence vectors (n, c)
 
@@ -148,3 +152,96 @@ def imitate(
     for p in net.parameters():
         p.requires_grad_(False)
     return net
+
+
+def _int_param(default: int, help_: str, lo: int) -> Param:
+    return Param(
+        default,
+        help_,
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= lo,
+        f"an integer >= {lo}",
+    )
+
+
+@ATTACKS.register
+class GenerativeRegression(PredictionAttack):
+    name = "grna"
+    description = "paper 003 generative regression network attack over the accumulated predictions (NN/LR; trees through an imitating NN)"
+    params = {
+        "epochs": _int_param(60, "generator training epochs", 1),
+        "batch_size": _int_param(64, "generator batch size", 1),
+        "lr": Param(
+            1e-4, "Adam learning rate", lambda v: isinstance(v, int | float) and v > 0, "a positive number"
+        ),
+        "lambda_var": Param(
+            0.25, "weight of the variance penalty", lambda v: isinstance(v, int | float), "a number"
+        ),
+        "aggregation": Param(
+            "sum",
+            "how the released model combines the bottoms (the run's protocol.aggregation)",
+            lambda v: v in ("sum", "concat"),
+            "'sum' or 'concat'",
+        ),
+        "dummy_factor": _int_param(10, "trees: dummy samples per prediction for the imitating NN", 1),
+        "seed": _int_param(0, "seed", 0),
+    }
+
+    def output(self) -> dict[str, np.ndarray]:
+        ids, v, x_adv, own = self.gathered()
+        if len(ids) == 0:
+            return {"sample_ids": ids, "x_target": np.zeros((0, 0))}
+        released = self.released()
+        widths = [int(np.prod(got["spec"]["bottom"]["input_shape"])) for got in released.values()]
+        d_adv, d_t = x_adv.shape[1], sum(widths)
+        adv_cols, target_cols = np.arange(d_adv), np.arange(d_adv, d_adv + d_t)
+        if isinstance(own, dict) and "ensemble" in own:
+            model = self._imitation(own, released, d_adv, widths, len(ids))
+        else:
+            model = self._network(own, released, d_adv, widths)
+        settings = GrnSettings(
+            epochs=int(self.p["epochs"]),
+            batch_size=int(self.p["batch_size"]),
+            lr=float(self.p["lr"]),
+            lambda_var=float(self.p["lambda_var"]),
+            seed=int(self.p["seed"]),
+        )
+        return {
+            "sample_ids": ids,
+            "x_target": generative_regression(model, x_adv, v, adv_cols, target_cols, settings),
+        }
+
+    def _network(
+        self, own: dict[str, nn.Module], released: dict[str, Any], d_adv: int, widths: list[int]
+    ) -> Model:
+        """The joint network: the active party's own bottom and top, the passive parties' released bottoms."""
+        from vflnet.models.zoo import aggregate
+
+        bottoms = [rebuild_bottom(got) for got in released.values()]
+        own_bottom, top = own.get("bottom"), own["top"]
+        for m in [top, *bottoms, *([own_bottom] if own_bottom is not None else [])]:
+            m.eval()
+            for p in m.parameters():
+                p.requires_grad_(False)
+        bounds = np.cumsum([d_adv, *widths])
+
+        def f(x: torch.Tensor) -> torch.Tensor:
+            parts = [own_bottom(x[:, :d_adv])] if own_bottom is not None else []
+            parts += [b(x[:, lo:hi]) for b, lo, hi in zip(bottoms, bounds[:-1], bounds[1:], strict=True)]
+            return torch.softmax(top(aggregate(parts, self.p["aggregation"])), 1)
+
+        return f
+
+    def _imitation(
+        self, own: dict[str, Any], released: dict[str, Any], d_adv: int, widths: list[int], n: int
+    ) -> Model:
+        """Sec. V-B: the tree ensemble (its thresholds all known to the adversary) imitated by an NN."""
+        from vflnet.attacks.pra import tables_route
+
+        route = tables_route(own, released, d_adv, widths)
+        ensemble = own["ensemble"]
+
+        def proba(x: np.ndarray) -> np.ndarray:
+            return ensemble.predict(lambda owner, ids: route(x, owner, ids), len(x))
+
+        net = imitate(proba, d_adv + sum(widths), int(self.p["dummy_factor"]) * n, int(self.p["seed"]))
+        return lambda x: net(x.float())

@@ -10,8 +10,12 @@ target's value lies. Scored with the correct branching rate (CBR).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from vflnet.attacks.prediction_base import PredictionAttack, target_truth
+from vflnet.registry import ATTACKS, Param
 
 
 @dataclass(frozen=True)
@@ -119,3 +123,125 @@ def from_sklearn(model: object, adv_cols: np.ndarray, target_cols: np.ndarray) -
         ),
         leaf_class=np.where(internal, -1, t.value[:, 0, :].argmax(1)),
     )
+
+
+def secureboost_view(model: dict[str, Any], released: dict[str, dict[str, Any]], tree: int = 0) -> TreeView:
+    """A secureboost tree as the active party sees it: its own splits from its own table, the passive
+    parties' from their released tables (target features numbered in party-name order)."""
+    t = model["ensemble"].trees[tree]
+    own_features, own_cuts = model["own_splits"]
+    owners = list(model["owners"])
+    tables, offset = {}, 0
+    for name in sorted(released):
+        p = released[name]["parameters"]
+        tables[name] = (offset, np.asarray(p["bottom.feature"]), np.asarray(p["bottom.threshold"]))
+        offset += int(released[name]["spec"]["bottom"]["input_shape"][0])
+    size = len(t.kind)
+    internal = t.kind == 1
+    adv = np.full(size, -1)
+    target = np.full(size, -1)
+    thr = np.zeros(size)
+    for i in np.flatnonzero(internal):
+        owner, sid = owners[int(t.owner[i])], int(t.split_id[i])
+        if owner in tables:
+            base, feats, cuts = tables[owner]
+            target[i], thr[i] = base + int(feats[sid]), float(cuts[sid])
+        else:
+            adv[i], thr[i] = int(own_features[sid]), float(own_cuts[sid])
+    idx = np.arange(size)
+    return TreeView(
+        left=np.where(internal, 2 * idx + 1, -1),
+        right=np.where(internal, 2 * idx + 2, -1),
+        threshold=thr,
+        adv_feature=adv,
+        target_feature=target,
+        leaf_class=np.where(t.kind == 2, t.value.argmax(1), -1),
+    )
+
+
+def tables_route(model: dict[str, Any], released: dict[str, Any], d_adv: int, widths: list[int]) -> Any:
+    """Evaluate any party's splits on full feature vectors [x_adv | x_target] from the split tables the
+    adversary holds (its own, the released ones): route(x, owner index, split ids) -> go-left bits."""
+    owners = list(model["owners"])
+    tables, offset = {}, d_adv
+    for (name, got), width in zip(sorted(released.items()), widths, strict=True):
+        tables[name] = (
+            offset,
+            np.asarray(got["parameters"]["bottom.feature"]),
+            np.asarray(got["parameters"]["bottom.threshold"]),
+        )
+        offset += width
+    own_features, own_cuts = model["own_splits"]
+
+    def route(x: np.ndarray, owner: int, ids: np.ndarray) -> np.ndarray:
+        base, feats, cuts = tables.get(owners[owner], (0, np.asarray(own_features), np.asarray(own_cuts)))
+        return (x[:, base + feats[ids]] <= cuts[ids]).T
+
+    return route
+
+
+def _flat(branches: list[list[tuple[int, bool]]]) -> dict[str, np.ndarray]:
+    rows = [(s, n, left) for s, b in enumerate(branches) for n, left in b]
+    arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    return {"sample": arr[:, 0], "node": arr[:, 1], "left": arr[:, 2].astype(bool)}
+
+
+def _unflat(out: dict[str, np.ndarray], prefix: str, n: int) -> list[list[tuple[int, bool]]]:
+    branches: list[list[tuple[int, bool]]] = [[] for _ in range(n)]
+    for s, node, left in zip(
+        out[f"{prefix}_sample"], out[f"{prefix}_node"], out[f"{prefix}_left"], strict=True
+    ):
+        branches[int(s)].append((int(node), bool(left)))
+    return branches
+
+
+@ATTACKS.register
+class PathRestriction(PredictionAttack):
+    name = "pra"
+    description = (
+        "paper 003 path restriction attack on a secureboost decision tree (CBR against a random path)"
+    )
+    params = {
+        "seed": Param(
+            0, "seed of the uniform choice among candidate paths", lambda v: isinstance(v, int), "an integer"
+        )
+    }
+
+    def output(self) -> dict[str, np.ndarray]:
+        ids, v, x_adv, own = self.gathered()
+        if len(ids) == 0 or not isinstance(own, dict) or "ensemble" not in own:
+            raise RuntimeError("pra needs the predictions of a secureboost tree at the active party")
+        tree = secureboost_view(own, self.released())
+        seed = int(self.p["seed"])
+        pra = _flat(path_restriction(tree, x_adv, v.argmax(1), seed))
+        rnd = _flat(random_path(tree, len(ids), seed))
+        out = {
+            "sample_ids": ids,
+            "tree_threshold": tree.threshold,
+            "tree_target_feature": tree.target_feature,
+        }
+        out.update({f"pra_{k}": a for k, a in pra.items()})
+        out.update({f"random_{k}": a for k, a in rnd.items()})
+        return out
+
+    @classmethod
+    def score(cls, output: dict[str, np.ndarray], truth: Any) -> dict[str, float]:
+        x = target_truth(truth, output["sample_ids"])
+        n = len(x)
+        size = len(output["tree_threshold"])
+        tree = TreeView(
+            np.full(size, -1),
+            np.full(size, -1),
+            output["tree_threshold"],
+            np.full(size, -1),
+            output["tree_target_feature"],
+            np.full(size, -1),
+        )
+        pra = correct_branching_rate(tree, _unflat(output, "pra", n), x)
+        rnd = correct_branching_rate(tree, _unflat(output, "random", n), x)
+        return {
+            "cbr": pra[0] / max(1, pra[1]),
+            "cbr_random": rnd[0] / max(1, rnd[1]),
+            "branches": float(pra[1]),
+            "d_target": float(x.shape[1]),
+        }
