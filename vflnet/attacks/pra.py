@@ -134,7 +134,11 @@ def secureboost_view(model: dict[str, Any], released: dict[str, dict[str, Any]],
     tables, offset = {}, 0
     for name in sorted(released):
         p = released[name]["parameters"]
-        tables[name] = (offset, np.asarray(p["bottom.feature"]), np.asarray(p["bottom.threshold"]))
+        tables[name] = (
+            offset,
+            np.asarray(p["bottom.feature"]).astype(np.int64),
+            np.asarray(p["bottom.threshold"], np.float64),
+        )
         offset += int(released[name]["spec"]["bottom"]["input_shape"][0])
     size = len(t.kind)
     internal = t.kind == 1
@@ -167,8 +171,8 @@ def tables_route(model: dict[str, Any], released: dict[str, Any], d_adv: int, wi
     for (name, got), width in zip(sorted(released.items()), widths, strict=True):
         tables[name] = (
             offset,
-            np.asarray(got["parameters"]["bottom.feature"]),
-            np.asarray(got["parameters"]["bottom.threshold"]),
+            np.asarray(got["parameters"]["bottom.feature"]).astype(np.int64),
+            np.asarray(got["parameters"]["bottom.threshold"], np.float64),
         )
         offset += width
     own_features, own_cuts = model["own_splits"]

@@ -214,16 +214,17 @@ def build_party_modules(
 
 class SplitTable(nn.Module):
     """A SecureBoost party's split table (protocol `secureboost`): split id -> (feature, threshold), as
-    buffers so checkpoints and model releases carry it. No trainable parameters."""
+    float32 buffers so checkpoints and model releases (float32 tensors) carry it: feature indices are
+    exact in float32, and thresholds are values of the party's float32 features. No trainable parameters."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.register_buffer("feature", torch.zeros(0, dtype=torch.int64))
-        self.register_buffer("threshold", torch.zeros(0, dtype=torch.float64))
+        self.register_buffer("feature", torch.zeros(0))
+        self.register_buffer("threshold", torch.zeros(0))
 
     def set(self, features: list[int], thresholds: list[float]) -> None:
-        self.feature = torch.tensor(features, dtype=torch.int64)
-        self.threshold = torch.tensor(thresholds, dtype=torch.float64)
+        self.feature = torch.tensor(features, dtype=torch.float32)
+        self.threshold = torch.tensor(thresholds, dtype=torch.float32)
 
 
 MODELS.register(
