@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     p = sub.add_parser("bench", help="benchmarks that print figures side by side")
-    p.add_argument("what", choices=["transport", "paillier", "he-step"])
+    p.add_argument("what", choices=["transport", "paillier", "he-step", "secureboost"])
     p.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
@@ -159,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                 from vflnet.bench.transport import main as bench_main
             elif args.what == "paillier":
                 from vflnet.bench.paillier import main as bench_main
+            elif args.what == "secureboost":
+                from vflnet.bench.secureboost import main as bench_main
             else:
                 from vflnet.bench.he_step import main as bench_main
             return bench_main(args.args)

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 from gmpy2 import mpz
 
-from vflnet.crypto import CipherArray, encoding
+from vflnet.crypto import CipherArray, encoding, opcount
 from vflnet.crypto.multiexp import powmod_scalar, prod_axis0
 from vflnet.crypto.parallel import run_chunks, split_ranges
 
@@ -147,10 +147,13 @@ def histograms_encrypted(
     for a, b in split_ranges(len(n_candidates), workers) if n_candidates else []:
         chunks.append((gh.public_key.nsquare, gh.data, buckets[:, a:b], n_candidates[a:b], node_of, nodes))
     parts = run_chunks(_cipher_hist_chunk, chunks, workers)
+    k = gh.shape[1]
+    rows_in = int(np.isin(node_of, nodes).sum())
+    # per value, as one EncryptedNumber per value would: every row into its bucket, then cumulative sums
+    opcount.count("add", k * (rows_in * len(n_candidates) + len(nodes) * total))
     width = gh.data.shape[1]
     data = np.concatenate(parts, 1) if parts else np.empty((len(nodes), 0, width), dtype=object)
     bound = gh.bound * max(1, len(node_of))
-    k = gh.shape[1]
     q = gh.slots // k if gh.slots >= 2 * k else 1
     if q == 1:
         return CipherArray(gh.public_key, data, (len(nodes), total, k), gh.frac_bits, bound, gh.slots)

@@ -107,7 +107,7 @@ class SecureBoostPassive(PartySide):
         )
         self.he = self.cfg.protocol.params["mode"] == "he"
         self.public_key: PublicKey | None = None  # the label holder's, pinned by its first tree
-        self.tree_open = False
+        self.tree_step = -1  # the step whose tree is being grown (histograms and splits must belong to it)
         self.lock = threading.Lock()
 
     def add_services(self, server: Any) -> None:
@@ -158,7 +158,7 @@ class SecureBoostPassive(PartySide):
         gh = self._gh(req, len(rows))
         with self.lock:
             self.party.start_tree(rows, gh)
-            self.tree_open = True
+            self.tree_step = req.header.step
         return secureboost_pb2.TreeStartAck(header=self.host.header(req.header))
 
     def histograms(
@@ -166,8 +166,10 @@ class SecureBoostPassive(PartySide):
     ) -> secureboost_pb2.HistogramReply:
         self._check(req.header, context)
         with self.lock:
-            if not self.tree_open:
-                raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, "no tree started")
+            if req.header.step != self.tree_step:
+                raise RpcFailure(
+                    grpc.StatusCode.FAILED_PRECONDITION, f"no tree started at step {req.header.step}"
+                )
             n = len(self.party.rows)
             node_of = tensors.from_proto(
                 req.node_of, expect_dtype="int64", expect_shape=(n,), what="node assignment"
@@ -190,7 +192,7 @@ class SecureBoostPassive(PartySide):
     def split(self, req: secureboost_pb2.SplitRequest, context: Any) -> secureboost_pb2.SplitReply:
         self._check(req.header, context)
         with self.lock:
-            if not self.tree_open or req.node not in self.party.nodes:
+            if req.header.step != self.tree_step or req.node not in self.party.nodes:
                 raise RpcFailure(
                     grpc.StatusCode.FAILED_PRECONDITION, f"node {req.node} is not open in the current level"
                 )
@@ -220,10 +222,7 @@ class SecureBoostPassive(PartySide):
         return reply
 
     def step(self, cmd: messages_pb2.StepCommand, rows: np.ndarray) -> dict[str, float]:
-        with self.lock:
-            if cmd.header.phase == messages_pb2.TRAIN:
-                self.tree_open = False  # a new step: the label holder starts its tree
-        return {}  # the work happens when the label holder calls
+        return {}  # the work happens when the label holder calls (maybe before this command arrives)
 
 
 # ------------------------------------------------------------------------------- active
