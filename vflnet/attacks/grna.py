@@ -184,6 +184,19 @@ class GenerativeRegression(PredictionAttack):
         ),
         "dummy_factor": _int_param(10, "trees: dummy samples per prediction for the imitating NN", 1),
         "seed": _int_param(0, "seed", 0),
+        # Table III's ablations
+        "use_x_adv": Param(
+            True, "feed x_adv to the generator (case 1: false)", lambda v: isinstance(v, bool), "a boolean"
+        ),
+        "use_noise": Param(
+            True, "feed noise to the generator (case 2: false)", lambda v: isinstance(v, bool), "a boolean"
+        ),
+        "naive": Param(
+            False,
+            "no generator: naive regression of free estimates (case 4)",
+            lambda v: isinstance(v, bool),
+            "a boolean",
+        ),
     }
 
     def output(self) -> dict[str, np.ndarray]:
@@ -198,11 +211,18 @@ class GenerativeRegression(PredictionAttack):
             model = self._imitation(own, released, d_adv, widths, len(ids))
         else:
             model = self._network(own, released, d_adv, widths)
+        if self.p["naive"]:
+            x_hat = naive_regression(
+                model, x_adv, v, adv_cols, target_cols, int(self.p["epochs"]), seed=int(self.p["seed"])
+            )
+            return {"sample_ids": ids, "x_target": x_hat}
         settings = GrnSettings(
             epochs=int(self.p["epochs"]),
             batch_size=int(self.p["batch_size"]),
             lr=float(self.p["lr"]),
             lambda_var=float(self.p["lambda_var"]),
+            use_x_adv=bool(self.p["use_x_adv"]),
+            use_noise=bool(self.p["use_noise"]),
             seed=int(self.p["seed"]),
         )
         return {
