@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from vflnet.attacks.prediction_base import PredictionAttack
+from vflnet.attacks.prediction_base import PredictionAttack, target_truth
+from vflnet.metrics.features import esa_upper_bound
 from vflnet.registry import ATTACKS
 
 LOG_FLOOR = 1e-12  # rounded scores can be 0: clip before the log
@@ -68,6 +69,14 @@ class EqualitySolving(PredictionAttack):
             raise ValueError("ESA needs the sum of linear bottoms as the logits (model.top.kind: none)")
         x_hat = equality_solving(theta_adv, np.concatenate(parts, 1), x_adv, v, bias)
         return {"sample_ids": ids, "x_target": x_hat}
+
+    @classmethod
+    def score(cls, output: dict[str, np.ndarray], truth: Any) -> dict[str, float]:
+        """The shared scores plus the paper's upper bound of ESA's MSE (Eqs. 11-15)."""
+        out = super().score(output, truth)
+        if out:
+            out["upper_bound"] = esa_upper_bound(target_truth(truth, output["sample_ids"]))
+        return out
 
 
 def linear_layer(module: Any, c: int, d: int) -> tuple[np.ndarray, np.ndarray]:

