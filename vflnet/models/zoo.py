@@ -53,10 +53,14 @@ class ModelKind:
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 
 
-def _mlp(in_dim: int, hidden: list[int], out: int, activation: str, bias: bool = True) -> nn.Sequential:
+def _mlp(
+    in_dim: int, hidden: list[int], out: int, activation: str, bias: bool = True, dropout: float = 0.0
+) -> nn.Sequential:
     layers: list[nn.Module] = []
     for width in hidden:
         layers += [nn.Linear(in_dim, width), _ACTIVATIONS[activation]()]
+        if dropout > 0:  # only then: the layer indices (parameter names) stay those of a plain MLP
+            layers.append(nn.Dropout(dropout))
         in_dim = width
     layers.append(nn.Linear(in_dim, out, bias=bias))
     return nn.Sequential(*layers)
@@ -152,9 +156,11 @@ MODELS.register(
     ModelKind(
         "mlp",
         "linear layers of widths `hidden` with `activation` between them, then a linear output (`bias`)",
-        build_bottom=lambda cfg, shape: _mlp(shape[0], cfg.hidden, cfg.out, cfg.activation, cfg.bias),
+        build_bottom=lambda cfg, shape: _mlp(
+            shape[0], cfg.hidden, cfg.out, cfg.activation, cfg.bias, cfg.dropout
+        ),
         build_top=lambda cfg, in_dim, n_classes: _mlp(
-            in_dim, cfg.hidden, n_classes, cfg.activation, cfg.bias
+            in_dim, cfg.hidden, n_classes, cfg.activation, cfg.bias, cfg.dropout
         ),
     )
 )
