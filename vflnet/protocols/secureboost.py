@@ -388,8 +388,8 @@ class SecureBoostActive(PartySide):
         if self.own is not None:
             self.host.local.modules["bottom"].set(self.own.features, self.own.cuts)
         self.scores[rows] = self.ensemble.step_scores(tree, leaf_of, self.scores[rows])
-        v = (
-            self.ensemble.confidence([leaf_of])
+        v = (  # training metrics: the new tree's own votes (forest), the running scores (boost)
+            Ensemble(self.ensemble.n_classes, self.params, [tree]).confidence([leaf_of])
             if self.params.ensemble == "forest"
             else _softmax(self.scores[rows])
         )
