@@ -228,6 +228,8 @@ class GenerativeRegression(PredictionAttack):
         return {
             "sample_ids": ids,
             "x_target": generative_regression(model, x_adv, v, adv_cols, target_cols, settings),
+            "confidence": v,  # what it observed, kept for the correlation diagnostics (Eqs. 16-17)
+            "x_adv": x_adv,
         }
 
     def _network(
