@@ -244,9 +244,10 @@ def pra_table(out_dir: Path, sets: dict, seeds: list[int]) -> str:
                     ds, f, seed, "dt", [{"name": "pra", "party": "active", "params": {"seed": seed}}]
                 )
                 s = run_case(out_dir, f"pra-{name}-{int(f * 100)}-{seed}", data)["pra@active"]
-                cbr.append(s["cbr"])
-                rnd.append(s["cbr_random"])
-            cells.append(f"{np.mean(cbr):.3f} / {np.mean(rnd):.3f}")
+                if s["branches"]:  # else the tree never splits on the target's features
+                    cbr.append(s["cbr"])
+                    rnd.append(s["cbr_random"])
+            cells.append(f"{np.mean(cbr):.3f} / {np.mean(rnd):.3f}" if cbr else "no target split")
         d = load_dataset(*ds)
         lines.append(
             f"| {name} ({int(np.prod(d.features.shape[1:]))}, {d.n_classes}) | " + " | ".join(cells) + " |"
