@@ -64,7 +64,7 @@ def tree_config(mode: str = "he", n: int | None = None) -> dict:
     }
 
 
-def one_process(cfg, params: TreeParams):
+def one_process(cfg, params: TreeParams, trees: int = 1):
     """The same algorithm in this process, on the columns each party holds, normalised as it does."""
     data = load_dataset(cfg.data.dataset, cfg.data.params)
     train_ids, test_ids = run_split(cfg, data)
@@ -75,7 +75,7 @@ def one_process(cfg, params: TreeParams):
         rows = view.rows
     y = party_view(cfg, "active", data).y
     train_rows, test_rows = rows(train_ids), rows(test_ids)
-    ensemble, parties = train_local(xs, y, data.n_classes, params, [train_rows], train_rows)
+    ensemble, parties = train_local(xs, y, data.n_classes, params, [train_rows] * trees, train_rows)
     return ensemble, parties, xs, y, train_rows, test_rows, test_ids
 
 
@@ -135,3 +135,22 @@ def test_a_tree_grown_over_grpc_in_he_mode_equals_the_one_process_run(tmp_path) 
     sk = DecisionTreeClassifier(max_depth=5, random_state=0).fit(x[train_rows], y[train_rows])
     ours = (got.argmax(1) == y[rows]).mean()
     assert abs(ours - sk.score(x[rows], y[rows])) <= 0.01
+
+
+def test_boosting_over_loopback_equals_the_one_process_run(tmp_path) -> None:
+    """Gradient boosting (paper 003's ensembles: trees of depth 3), one tree per epoch, plain mode."""
+    data = tree_config("plain", n=400)
+    data["protocol"]["params"].update(ensemble="boost", max_depth=3, learning_rate=0.5, reg_lambda=1.0)
+    data["train"]["epochs"] = 4
+    data["transport"] = {"bridge": "loopback"}
+    run_dir = tmp_path / "run"
+    assert run_local(write_config(tmp_path, data), run_dir=run_dir, progress=False) == 0
+    cfg = config_from_dict(data)
+    params = TreeParams(max_depth=3, n_bins=32, ensemble="boost", learning_rate=0.5, reg_lambda=1.0)
+    ensemble, parties, _, _, _, test_rows, test_ids = one_process(cfg, params, trees=4)
+    with np.load(run_dir / "predictions/predict-epoch-003.npz") as f:
+        ids, got = f["sample_ids"], f["confidence"]
+    order = {int(i): r for i, r in zip(test_ids, test_rows, strict=True)}
+    rows = np.array([order[int(i)] for i in ids])
+    np.testing.assert_allclose(got, predict_local(ensemble, parties, rows), rtol=0, atol=1e-12)
+    assert len(ensemble.trees) == 4 and not np.allclose(got, got[0])

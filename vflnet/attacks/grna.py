@@ -259,7 +259,7 @@ class GenerativeRegression(PredictionAttack):
         """Sec. V-B: the tree ensemble (its thresholds all known to the adversary) imitated by an NN."""
         from vflnet.attacks.pra import tables_route
 
-        route = tables_route(own, released, d_adv, widths)
+        route = tables_route(own, released, d_adv)
         ensemble = own["ensemble"]
 
         def proba(x: np.ndarray) -> np.ndarray:

@@ -125,13 +125,12 @@ def from_sklearn(model: object, adv_cols: np.ndarray, target_cols: np.ndarray) -
     )
 
 
-def secureboost_view(model: dict[str, Any], released: dict[str, dict[str, Any]], tree: int = 0) -> TreeView:
-    """A secureboost tree as the active party sees it: its own splits from its own table, the passive
-    parties' from their released tables (target features numbered in party-name order)."""
-    t = model["ensemble"].trees[tree]
-    own_features, own_cuts = model["own_splits"]
-    owners = list(model["owners"])
-    tables, offset = {}, 0
+def split_tables(
+    released: dict[str, dict[str, Any]], start: int
+) -> dict[str, tuple[int, np.ndarray, np.ndarray]]:
+    """{passive party: (offset of its first feature, split id -> feature, split id -> threshold)} from
+    the released split tables, the parties' features numbered from ``start`` in party-name order."""
+    tables, offset = {}, start
     for name in sorted(released):
         p = released[name]["parameters"]
         tables[name] = (
@@ -139,7 +138,17 @@ def secureboost_view(model: dict[str, Any], released: dict[str, dict[str, Any]],
             np.asarray(p["bottom.feature"]).astype(np.int64),
             np.asarray(p["bottom.threshold"], np.float64),
         )
-        offset += int(released[name]["spec"]["bottom"]["input_shape"][0])
+        offset += int(np.prod(released[name]["spec"]["bottom"]["input_shape"]))
+    return tables
+
+
+def secureboost_view(model: dict[str, Any], released: dict[str, dict[str, Any]], tree: int = 0) -> TreeView:
+    """A secureboost tree as the active party sees it: its own splits from its own table, the passive
+    parties' from their released tables (target features numbered in party-name order)."""
+    t = model["ensemble"].trees[tree]
+    own_features, own_cuts = model["own_splits"]
+    owners = list(model["owners"])
+    tables = split_tables(released, 0)
     size = len(t.kind)
     internal = t.kind == 1
     adv = np.full(size, -1)
@@ -163,18 +172,11 @@ def secureboost_view(model: dict[str, Any], released: dict[str, dict[str, Any]],
     )
 
 
-def tables_route(model: dict[str, Any], released: dict[str, Any], d_adv: int, widths: list[int]) -> Any:
+def tables_route(model: dict[str, Any], released: dict[str, Any], d_adv: int) -> Any:
     """Evaluate any party's splits on full feature vectors [x_adv | x_target] from the split tables the
     adversary holds (its own, the released ones): route(x, owner index, split ids) -> go-left bits."""
     owners = list(model["owners"])
-    tables, offset = {}, d_adv
-    for (name, got), width in zip(sorted(released.items()), widths, strict=True):
-        tables[name] = (
-            offset,
-            np.asarray(got["parameters"]["bottom.feature"]).astype(np.int64),
-            np.asarray(got["parameters"]["bottom.threshold"], np.float64),
-        )
-        offset += width
+    tables = split_tables(released, d_adv)
     own_features, own_cuts = model["own_splits"]
 
     def route(x: np.ndarray, owner: int, ids: np.ndarray) -> np.ndarray:
