@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from vflnet.attacks.prediction_base import PredictionAttack, rebuild_bottom
+from vflnet.attacks.prediction_base import PredictionAttack, rebuild_bottom, target_truth
+from vflnet.metrics.features import random_guess
 from vflnet.registry import ATTACKS, Param
 
 Model = Callable[[torch.Tensor], torch.Tensor]  # full feature vector (n, d) -> confidence vectors (n, c)
@@ -225,12 +226,41 @@ class GenerativeRegression(PredictionAttack):
             use_noise=bool(self.p["use_noise"]),
             seed=int(self.p["seed"]),
         )
-        return {
+        out = {
             "sample_ids": ids,
             "x_target": generative_regression(model, x_adv, v, adv_cols, target_cols, settings),
             "confidence": v,  # what it observed, kept for the correlation diagnostics (Eqs. 16-17)
             "x_adv": x_adv,
         }
+        if isinstance(own, dict) and "ensemble" in own:  # for the CBR of Fig. 8: the target's splits
+            from vflnet.attacks.pra import split_tables
+
+            tables = split_tables(released, 0)
+            features, thresholds = [], []
+            for tree in own["ensemble"].trees:
+                for i in np.flatnonzero(tree.kind == 1):
+                    owner = own["owners"][int(tree.owner[i])]
+                    if owner in tables:
+                        base, feats, cuts = tables[owner]
+                        features.append(base + int(feats[tree.split_id[i]]))
+                        thresholds.append(float(cuts[tree.split_id[i]]))
+            out["split_target_feature"] = np.array(features, np.int64)
+            out["split_threshold"] = np.array(thresholds, np.float64)
+        return out
+
+    @classmethod
+    def score(cls, output: dict[str, np.ndarray], truth: Any) -> dict[str, float]:
+        """The shared scores; on trees also the CBR of the estimates over every target split of every
+        tree (paper Fig. 8, the authors' code), beside that of a U(0, 1) guess."""
+        out = super().score(output, truth)
+        if out and len(output.get("split_threshold", ())):
+            x = target_truth(truth, output["sample_ids"])
+            f, t = output["split_target_feature"], output["split_threshold"]
+            side = x[:, f] <= t
+            guess = random_guess(x.shape, "uniform")
+            out["cbr"] = float(((output["x_target"][:, f] <= t) == side).mean())
+            out["cbr_uniform"] = float(((guess[:, f] <= t) == side).mean())
+        return out
 
     def _network(
         self, own: dict[str, nn.Module], released: dict[str, Any], d_adv: int, widths: list[int]

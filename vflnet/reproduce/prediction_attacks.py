@@ -262,19 +262,21 @@ def grna_models_table(out_dir: Path, sets: dict, seeds: list[int], epochs: int) 
     ]
     for name, ds in sets.items():
         for model in ("lr", "nn", "nn-dropout", "rf"):
-            mse, uni, gau, dts = [], [], [], []
+            mse, uni, gau, dts, cbr = [], [], [], [], []
             for seed in seeds:
                 attack = {"name": "grna", "party": "active", "params": {"epochs": epochs, "seed": seed}}
                 if model.startswith("nn"):
                     attack["params"]["aggregation"] = "concat"
                 data, d_t, _ = config(ds, 0.3, seed, model, [attack])
                 s = run_case(out_dir, f"grna-{model}-{name}-{seed}", data)["grna@active"]
+                if "cbr" in s:
+                    cbr.append(f"{s['cbr']:.3f} / {s['cbr_uniform']:.3f}")
                 mse.append(s["mse"])
                 uni.append(s["mse_uniform"])
                 gau.append(s["mse_gaussian"])
                 dts.append(d_t)
             lines.append(
-                f"| {name} | {model} | {dts[0]} | {np.mean(mse):.4f} | {np.mean(uni):.4f} | {np.mean(gau):.4f} |"
+                f"| {name} | {model} | {dts[0]} | {np.mean(mse):.4f} | {np.mean(uni):.4f} | {np.mean(gau):.4f} | {', '.join(cbr) or '-'} |"
             )
     return "\n".join(lines)
 
