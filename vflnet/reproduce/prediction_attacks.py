@@ -257,8 +257,8 @@ def pra_table(out_dir: Path, sets: dict, seeds: list[int]) -> str:
 
 def grna_models_table(out_dir: Path, sets: dict, seeds: list[int], epochs: int) -> str:
     lines = [
-        "| dataset | model | d_target | GRNA MSE | random U(0,1) | random N(0.5, 0.25^2) |",
-        "|---|---|---|---|---|---|",
+        "| dataset | model | d_target | GRNA MSE | random U(0,1) | random N(0.5, 0.25^2) | RF: CBR / U(0,1) guess's |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, ds in sets.items():
         for model in ("lr", "nn", "nn-dropout", "rf"):
