@@ -76,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     p = sub.add_parser("bench", help="benchmarks that print figures side by side")
-    p.add_argument("what", choices=["transport", "paillier", "he-step", "feature-reconstruction"])
+    p.add_argument(
+        "what", choices=["transport", "paillier", "he-step", "feature-reconstruction", "secureboost"]
+    )
     p.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
@@ -179,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                 from vflnet.bench.paillier import main as bench_main
             elif args.what == "feature-reconstruction":
                 from vflnet.bench.feature_reconstruction import main as bench_main
+            elif args.what == "secureboost":
+                from vflnet.bench.secureboost import main as bench_main
             else:
                 from vflnet.bench.he_step import main as bench_main
             return bench_main(args.args)

@@ -133,6 +133,7 @@ class ModelConfig:
     out: int = setting(0, "bottom: embedding size (required); top: ignored (number of classes)")
     bias: bool = setting(True, "bias on the last linear layer")
     activation: Literal["relu", "tanh", "sigmoid"] = setting("relu", "nonlinearity between hidden layers")
+    dropout: float = setting(0.0, "mlp: dropout rate after each hidden layer (paper 003's countermeasure)")
     channels: list[int] = setting(
         factory=lambda: [8, 16], help="conv widths (cnn; cafe-conv: its two conv layers)"
     )
@@ -538,6 +539,8 @@ def validate(cfg: Config) -> None:
                 raise ConfigError(
                     src, f"{key}.bottom.out", "expected the embedding size (a positive integer)"
                 )
+            if not 0.0 <= p.bottom.dropout < 1.0:
+                raise ConfigError(src, f"{key}.bottom.dropout", "expected a rate in [0, 1)")
         if not 0 < p.sample_fraction <= 1:
             raise ConfigError(
                 src, f"{key}.sample_fraction", f"expected a value in (0, 1], got {p.sample_fraction}"

@@ -70,6 +70,20 @@ class OwnStepView:
     num_classes: int
 
 
+@dataclass(frozen=True)
+class PredictionView:
+    """What the active party holds after a prediction step (paper 003's threat model, for attacks that
+    declare the ``predictions`` knowledge): the samples, the confidence vectors as released to it (after
+    the releasing party's score defenses), its own feature rows of those samples and its own model
+    (its modules by name, or the protocol's description of it, e.g. secureboost's trees)."""
+
+    step: int
+    sample_ids: np.ndarray
+    confidence: np.ndarray
+    own_features: np.ndarray
+    own_model: Any
+
+
 class Attack(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
@@ -118,6 +132,9 @@ class Attack(ABC):
 
     def observe_own(self, view: OwnStepView) -> None:  # noqa: B027 - optional hook
         """The host party's own view of a finished training step (only if `wants_own_view`)."""
+
+    def observe_predictions(self, view: PredictionView) -> None:  # noqa: B027 - optional hook
+        """The confidence vectors of one prediction step (only with the ``predictions`` knowledge)."""
 
     def rewrite(self, event: WireEvent) -> Message | None:
         """Return the message to send instead (rewriting attacks), or None."""

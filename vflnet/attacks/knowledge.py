@@ -9,7 +9,8 @@ attack's ``context.knowledge`` and recorded with its output:
 - by the coordinator once the roster is complete (``deliver_server_knowledge``);
 - by the protocol (split-he: ``public_key`` from the admission reply);
 - by a model release message (``released_model``, vflnet/roles/party.py ``accept_release``);
-- by the party after each training step (the own view, ``OwnStepView``).
+- by the party after each training step (the own view, ``OwnStepView``);
+- by the active party after each prediction step (``predictions``, a ``PredictionView``).
 
 Ground truth appears here only where a threat model grants it by assumption (D_target's IDs,
 auxiliary labels), drawn from the training set with a fixed seed; never as the thing to infer.
@@ -68,6 +69,12 @@ def _architecture(cfg: Config, party: str) -> str | None:
     return None
 
 
+def _predictions(cfg: Config, party: str) -> str | None:
+    if cfg.party(party).role != "active":
+        return "only the active party receives the confidence vectors"
+    return None if cfg.predict.set != "none" else "the run has no prediction phase (predict.set: none)"
+
+
 def _own_view(cfg: Config, party: str) -> str | None:
     return None if cfg.party(party).bottom is not None else "the party trains no bottom model of its own"
 
@@ -89,6 +96,11 @@ KNOWLEDGE: dict[str, Knowledge] = {
         Knowledge("label_holder", "the active party's name", _coordinator_only),
         Knowledge("architecture", "the CAFE model architecture (paper 002's server knows it)", _architecture),
         Knowledge("released_model", "another party's model, from a model release message", _released),
+        Knowledge(
+            "predictions",
+            "the confidence vectors of the prediction phase, with the party's own rows and model (paper 003)",
+            _predictions,
+        ),
         Knowledge(
             "own_view",
             "the party's own view of each training step (rows, bottom model, its gradient)",

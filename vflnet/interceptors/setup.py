@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from vflnet.attacks.base import Attack, AttackContext, OwnStepView
+from vflnet.attacks.base import Attack, AttackContext, OwnStepView, PredictionView
 from vflnet.attacks.knowledge import threat_model_knowledge
 from vflnet.config import Config, PluginConfig
 from vflnet.interceptors.chain import Chain
@@ -40,6 +40,12 @@ class PartyInterception:
         for _, attack in self.attacks:
             if attack.wants_own_view:
                 attack.observe_own(view)
+
+    def deliver_predictions(self, view: PredictionView) -> None:
+        """A prediction step's released confidence vectors, to every attack granted ``predictions``."""
+        for _, attack in self.attacks:
+            if "predictions" in attack.knowledge:
+                attack.observe_predictions(view)
 
     def own_data(self, ids: np.ndarray, x: np.ndarray) -> np.ndarray:
         """The party's feature rows after every attack that rewrites its own data (backdoor trigger)."""

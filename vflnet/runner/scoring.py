@@ -43,6 +43,22 @@ def ground_truth(cfg: Config, what: str, run_dir: Path | None = None) -> Any:
             view = party_view(cfg, party.name, data)
             truth[party.name] = (view.ids, view.x)
         return truth
+    if (
+        what == "features"
+    ):  # each passive party's features as it holds them (normalised over its training rows)
+        from vflnet.attacks.knowledge import run_split
+        from vflnet.data.partition import normalize
+
+        data = load_dataset(cfg.data.dataset, cfg.data.params)
+        train, _ = run_split(cfg, data)
+        truth = {}
+        for party in cfg.passives:
+            view = party_view(cfg, party.name, data)
+            truth[party.name] = (
+                view.ids,
+                normalize(view.x, view.rows(train), cfg.data.normalize, data.is_image),
+            )
+        return truth
     if what == "":
         return None
     raise ValueError(f"no ground truth of kind {what!r}")

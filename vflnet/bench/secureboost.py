@@ -1,0 +1,146 @@
+"""`vflnet bench secureboost`: seconds and bytes per tree of the `secureboost` protocol.
+
+One depth-`--depth` tree over a synthetic binary task (`--rows` x `--features`, the features split
+between the label holder and two passive parties), at `--bits`:
+
+  engine     the real protocol in HE mode (vflnet/protocols/secureboost.py) over the loopback bridge,
+             1 crypto worker, then `--workers` (both cores);
+  phe        the same tree's cryptographic work with python-paillier, one EncryptedNumber per value:
+             a cost model, as `vflnet bench he-step` does (the engine counts the work in per-value
+             operations while the real protocol runs, `vflnet.crypto.opcount`; python-paillier is
+             timed on each primitive under a key of the same size); its bytes are one ciphertext
+             (2 * bits / 8 bytes) per value sent: the gradient statistics to every passive party and
+             every histogram value;
+  plaintext  the same protocol in plain mode.
+
+Seconds per tree are the coordinator's step time (metrics.jsonl); bytes per tree are what every
+party sent in that step. Engine-only work (packing gh, packing histogram entries) has no per-value
+counterpart and costs phe nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from vflnet.crypto import generate_keypair, opcount, shutdown_pools
+from vflnet.runner.loopback import LoopbackFailure, run_loopback
+from vflnet.validation import config_from_dict
+
+
+def bench_config(mode: str, bits: int, rows: int, features: int, depth: int, workers: int) -> dict[str, Any]:
+    """Label holder: the first third of the features; two passive parties: the rest, halved."""
+    a = features // 3
+    b = a + (features - a) // 2
+    cols = {"active": f"0:{a}", "passive-1": f"{a}:{b}", "passive-2": f"{b}:{features}"}
+    parties = [{"name": "coordinator", "role": "coordinator"}] + [
+        {
+            "name": name,
+            "role": "active" if name == "active" else "passive",
+            "features": {"columns": cols[name]},
+            "bottom": {"kind": "splits", "out": 2},
+        }
+        for name in cols
+    ]
+    return {
+        "run": {"seed": 0},
+        "protocol": {
+            "kind": "secureboost",
+            "aggregation": "sum",
+            "params": {"mode": mode, "max_depth": depth, "n_bins": 32},
+            "he": {"key_bits": bits, "workers": workers, "allow_insecure_keys": bits < 1024},
+        },
+        "data": {
+            "dataset": "synthetic",
+            "params": {
+                "n_samples": rows,
+                "n_features": features,
+                "n_informative": features // 2,
+                "n_classes": 2,
+            },
+            "test_fraction": 0.01,
+        },
+        "parties": parties,
+        "model": {"top": {"kind": "none"}},
+        "train": {"epochs": 1, "batch_size": 10**9},
+        "transport": {"rpc_timeout_s": 3600, "max_message_mb": 1024, "max_payload_mb": 1024},
+    }
+
+
+def run_tree(data: dict[str, Any]) -> tuple[float, int, dict[str, float]]:
+    """(seconds, bytes sent by every party, per-value op counts) of the tree's training step."""
+    with tempfile.TemporaryDirectory(prefix="vflnet-bench-sb-") as tmp:
+        data["run"].update(dir=tmp, id="run")
+        run_dir = Path(tmp) / "run"
+        run_dir.mkdir()
+        with opcount.counting() as counter:
+            try:
+                run_loopback(config_from_dict(data), run_dir)
+            except LoopbackFailure:
+                print((run_dir / "logs" / "loopback.log").read_text()[-4000:])
+                raise
+        step = next(
+            r
+            for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if r.get("kind") == "step"
+        )
+    counts = counter.counts.get("")
+    ops = {k: float(counts[k]) for k in opcount.KINDS} if counts else {}
+    return float(step["step_time_s"]), int(sum(step["bytes_sent"].values())), ops
+
+
+def _bytes(n: float) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="vflnet bench secureboost",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--rows", type=int, default=10_000)
+    parser.add_argument("--features", type=int, default=20)
+    parser.add_argument("--bits", type=int, default=2048)
+    parser.add_argument("--depth", type=int, default=5)
+    parser.add_argument(
+        "--workers", type=int, default=2, help="crypto worker processes of the second engine run"
+    )
+    args = parser.parse_args(argv)
+    from vflnet.bench.he_step import phe_costs
+
+    print(
+        f"one depth-{args.depth} tree, {args.rows} x {args.features} (synthetic, binary), {args.bits}-bit keys",
+        flush=True,
+    )
+    results: list[tuple[str, float, float]] = []
+    engine_s, engine_b, ops = run_tree(bench_config("he", args.bits, args.rows, args.features, args.depth, 1))
+    results.append(("engine, 1 worker", engine_s, engine_b))
+    print(f"engine (1 worker): {engine_s:.2f} s, {_bytes(engine_b)}; per-value ops {ops}", flush=True)
+    if args.workers > 1:
+        s, b, _ = run_tree(bench_config("he", args.bits, args.rows, args.features, args.depth, args.workers))
+        results.append((f"engine, {args.workers} workers", s, b))
+        print(f"engine ({args.workers} workers): {s:.2f} s", flush=True)
+    public, private = generate_keypair(args.bits, allow_insecure=args.bits < 1024)
+    wall, _ = phe_costs(public.to_phe(), private.to_phe())
+    phe_s = sum(ops.get(k, 0.0) * wall.ops[k] for k in ("encrypt", "add", "obfuscate", "decrypt"))
+    width = 2 * args.bits // 8
+    phe_b = (ops.get("encrypt", 0.0) * 2 + ops.get("obfuscate", 0.0)) * width  # gh to both passive parties
+    results.append(("phe (cost model)", phe_s, phe_b))
+    print(
+        f"phe: {phe_s:.1f} s (costs per value: { {k: f'{v * 1e6:.1f} us' for k, v in wall.ops.items()} })",
+        flush=True,
+    )
+    s, b, _ = run_tree(bench_config("plain", args.bits, args.rows, args.features, args.depth, 1))
+    results.append(("plaintext", s, b))
+    shutdown_pools()
+    load = os.getloadavg()[0]
+    print("\n| run | seconds per tree | bytes per tree | phe / run |\n|---|---|---|---|")
+    for name, s, b in results:
+        print(f"| {name} | {s:.2f} | {_bytes(b)} | {phe_s / s:.1f}x |")
+    print(f"\nload average at the end: {load:.2f} (2 cores shared)")
+    return 0
