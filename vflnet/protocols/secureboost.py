@@ -315,7 +315,9 @@ class SecureBoostActive(PartySide):
     def joined(self, reply: messages_pb2.JoinReply) -> None:
         host, cfg = self.host, self.cfg
         address = {p.name: p.address for p in reply.roster}
-        self.remotes = [RemoteParty(self, p.name, host.channel(address[p.name], p.name)) for p in cfg.passives]
+        self.remotes = [
+            RemoteParty(self, p.name, host.channel(address[p.name], p.name)) for p in cfg.passives
+        ]
         self.train_rows = host.data.rows(np.asarray(reply.train_ids, dtype=np.int64))
         self.own = (
             LocalParty.fit(host.data.x, self.train_rows, self.params.n_bins, cfg.protocol.he.workers)
