@@ -148,9 +148,10 @@ def test_compose_has_the_cluster(compose) -> None:
         assert mounts(services[name])["/configs"] == "./configs"
         assert "/configs:ro" in " ".join(services[name]["volumes"])
         assert mounts(services[name])["/runs"] == "runs"
-    if with_tls:
-        assert "certs" in spec["volumes"]
-        assert all(mounts(services[name])["/certs"] == "certs" for name in PARTIES)
+    if with_tls:  # each party mounts its own certificate volume, and none mounts the CA's
+        assert all(mounts(services[name])["/certs"] == f"certs-{name}" for name in PARTIES)
+        assert all(f"certs-{name}" in spec["volumes"] for name in PARTIES)
+        assert not any("ca" in mounts(services[name]).values() for name in PARTIES)
 
 
 def test_compose_party_commands_match_the_mounted_roster(compose) -> None:
@@ -175,7 +176,7 @@ def test_compose_party_commands_match_the_mounted_roster(compose) -> None:
         if with_tls:
             tls = cfg.transport.tls
             for path in (tls.ca, tls.cert.format(name=name), tls.key.format(name=name)):
-                assert mounts(service)[str(PurePosixPath(path).parent)] == "certs"
+                assert mounts(service)[str(PurePosixPath(path).parent)] == f"certs-{name}"
             assert service["depends_on"]["certs"] == {"condition": "service_completed_successfully"}
 
 
@@ -205,7 +206,9 @@ def test_compose_proxy_and_certs_commands() -> None:
     proxy = parse_vflnet(services["proxy"]["command"])
     assert proxy.upstream == "active:50052"
     certs = parse_vflnet(services["certs"]["command"])
-    assert str(certs.out) == "/certs" and mounts(services["certs"])["/certs"] == "certs"
+    assert str(certs.out) == "/ca" and mounts(services["certs"])["/ca"] == "ca"
+    assert str(certs.export) == "/parties"  # each party's own files, into the volume that party mounts
+    assert all(mounts(services["certs"])[f"/parties/{name}"] == f"certs-{name}" for name in PARTIES)
     cfg = load_config(REPO / "configs" / "compose-tls.yaml")
     assert {(p.name, p.role) for p in certs.party} == {(p.name, p.role) for p in cfg.parties}
 

@@ -325,3 +325,18 @@ def test_a_channel_to_a_roster_party_accepts_only_that_partys_certificate(tls_se
             channel.unary_unary("/vflnet.v1.Coordinator/Join")(b"x", timeout=DEADLINE)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "Hostname Verification Check failed" in info.value.details()
+
+
+def test_certs_export_gives_each_party_only_its_own_files(tmp_path, capsys) -> None:
+    """Security finding 8: the compose TLS overlay mounted the CA key and every party's key into every
+    container; `vflnet certs --export` copies per party only what it may hold."""
+    parties = ["--party", "coord:coordinator", "--party", "alice:active", "--party", "bob:passive"]
+    assert (
+        certs_cli.main(["--out", str(tmp_path / "ca"), "--export", str(tmp_path / "parties"), *parties]) == 0
+    )
+    for name in ("coord", "alice", "bob"):
+        folder = tmp_path / "parties" / name
+        assert sorted(p.name for p in folder.iterdir()) == sorted(["ca.pem", f"{name}.pem", f"{name}.key"])
+        assert (folder / f"{name}.key").stat().st_mode & 0o077 == 0  # readable by its owner only
+        assert tls.is_signed_by(folder / f"{name}.pem", folder / "ca.pem")
+        assert (folder / f"{name}.key").read_bytes() == (tmp_path / "ca" / f"{name}.key").read_bytes()

@@ -9,6 +9,7 @@ handshake with it would fail later with a much vaguer message.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=parse_party,
         metavar="NAME:ROLE[:HOST,HOST]",
         help="a party to certify; its name, localhost and 127.0.0.1 are always in the SANs",
+    )
+    parser.add_argument(
+        "--export",
+        type=Path,
+        help="also copy, per party, only what that party may hold into EXPORT/NAME/: ca.pem, NAME.pem, "
+        "NAME.key (never the CA key, never another party's key)",
     )
     parser.add_argument("--days", type=int, default=365, help="validity of new certificates (default 365)")
     parser.add_argument("--force", action="store_true", help="replace existing CA and certificates")
@@ -101,7 +108,20 @@ def main(argv: list[str] | None = None) -> int:
         tls.issue_party_cert(args.out, party.name, party.role, party.hosts, days=args.days, overwrite=True)
         hosts = ", ".join(dict.fromkeys([party.name, *party.hosts, "localhost", "127.0.0.1"]))
         print(f"wrote {files.cert} and {files.key} (role {party.role}; hosts {hosts})")
+    if args.export is not None:
+        for party in args.party:
+            export(args.out, party.name, args.export / party.name)
     return 0
+
+
+def export(ca_dir: Path, name: str, out: Path) -> None:
+    """Party ``name``'s own files (the CA certificate, its certificate and key) into ``out``, which
+    then holds nothing else of the PKI: a party's container mounts only this."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = tls.party_files(ca_dir, name)
+    for src in (tls.ca_files(ca_dir).cert, files.cert, files.key):
+        shutil.copy2(src, out / src.name)  # with its mode: keys stay readable by their owner only
+    print(f"exported {name}'s ca.pem, {name}.pem and {name}.key to {out}")
 
 
 if __name__ == "__main__":
