@@ -231,8 +231,9 @@ import sys, time
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from tests.test_security import _garbage_reflection
 from vflnet.config import TransportConfig
-from vflnet.wire.channels import make_server, stop_server
-server = make_server(TransportConfig(reflection=True), "x")
+from vflnet.wire.channels import enable_reflection, make_server, stop_server
+server = make_server(TransportConfig(), "x")
+enable_reflection(server, [])
 port = server.add_insecure_port("127.0.0.1:0")
 server.start()
 print([_garbage_reflection(f"127.0.0.1:{{port}}").name for _ in range(6)], flush=True)
@@ -286,3 +287,37 @@ def test_cafe_with_unequal_regions_is_refused_by_config_check():
         config_from_dict(data, "cafe.yaml")
     assert info.value.key == "parties[3].features.region"
     assert "passive-1 8x4, passive-2 8x3" in info.value.message
+
+
+def test_reflection_when_asked_for_lists_what_the_server_serves_under_v1_and_v1alpha():
+    """Finding 8: only reflection v1alpha was served (v1 answered UNIMPLEMENTED), and every role
+    advertised all four vflnet services though it serves one or two."""
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    from vflnet.config import TransportConfig
+    from vflnet.roles.party import RUN_STEP, SHUTDOWN
+    from vflnet.wire.bridge import add_handlers
+    from vflnet.wire.channels import stop_server
+
+    bridge = GrpcBridge(TransportConfig(reflection=True))
+    server = bridge.make_server("passive-1", Chain())
+    add_handlers(server, {RUN_STEP: lambda r, c: None, SHUTDOWN: lambda r, c: None})
+    address = bridge.bind(server, "passive-1", "127.0.0.1:0")
+    server.start()
+    listed = {}
+    try:
+        with grpc.insecure_channel(address) as channel:
+            for version in ("v1alpha", "v1"):
+                call = channel.stream_stream(
+                    f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+                    request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                    response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+                )
+                (reply,) = call(
+                    iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=DEADLINE
+                )
+                listed[version] = {s.name for s in reply.list_services_response.service}
+    finally:
+        stop_server(server, 0)
+    assert listed["v1"] == listed["v1alpha"]
+    assert {s for s in listed["v1"] if s.startswith("vflnet.")} == {"vflnet.v1.Party"}

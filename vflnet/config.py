@@ -288,8 +288,8 @@ class TransportConfig:
     )
     reflection: bool = setting(
         False,
-        "serve gRPC server reflection (v1alpha, for grpcurl); off by default: a vflnet peer never needs it "
-        "and it exposes every service to any caller",
+        "serve gRPC server reflection (v1 and v1alpha, for grpcurl); off by default: a vflnet peer never "
+        "needs it and it describes the server's services to any caller",
     )
 
 

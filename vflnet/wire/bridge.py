@@ -22,6 +22,7 @@ from vflnet.interceptors.chain import Chain
 from vflnet.interceptors.events import METHODS
 from vflnet.interceptors.grpc_adapters import ServerChainInterceptor, intercept_channel
 from vflnet.wire.channels import bind as grpc_bind
+from vflnet.wire.channels import enable_reflection
 from vflnet.wire.channels import make_server as grpc_server
 from vflnet.wire.channels import open_channel as grpc_channel
 from vflnet.wire.errors import handle_errors, lenient_parser
@@ -67,8 +68,9 @@ def add_handlers(server: Server, handlers: dict[str, Handler]) -> None:
     health = getattr(server, "health_servicer", None)
     for service, methods in by_service.items():
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, methods),))
-        if health is not None:  # per-service health for what this server really serves
+        if health is not None:  # per-service health (and reflection) for what this server really serves
             health.set(service, health_pb2.HealthCheckResponse.SERVING)
+            server.served_services.add(service)
 
 
 def unary(channel: grpc.Channel, method: str) -> grpc.UnaryUnaryMultiCallable:
@@ -89,6 +91,8 @@ class GrpcBridge:
         return grpc_server(self.transport, name, [ServerChainInterceptor(chain, name)] if len(chain) else [])
 
     def bind(self, server: grpc.Server, name: str, listen: str, advertise: str = "") -> str:
+        if self.transport.reflection:  # every service is registered by now, and the server not started
+            enable_reflection(server, sorted(server.served_services))
         port = grpc_bind(server, listen, self.transport, name)
         if advertise and not advertise.endswith(":0"):
             return advertise

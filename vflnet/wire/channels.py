@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Iterable
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -80,28 +81,39 @@ def make_server(
         # share, and so receive some of, that party's traffic
         options=[*grpc_options(transport), ("grpc.so_reuseport", 0)],
     )
-    server.health_servicer = add_standard_services(server, transport.reflection)  # type: ignore[attr-defined]
+    server.health_servicer = add_standard_services(server)  # type: ignore[attr-defined]
+    server.served_services = set()  # type: ignore[attr-defined]  # filled by add_handlers
     return server
 
 
-def add_standard_services(server: grpc.Server, reflection: bool = False) -> Any:
-    """gRPC health checking (grpc_health_probe, `vflnet health`) and, when asked for, server reflection
-    (grpcurl). grpcio-reflection serves v1alpha only."""
+def add_standard_services(server: grpc.Server) -> Any:
+    """gRPC health checking (grpc_health_probe, `vflnet health`); returns the health servicer, which
+    ``vflnet.wire.bridge.add_handlers`` marks SERVING for every service it registers."""
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
     health_servicer = health.HealthServicer()
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if reflection:
-        from grpc_reflection.v1alpha import reflection as grpc_reflection
-
-        from vflnet.v1 import services_pb2
-
-        names = [s.full_name for s in services_pb2.DESCRIPTOR.services_by_name.values()]
-        grpc_reflection.enable_server_reflection(
-            [*names, health.SERVICE_NAME, grpc_reflection.SERVICE_NAME], server
-        )
     return health_servicer
+
+
+def enable_reflection(server: grpc.Server, services: Iterable[str]) -> None:
+    """Server reflection (grpcurl) listing the services this server serves, under v1alpha and v1
+    (grpcio-reflection implements v1alpha; v1's messages are the same on the wire)."""
+    from grpc_health.v1 import health
+    from grpc_reflection.v1alpha import reflection, reflection_pb2
+
+    v1 = "grpc.reflection.v1.ServerReflection"
+    servicer = reflection.ReflectionServicer([*services, health.SERVICE_NAME, reflection.SERVICE_NAME, v1])
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    for name in (reflection.SERVICE_NAME, v1):
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(name, {"ServerReflectionInfo": handler}),)
+        )
 
 
 def stop_server(server: Any, grace: float) -> None:
