@@ -155,17 +155,16 @@ def test_decryption_is_bound_to_the_step_the_party_and_the_shape(decryptor):
         == grpc.StatusCode.PERMISSION_DENIED
     )
     _in_flight(side, 2)
-    # a long-past step; the wrong number of rows; a gradient of another size than the party's first
+    # a long-past step; the wrong number of rows; logits of another width than the first request's
     code, details = _refused(side, stub, "passive-1", "masked_gradient", (7,), step=1)
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "step 2 (phase 1) is in flight" in details
     code, details = _refused(side, stub, "active", "aggregate_logits", (64, 10), step=2)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "step 2 has 4 samples" in details
     code, details = _refused(side, stub, "active", "aggregate_logits", (4, 12), step=2)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "fixed (10,)" in details
-    code, details = _refused(side, stub, "passive-1", "masked_gradient", (4, 10), step=2)
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "fixed (7,)" in details
-    # refusals spent nothing: the honest requests of step 2 still go through
-    assert _decrypt(side, stub, "passive-1", "masked_gradient", (7,), step=2).shape == [7]
+    # refusals spent nothing: the honest requests of step 2 still go through (a gradient's packed
+    # layout follows the step's values, so its size may change from step to step)
+    assert _decrypt(side, stub, "passive-1", "masked_gradient", (9,), step=2).shape == [9]
     assert _decrypt(side, stub, "active", "aggregate_logits", (4, 10), step=2).shape == [4, 10]
     # evaluation has logits to decrypt, but no gradient
     _in_flight(side, 3, phase=messages_pb2.EVAL, batch=5)

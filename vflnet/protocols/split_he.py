@@ -160,10 +160,11 @@ class DecryptionService(CoordinatorSide):
 
     It is no decryption oracle: a request is bound to the step in flight (its number and phase), to
     the requester's role and purpose, one per (step, party, purpose), and to the shape the protocol
-    expects: the aggregate logits have one row per sample of the step; a party's masked gradient exists
-    only in training steps. The width of the logits and the size of a party's gradient are fixed by its
-    first request (the coordinator never sees the models). What remains trusted, a party packing other
-    ciphertexts into the shape it is entitled to, is in docs/protocols.md and docs/security.md."""
+    expects: the aggregate logits have one row per sample of the step and the width of the first
+    request; a party's masked gradient exists only in training steps. Its size is not checked: the
+    packed layout depends on the step's values, and the coordinator never sees the models. What
+    remains trusted, a party putting other ciphertexts into its one gradient array per step, is in
+    docs/protocols.md and docs/security.md (the `decryption-oracle` attack shows it)."""
 
     PURPOSES = {"aggregate_logits": {"active"}, "masked_gradient": {"passive"}}
 
@@ -188,7 +189,7 @@ class DecryptionService(CoordinatorSide):
         self.step = messages_pb2.Header()  # the step in flight (its header and batch size)
         self.batch_size = 0
         self.served: set[tuple[str, str]] = set()  # (party, purpose) decrypted in this step
-        self.shapes: dict[tuple[str, str], tuple[int, ...]] = {}  # fixed by each party's first request
+        self.shapes: dict[tuple[str, str], tuple[int, ...]] = {}  # logit width, fixed by the first request
 
     def command(self, party: str, cmd: messages_pb2.StepCommand) -> messages_pb2.StepCommand:
         with self.lock:
@@ -261,12 +262,12 @@ class DecryptionService(CoordinatorSide):
                 raise invalid(
                     f"aggregate logits of shape {shape}; step {h.step} has {self.batch_size} samples"
                 )
-            expected = self.shapes.setdefault(key, shape[1:] if req.purpose == "aggregate_logits" else shape)
-            got = shape[1:] if req.purpose == "aggregate_logits" else shape
-            if got != expected:
-                raise invalid(
-                    f"{req.purpose} of shape {shape}; {h.sender}'s earlier requests fixed {expected}"
-                )
+            if req.purpose == "aggregate_logits":
+                expected = self.shapes.setdefault(key, shape[1:])
+                if shape[1:] != expected:
+                    raise invalid(
+                        f"aggregate logits of shape {shape}; earlier requests fixed {expected} per row"
+                    )
             self.served.add(key)
 
     def finish(self) -> dict[str, Any]:
