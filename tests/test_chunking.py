@@ -410,38 +410,30 @@ def test_stalled_chunked_streams_hold_only_part_of_the_workers(active: Active) -
     """Security finding 4: streams that never finish held every worker (50 streams: the run failed).
     A server reads at most max_workers // 4 chunked streams at once; other calls keep the rest."""
     import threading
-    import time
 
     srv, address = serve(active, SMALL)  # 8 workers: 2 chunked streams at once
-    release = threading.Event()
+    release, first_outcome = threading.Event(), threading.Event()
+    outcomes: list[grpc.StatusCode] = []
 
     def stalled() -> Iterator[messages_pb2.Chunk]:
         yield messages_pb2.Chunk(data=b"x" * 100, index=0, count=5)
         release.wait(DEADLINE)
 
     raw = raw_channel(address)
-    try:
-        call = raw.stream_stream(
-            CALL_METHOD, messages_pb2.Chunk.SerializeToString, messages_pb2.Chunk.FromString
+    call = raw.stream_stream(CALL_METHOD, messages_pb2.Chunk.SerializeToString, messages_pb2.Chunk.FromString)
+
+    def hold() -> None:
+        outcomes.append(
+            status(lambda **kw: list(call(stalled(), metadata=((METHOD_KEY, EXCHANGE),), **kw)))[0]
         )
-        outcomes: list[grpc.StatusCode] = []
+        first_outcome.set()
 
-        def hold() -> None:
-            outcomes.append(
-                status(lambda **kw: list(call(stalled(), metadata=((METHOD_KEY, EXCHANGE),), **kw)))[0]
-            )
-
-        held = [threading.Thread(target=hold) for _ in range(2)]
-        for t in held:
+    streams = [threading.Thread(target=hold) for _ in range(3)]
+    try:
+        for t in streams:
             t.start()
-        whole = [messages_pb2.Chunk(data=embeddings(n=2, dim=2).SerializeToString(), index=0, count=1)]
-        code, details = grpc.StatusCode.OK, ""
-        deadline = time.monotonic() + DEADLINE  # until the server has taken up both stalled streams
-        while code == grpc.StatusCode.OK and time.monotonic() < deadline:
-            code, details = status(
-                lambda **kw: list(call(iter(whole), metadata=((METHOD_KEY, EXCHANGE),), **kw))
-            )
-        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "2 chunked calls" in details
+        # whichever order they arrive in, two are held and the third is refused at once
+        assert first_outcome.wait(DEADLINE) and outcomes == [grpc.StatusCode.RESOURCE_EXHAUSTED]
         with open_channel(address, SMALL, "passive-1") as channel:  # a whole unary call is still served
             msg = embeddings(n=2, dim=2)
             assert (
@@ -449,9 +441,45 @@ def test_stalled_chunked_streams_hold_only_part_of_the_workers(active: Active) -
                 == msg.values
             )
         release.set()
-        for t in held:
+        for t in streams:
             t.join(DEADLINE)
-        assert outcomes == [grpc.StatusCode.INVALID_ARGUMENT] * 2  # incomplete once their senders stop
+        # the held two end as incomplete once their senders stop
+        assert sorted(outcomes, key=str) == sorted(
+            [grpc.StatusCode.RESOURCE_EXHAUSTED] + [grpc.StatusCode.INVALID_ARGUMENT] * 2, key=str
+        )
+    finally:
+        release.set()
+        raw.close()
+        srv.stop(grace=0)
+
+
+def test_a_chunked_stream_whose_sender_goes_quiet_is_dropped(active: Active) -> None:
+    """Security finding 4: a stream that stops sending held its worker until its deadline. It is
+    dropped after transport.rpc_timeout_s without a chunk, and the server keeps serving."""
+    import threading
+
+    transport = dataclasses.replace(SMALL, rpc_timeout_s=2.0)
+    srv, address = serve(active, transport)
+    release = threading.Event()
+
+    def quiet() -> Iterator[messages_pb2.Chunk]:
+        yield messages_pb2.Chunk(data=b"x" * 100, index=0, count=5)
+        release.wait(DEADLINE)  # the client's deadline (10 s) is far off; the idle limit is 2 s
+
+    raw = raw_channel(address)
+    try:
+        call = raw.stream_stream(
+            CALL_METHOD, messages_pb2.Chunk.SerializeToString, messages_pb2.Chunk.FromString
+        )
+        code, details = status(lambda **kw: list(call(quiet(), metadata=((METHOD_KEY, EXCHANGE),), **kw)))
+        assert code == grpc.StatusCode.DEADLINE_EXCEEDED and "no chunk for 2 s" in details
+        release.set()
+        with open_channel(address, transport, "passive-1") as channel:
+            msg = embeddings(n=30, dim=100)  # chunked, sent at once: not idle
+            assert (
+                services_pb2_grpc.ActiveStub(channel).ExchangeEmbeddings(msg, timeout=DEADLINE).values
+                == msg.values
+            )
     finally:
         release.set()
         raw.close()

@@ -18,6 +18,7 @@ No logical message may exceed ``transport.max_payload_mb``, chunked or not.
 from __future__ import annotations
 
 import functools
+import queue
 import secrets
 import threading
 import time
@@ -105,6 +106,51 @@ class _Budget:
     def give(self, n: int) -> None:
         with self._lock:
             self.used -= n
+
+
+_END = object()
+
+
+def _paced(chunks: Iterator[messages_pb2.Chunk], idle_s: float, what: str) -> Iterator[messages_pb2.Chunk]:
+    """``chunks`` as a helper thread reads them, so that a stream whose sender goes quiet for ``idle_s``
+    ends (DEADLINE_EXCEEDED) instead of holding a server worker until its deadline. The helper reads
+    at most two chunks ahead and ends with the call."""
+    ahead: queue.Queue[Any] = queue.Queue(maxsize=2)
+    done = threading.Event()
+
+    def offer(item: Any) -> None:
+        while not done.is_set():
+            try:
+                ahead.put(item, timeout=1.0)
+                return
+            except queue.Full:
+                continue
+
+    def pump() -> None:
+        try:
+            for c in chunks:
+                offer(c)
+            offer(_END)
+        except Exception as exc:  # the call ended: cancelled, aborted, or past its deadline
+            offer(exc)
+
+    threading.Thread(target=pump, name="chunk-reader", daemon=True).start()
+    try:
+        while True:
+            try:
+                item = ahead.get(timeout=idle_s)
+            except queue.Empty:
+                raise ChunkError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"{what}: no chunk for {idle_s:g} s (transport.rpc_timeout_s): the stream is dropped",
+                ) from None
+            if item is _END:
+                return
+            if isinstance(item, Exception):
+                raise item
+            yield item
+    finally:
+        done.set()
 
 
 def join(
@@ -295,7 +341,8 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
                 f"{self.max_streams} chunked calls are being received already; try again later",
             )
         try:
-            data = join(chunks, self.limits, f"chunked {method} request", self.budget)
+            what = f"chunked {method} request"
+            data = join(_paced(chunks, self.limits.ticket_ttl_s, what), self.limits, what, self.budget)
             request = handler.request_deserializer(data) if handler.request_deserializer else data
         except ChunkError as exc:
             context.abort(exc.code, str(exc))
