@@ -12,6 +12,7 @@ step, so a fuzzed server is shown to still work, not just to answer.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
@@ -61,26 +62,29 @@ def _rss_mb() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
 
-class Cluster:
-    """The four roles, admitted and ready for step 1, each with its address."""
+def split_he_config() -> dict[str, Any]:
+    data = base_config(n_passive=2, aggregation="sum")
+    data["protocol"] = {
+        "kind": "split-he",
+        "aggregation": "sum",
+        "he": {"key_bits": 512, "allow_insecure_keys": True},
+    }
+    data["parties"][2]["bottom"] = data["parties"][3]["bottom"] = {"kind": "mlp", "hidden": [8], "out": 10}
+    return data
 
-    def __init__(self, tmp: Any) -> None:
-        data = base_config(n_passive=2, aggregation="sum")
+
+class Cluster:
+    """The four roles of a run (split-he unless ``data`` says otherwise), admitted and ready for step
+    1, each behind its own gRPC server."""
+
+    def __init__(self, tmp: Any, data: dict[str, Any] | None = None) -> None:
+        data = split_he_config() if data is None else data
         data["run"]["id"] = RUN
-        data["protocol"] = {
-            "kind": "split-he",
-            "aggregation": "sum",
-            "he": {"key_bits": 512, "allow_insecure_keys": True},
-        }
-        data["parties"][2]["bottom"] = data["parties"][3]["bottom"] = {
-            "kind": "mlp",
-            "hidden": [8],
-            "out": 10,
-        }
-        data["transport"].update(rpc_timeout_s=5)  # a valid call waiting for its peers would end in 5 s
+        data.setdefault("transport", {}).update(rpc_timeout_s=5)  # a valid call waiting for peers ends in 5 s
         self.cfg = cfg = config_from_dict(data)
         bridge = GrpcBridge(cfg.transport)
-        with pytest.warns(UserWarning, match="INSECURE"):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "generating an INSECURE", UserWarning)  # test keys, on purpose
             self.coordinator = CoordinatorHost(cfg, tmp, bridge)
         self.parties = {
             p.name: PartyHost(cfg, p.name, tmp, bridge) for p in cfg.parties if p.role != "coordinator"
@@ -92,8 +96,12 @@ class Cluster:
             self.address[name] = bridge.bind(server, name, "127.0.0.1:0")
             server.start()
             self.servers.append(server)
+        self.served = {
+            name: sorted(server.served_services)
+            for name, server in zip(self.address, self.servers, strict=True)
+        }
         common = intersect([h.data.ids for h in self.parties.values()])
-        self.train, test = split_train_test(common, 0.2, cfg.run.seed)
+        self.train, test = split_train_test(common, cfg.data.test_fraction, cfg.run.seed)
         roster = [
             messages_pb2.PartyInfo(name=n, role=h.role, address=self.address[n])
             for n, h in self.parties.items()
@@ -103,18 +111,23 @@ class Cluster:
         for host in self.parties.values():
             host.coordinator_channel = host.channel(self.address["coordinator"], "coordinator")
             host.prepare(reply)
-        self.public_key = self.coordinator.side.public_key
+        self.public_key = getattr(self.coordinator.side, "public_key", None)
         self.channels = {n: grpc.insecure_channel(a) for n, a in self.address.items()}
         self.sent: dict[str, list[bytes]] = {}  # hostile messages sent, by method (replayed in the flood)
 
-    def unchanged(self) -> None:
-        """Nothing a refused message could have touched has moved."""
+    def nothing_moved(self) -> None:
+        """What every protocol's refused message could have touched has not moved."""
         assert self.coordinator.admission.joined == {}
-        assert self.coordinator.side.served == set() and self.coordinator.side.requests == {}
         for host in self.parties.values():
             assert host.last_step == 0 and host.local.version == 0, host.name
             assert not host.liveness.shutdown.is_set(), host.name
             assert "released_model" not in host.interception.knowledge, host.name
+
+    def unchanged(self) -> None:
+        """Nothing a refused message could have touched has moved (split-he: no decryption spent, no
+        step slot parked either)."""
+        self.nothing_moved()
+        assert self.coordinator.side.served == set() and self.coordinator.side.requests == {}
         assert self.parties["active"].side.slots == {}
 
     def step(self, step: int) -> dict[str, messages_pb2.StepReport]:
@@ -545,3 +558,133 @@ def test_a_run_fuzzed_while_training_ends_bit_identical_to_one_that_was_not(tmp_
     assert all(np.array_equal(start_plain[k], start_fuzzed[k]) for k in start_plain)  # same seeded start
     assert any(not np.array_equal(start_plain[k], end_plain[k]) for k in start_plain)  # it trained
     assert all(np.array_equal(end_plain[k], end_fuzzed[k]) for k in end_plain), "fuzzing changed training"
+
+
+# ------------------------------------------------------------- every RPC of every protocol
+@st.composite
+def random_message(draw: Callable[[Any], Any], cls: type[Any], depth: int = 0) -> Any:
+    """A message of ``cls`` with random values in random fields (from its descriptor): names of the
+    run's parties and its run id among them, so that checks past the first one get exercised too."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    msg = cls()
+    for field in cls.DESCRIPTOR.fields:
+        if not draw(st.booleans()):
+            continue
+        if field.type == F.TYPE_MESSAGE:
+            if depth >= 2 or field.message_type.GetOptions().map_entry:
+                continue
+            holder = getattr(cls(), field.name)
+            sub_cls = type(holder.add()) if field.is_repeated else type(holder)
+            values = [draw(random_message(sub_cls, depth + 1)) for _ in range(draw(st.integers(1, 2)))]
+            if field.is_repeated:
+                getattr(msg, field.name).extend(values)
+            else:
+                getattr(msg, field.name).CopyFrom(values[0])
+            continue
+        if field.type in (F.TYPE_STRING,):
+            value = st.one_of(
+                st.sampled_from([RUN, "coordinator", "active", "passive-1", "train"]), st.text(max_size=30)
+            )
+        elif field.type == F.TYPE_BYTES:
+            value = st.binary(max_size=300)
+        elif field.type == F.TYPE_BOOL:
+            value = st.booleans()
+        elif field.type in (F.TYPE_FLOAT, F.TYPE_DOUBLE):
+            value = st.floats(width=32 if field.type == F.TYPE_FLOAT else 64)
+        elif field.type == F.TYPE_ENUM:
+            value = st.sampled_from([v.number for v in field.enum_type.values])
+        elif field.type in (F.TYPE_UINT32, F.TYPE_FIXED32):
+            value = st.integers(0, 2**32 - 1)
+        elif field.type in (F.TYPE_UINT64, F.TYPE_FIXED64):
+            value = st.integers(0, 2**64 - 1)
+        elif field.type in (F.TYPE_INT32, F.TYPE_SINT32, F.TYPE_SFIXED32):
+            value = st.integers(-(2**31), 2**31 - 1)
+        else:
+            value = st.integers(-(2**63), 2**63 - 1)
+        if field.is_repeated:
+            getattr(msg, field.name).extend(draw(st.lists(value, max_size=5)))
+        else:
+            setattr(msg, field.name, draw(value))
+    return msg
+
+
+def _protocol_configs() -> dict[str, Callable[[], dict[str, Any]]]:
+    def split() -> dict[str, Any]:
+        return base_config(n_passive=2)
+
+    def param_server() -> dict[str, Any]:
+        data = base_config(n_passive=2, active_features=True)
+        data["protocol"] = {"kind": "param-server", "aggregation": "concat"}
+        return data
+
+    def hashvfl() -> dict[str, Any]:
+        data = base_config(n_passive=2)
+        data["protocol"] = {"kind": "hashvfl", "aggregation": "concat", "params": {"variant": "hashvfl"}}
+        for p in data["parties"][2:]:
+            p["bottom"]["out"] = 4
+        return data
+
+    def secureboost() -> dict[str, Any]:
+        from tests.test_secureboost import tree_config
+
+        data = tree_config("he")
+        data["protocol"]["he"] = {"key_bits": 512, "allow_insecure_keys": True}
+        return data
+
+    return {
+        "split": split,
+        "split-he": split_he_config,
+        "param-server": param_server,
+        "hashvfl": hashvfl,
+        "secureboost": secureboost,
+    }
+
+
+@pytest.mark.parametrize("protocol", sorted(_protocol_configs()))
+def test_every_rpc_of_every_protocol_answers_random_messages_with_a_status(tmp_path, protocol):
+    """Each method each role of the protocol serves (its own services included: secureboost's tree
+    service, hashvfl's codes) gets random bytes and random messages: a refusal or a reply, never
+    UNKNOWN or INTERNAL, nothing moves, and the servers keep serving."""
+    from vflnet.interceptors.events import METHODS
+
+    cluster = Cluster(tmp_path, _protocol_configs()[protocol]())
+    try:
+        targets = [
+            (name, method)
+            for name, services in cluster.served.items()
+            for method in METHODS
+            if method.lstrip("/").rsplit("/", 1)[0] in services
+        ]
+        assert {m for _, m in targets} >= {"/vflnet.v1.Party/RunStep", "/vflnet.v1.Coordinator/Join"}
+
+        @FUZZ
+        @given(
+            target=st.sampled_from(targets),
+            payload=st.one_of(
+                st.binary(max_size=2000),
+                st.sampled_from(targets)
+                .flatmap(lambda t: random_message(METHODS[t[1]][0]))
+                .map(lambda m: m.SerializeToString()),
+            ),
+        )
+        def fuzz(target: tuple[str, str], payload: bytes) -> None:
+            name, method = target
+            call = cluster.channels[name].unary_unary(method, request_serializer=lambda b: b)
+            try:
+                call(payload, timeout=DEADLINE)
+            except grpc.RpcError as exc:
+                assert exc.code() in REFUSALS | {grpc.StatusCode.ABORTED}, (method, exc.code(), exc.details())
+                assert len(exc.details() or "") < 2000
+            cluster.nothing_moved()
+
+        fuzz()
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        for name, channel in cluster.channels.items():  # every server still serves
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=DEADLINE
+            )
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, name
+    finally:
+        cluster.close()
