@@ -5,21 +5,13 @@ and its training (and so the whole run) is unchanged by it."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import torch
 import yaml
 
 from tests.conftest import write_config
+from tests.test_chunking import _parameters
 from vflnet.runner.local import run_local
-
-
-def _parameters(run_dir: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for path in sorted((run_dir / "checkpoints").glob("*.pt")):
-        for module, state in torch.load(path)["modules"].items():
-            out.update({f"{path.stem}/{module}/{k}": v for k, v in state.items()})
-    return out
 
 
 def test_a_malicious_passive_party_reads_every_label_and_changes_nothing_else(tmp_path, repo):

@@ -190,6 +190,19 @@ class LabelAttack(Attack):
     truth_needed: ClassVar[str] = "labels"
 
     @classmethod
+    def score(cls, output: dict[str, np.ndarray], truth: dict[int, int]) -> dict[str, float]:
+        """Accuracy of the inferred labels, how many, and chance (one over the number of classes)."""
+        ids = output["sample_ids"]
+        if len(ids) == 0:
+            return {"label_accuracy": float("nan"), "samples": 0}
+        true = np.array([truth[int(i)] for i in ids])
+        return {
+            "label_accuracy": float((output["labels"] == true).mean()),
+            "samples": int(len(ids)),
+            "chance": 1.0 / len(set(truth.values())),
+        }
+
+    @classmethod
     def pictures(cls, output: dict[str, np.ndarray], truth: dict[int, int], out_dir: Any) -> list[Any]:
         return label_confusion_picture(cls.name, output, truth, out_dir)
 

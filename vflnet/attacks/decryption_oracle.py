@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import Message
 
-from vflnet.attacks.base import LabelAttack, Tap, label_confusion_picture
+from vflnet.attacks.base import LabelAttack, Tap
 from vflnet.interceptors.events import WireEvent
 from vflnet.registry import ATTACKS
 from vflnet.v1 import messages_pb2
@@ -136,19 +136,3 @@ class DecryptionOracle(LabelAttack):
             "labels": np.array([self.labels[i] for i in ids], dtype=np.int64),
             "skipped_steps": np.array(self.skipped),
         }
-
-    @classmethod
-    def score(cls, output: dict[str, np.ndarray], truth: dict[int, int]) -> dict[str, float]:
-        ids = output["sample_ids"]
-        if len(ids) == 0:
-            return {"label_accuracy": float("nan"), "samples": 0}
-        true = np.array([truth[int(i)] for i in ids])
-        return {
-            "label_accuracy": float((output["labels"] == true).mean()),
-            "samples": int(len(ids)),
-            "chance": 1.0 / len(set(truth.values())),
-        }
-
-    @classmethod
-    def pictures(cls, output: dict[str, np.ndarray], truth: dict[int, int], out_dir: Any) -> list[Any]:
-        return label_confusion_picture(cls.name, output, truth, out_dir)

@@ -58,13 +58,7 @@ class DirectLabelAttack(PerSampleGradientAttack):
 
     @classmethod
     def score(cls, output: dict[str, np.ndarray], truth: dict[int, int]) -> dict[str, float]:
-        ids = output["sample_ids"]
-        if len(ids) == 0:
-            return {"label_accuracy": float("nan"), "samples": 0}
-        true = np.array([truth[int(i)] for i in ids])
-        return {
-            "label_accuracy": float((output["labels"] == true).mean()),
-            "samples": int(len(ids)),
-            "informed_fraction": float(output["informed"].mean()),
-            "chance": 1.0 / len(set(truth.values())),
-        }
+        scores = super().score(output, truth)
+        if len(output["sample_ids"]):
+            scores["informed_fraction"] = float(output["informed"].mean())
+        return scores
