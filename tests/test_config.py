@@ -61,7 +61,7 @@ def test_wrong_literal_lists_the_choices(tmp_path):
             "parties[2].features",
             "columns must lie",
         ),
-        (lambda d: d["data"].update(dataset="cifar10"), "data", "unknown dataset"),
+        (lambda d: d["data"].update(dataset="cifar10"), "data.dataset", "unknown dataset"),
         (lambda d: d["train"].update(batch_size=0), "train.batch_size", "positive"),
         (lambda d: d["protocol"].update(aggregation="sum"), "protocol.aggregation", "equal bottom output"),
     ],
