@@ -162,7 +162,9 @@ class Attack(ABC):
         """Metrics of an output against ground truth; called by the runner, never by the attack."""
         return {}
 
-    truth_needed: ClassVar[str] = ""  # "labels" | "features" | "": what the runner loads for `score`
+    # what the runner loads for `score`: "labels", "images" / "features" (each passive party's raw
+    # region or columns), "normalized-features" (as its model takes them), "labels+predictions", ""
+    truth_needed: ClassVar[str] = ""
 
 
 def label_confusion_picture(

@@ -20,7 +20,7 @@ class PredictionAttack(Attack):
     roles = frozenset({"active"})
     taps = ()
     knowledge = ("released_model", "predictions")
-    truth_needed: ClassVar[str] = "features"
+    truth_needed: ClassVar[str] = "normalized-features"  # the inputs as the passive models see them
 
     def __init__(self, context: Any, **params: Any) -> None:
         super().__init__(context, **params)

@@ -37,15 +37,14 @@ def ground_truth(cfg: Config, what: str, run_dir: Path | None = None) -> Any:
         labels = dict(zip(data.ids.tolist(), data.labels.tolist(), strict=True))
         if what == "labels":
             return labels
-        # each passive party's own region of every image, as that party holds it: {party: (ids, x)}
+        # each passive party's own columns or image region, raw, as that party holds it: {party: (ids, x)}
         truth: dict[str, Any] = {"labels": labels}
         for party in cfg.passives:
             view = party_view(cfg, party.name, data)
             truth[party.name] = (view.ids, view.x)
         return truth
-    if (
-        what == "features"
-    ):  # each passive party's features as it holds them (normalised over its training rows)
+    if what == "normalized-features":  # each passive party's features as its model takes them
+        # (normalised over its training rows, as the party does)
         from vflnet.attacks.knowledge import run_split
         from vflnet.data.partition import normalize
 
