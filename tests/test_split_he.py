@@ -80,9 +80,12 @@ def test_decryption_service_checks_purpose_and_role(keys):
         warnings.simplefilter("ignore")
         service = DecryptionService(SimpleNamespace(cfg=cfg, run_dir=None))
     masked, r = mask(service.public_key.encrypt(np.array([[1.5, -2.0]]), 16))
+    # step 1 is in flight (the coordinator's schedule sends its command first)
+    step = messages_pb2.Header(run_id="he", sender="coordinator", step=1, phase=messages_pb2.TRAIN)
+    service.command("passive-1", messages_pb2.StepCommand(header=step, sample_ids=[0]))
 
     def request(sender, purpose):
-        hdr = messages_pb2.Header(run_id="he", sender=sender, step=1)
+        hdr = messages_pb2.Header(run_id="he", sender=sender, step=1, phase=messages_pb2.TRAIN)
         return messages_pb2.DecryptRequest(header=hdr, purpose=purpose, cipher=cipher_to_proto(masked))
 
     reply = service.decrypt(request("passive-1", "masked_gradient"), None)
