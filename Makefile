@@ -1,19 +1,21 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   - venv, install, then a local 4-process cluster training digits with two passive parties
-#   make test   - venv, install, lint, stale-codegen check, and the whole test suite
+#   make test   - venv, install, lint, stale-codegen check, the whole test suite, then test-compose
 # For contributors:
 #   make test-fast - the tests that start no processes and take under ~30 s each (< 3 min on 2 cores)
 #   make lint      - ruff check and ruff format --check, the same as make test runs
+#   make test-compose - (root) a real container engine and local base image (scripts/containers.sh),
+#                    then docker-compose runs of the plain, TLS and attacker clusters (tests/test_compose.py)
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint proto bench clean setup
+.PHONY: demo test test-fast test-compose lint proto bench clean setup
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup.sh scripts/install-torch.sh
+$(STAMP): pyproject.toml scripts/setup.sh scripts/install-torch.sh scripts/install-kustomize.sh
 	bash scripts/setup.sh "$(PYTHON)" "$(VENV)"
 	touch $(STAMP)
 
@@ -23,6 +25,13 @@ demo: $(STAMP)
 test: lint
 	$(BIN)/python -m vflnet.wire.codegen --check
 	$(BIN)/python -m pytest -q -ra
+	$(MAKE) test-compose
+
+# The engine this starts (if none was running) is stopped again whatever the tests' outcome.
+test-compose: $(STAMP)
+	bash scripts/containers.sh prepare \
+	  && $(BIN)/python -m pytest -q -ra --run-compose -m compose tests/test_compose.py; \
+	  rc=$$?; bash scripts/containers.sh stop; exit $$rc
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not e2e and not slow"

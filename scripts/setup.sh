@@ -23,4 +23,5 @@ fi
 # torch==2.13.0, which the install below then finds satisfied.
 bash "$(dirname "$0")/install-torch.sh" "$VENV/bin/python"
 "$VENV/bin/python" -m pip install -q -e ".[dev]"
+bash "$(dirname "$0")/install-kustomize.sh" "$VENV/bin"
 echo "vflnet installed in $VENV"

@@ -71,10 +71,25 @@ def repo() -> Path:
 SLOW_TEST_TIMEOUT_S = 1200
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--run-compose",
+        action="store_true",
+        help="also run the tests marked compose (a real container engine; `make test-compose` sets it up)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
+    # The compose tests need the engine and base image that scripts/containers.sh prepares, so only
+    # `make test-compose` (which runs it first) asks for them.
+    if not config.getoption("--run-compose"):
+        compose = [item for item in items if item.get_closest_marker("compose")]
+        if compose:
+            config.hook.pytest_deselected(items=compose)
+            items[:] = [item for item in items if not item.get_closest_marker("compose")]
 
 
 def _starts_vflnet(args: Any) -> bool:

@@ -24,6 +24,7 @@ from vflnet.wire import certs_cli, healthcheck
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "docker-compose.yml"
 TLS_OVERLAY = REPO / "deploy" / "compose.tls.yml"
+ATTACKER_OVERLAY = REPO / "deploy" / "compose.attacker.yml"
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
 K8S = REPO / "deploy" / "k8s"
 LAB = REPO / "deploy" / "lab"
@@ -100,15 +101,19 @@ def merge_service(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, An
     return merged
 
 
-def compose_files(with_tls: bool) -> dict[str, Any]:
-    base = yaml.safe_load(COMPOSE.read_text())
-    if not with_tls:
-        return base
-    overlay = yaml.safe_load(TLS_OVERLAY.read_text())
-    services = dict(base["services"])
-    for name, service in overlay["services"].items():
-        services[name] = merge_service(services.get(name, {}), service)
-    return {"services": services, "volumes": {**base.get("volumes", {}), **overlay.get("volumes", {})}}
+def compose_files(with_tls: bool, *more: Path) -> dict[str, Any]:
+    """docker-compose.yml, plus the TLS overlay if ``with_tls``, plus ``more`` overlays, merged."""
+    spec = yaml.safe_load(COMPOSE.read_text())
+    for path in [TLS_OVERLAY] * with_tls + list(more):
+        overlay = yaml.safe_load(path.read_text())
+        services = dict(spec["services"])
+        for name, service in overlay["services"].items():
+            services[name] = merge_service(services.get(name, {}), service)
+        spec = {
+            "services": services,
+            "volumes": {**spec.get("volumes", {}), **(overlay.get("volumes") or {})},
+        }
+    return spec
 
 
 def mounts(service: dict[str, Any]) -> dict[str, str]:
@@ -142,7 +147,6 @@ def test_compose_has_the_cluster(compose) -> None:
     spec, with_tls = compose
     services = spec["services"]
     assert set(PARTIES) <= set(services)
-    assert services["proxy"]["profiles"] == ["attacker"]
     assert "runs" in spec["volumes"]
     for name in PARTIES:
         assert mounts(services[name])["/configs"] == "./configs"
@@ -177,7 +181,8 @@ def test_compose_party_commands_match_the_mounted_roster(compose) -> None:
             tls = cfg.transport.tls
             for path in (tls.ca, tls.cert.format(name=name), tls.key.format(name=name)):
                 assert mounts(service)[str(PurePosixPath(path).parent)] == f"certs-{name}"
-            assert service["depends_on"]["certs"] == {"condition": "service_completed_successfully"}
+            # `up --exit-code-from coordinator` would stop the cluster when a one-shot dependency exits
+            assert "certs" not in service.get("depends_on", {})
 
 
 def test_compose_healthchecks_ask_each_party_on_its_port(compose) -> None:
@@ -202,9 +207,12 @@ def test_compose_healthchecks_ask_each_party_on_its_port(compose) -> None:
 
 
 def test_compose_proxy_and_certs_commands() -> None:
-    services = compose_files(True)["services"]
+    services = compose_files(True, ATTACKER_OVERLAY)["services"]
     proxy = parse_vflnet(services["proxy"]["command"])
     assert proxy.upstream == "active:50052"
+    assert services["active"]["environment"]["VFLNET_ADVERTISE"] == f"proxy:{port(proxy.listen)}"
+    assert all(services[name]["depends_on"]["proxy"] for name in PARTIES if name.startswith("passive"))
+    assert services["certs"]["profiles"] == ["certs"]  # started by `run certs`, never by `up`
     certs = parse_vflnet(services["certs"]["command"])
     assert str(certs.out) == "/ca" and mounts(services["certs"])["/ca"] == "ca"
     assert str(certs.export) == "/parties"  # each party's own files, into the volume that party mounts
@@ -234,7 +242,8 @@ def test_dockerfile() -> None:
     text = DOCKERFILE.read_text()
     joined = text.replace("\\\n", " ").splitlines()
     lines = [line.strip() for line in joined if line.strip() and not line.lstrip().startswith("#")]
-    assert lines[0] == "FROM python:3.11-slim"
+    # the public base by default; tests/test_compose.py builds on a local one through the same ARG
+    assert lines[:2] == ["ARG BASE=python:3.11-slim", "FROM ${BASE}"]
     # CPU torch through the script scripts/setup.sh uses too, before the package pulls in PyPI's torch
     torch = lines.index("RUN bash scripts/install-torch.sh python")
     assert "COPY scripts/install-torch.sh ./scripts/" in lines[:torch]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -340,3 +342,17 @@ def test_certs_export_gives_each_party_only_its_own_files(tmp_path, capsys) -> N
         assert (folder / f"{name}.key").stat().st_mode & 0o077 == 0  # readable by its owner only
         assert tls.is_signed_by(folder / f"{name}.pem", folder / "ca.pem")
         assert (folder / f"{name}.key").read_bytes() == (tmp_path / "ca" / f"{name}.key").read_bytes()
+
+
+def test_healthcheck_imports_little() -> None:
+    """Compose and Kubernetes run the health check every few seconds in every container: it must not
+    pull in cryptography, torch or the rest of vflnet (its cost is measured in docs/performance.md)."""
+    code = (
+        "import sys, vflnet.cli, vflnet.wire.healthcheck; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('cryptography', 'torch', 'numpy', 'yaml')"
+        " or m.startswith('vflnet.') and m not in ('vflnet.cli', 'vflnet.wire', 'vflnet.wire.healthcheck')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"

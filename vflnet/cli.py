@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default=None, help="host:port to serve on (default: the roster address)")
     p.add_argument("--coordinator", default=None, help="coordinator host:port (default: its roster address)")
     p.add_argument(
-        "--advertise", default=None, help="host:port other parties use to reach this one (default: --listen)"
+        "--advertise",
+        default=os.environ.get("VFLNET_ADVERTISE") or None,
+        help="host:port other parties use to reach this one (default: $VFLNET_ADVERTISE, else the roster address)",
     )
 
     p = sub.add_parser("config", help="config tools")

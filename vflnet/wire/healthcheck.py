@@ -5,6 +5,10 @@ can be a Docker HEALTHCHECK, a compose ``healthcheck`` or a Kubernetes exec prob
 deployment pass the checking container's own party certificate with ``--ca/--cert/--key``.
 ``--wait SECONDS`` keeps asking until the answer is SERVING: a Kubernetes init container uses it to
 start a party only once the coordinator serves (Kubernetes has no compose-style depends_on).
+
+Compose and Kubernetes run it every few seconds in every container, so it imports only grpc and
+the health stubs (no vflnet.wire.tls, whose cryptography import alone costs more than the check):
+docs/performance.md has the figures.
 """
 
 from __future__ import annotations
@@ -12,11 +16,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from vflnet.wire import tls
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     tls_args = (args.ca, args.cert, args.key)
     if any(tls_args) and not all(tls_args):
         parser.error("--ca, --cert and --key go together")
-    credentials = tls.channel_credentials(*tls_args) if all(tls_args) else None
+    credentials = None
+    if all(tls_args):
+        try:
+            root, cert, key = (Path(p).read_bytes() for p in tls_args)
+        except OSError as exc:
+            parser.error(f"cannot read {exc.filename}: {exc.strerror}")
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=root, private_key=key, certificate_chain=cert
+        )
     give_up = time.monotonic() + args.wait
     while True:
         try:

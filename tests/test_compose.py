@@ -1,0 +1,176 @@
+"""docker-compose for real: the image from deploy/Dockerfile, the plain cluster, the mutual-TLS overlay
+and the attacker overlay, each trained end to end in separate containers on a real engine.
+
+Run by `make test-compose` (part of `make test`), which prepares the engine and a local base image
+with scripts/containers.sh first; a plain `pytest` leaves these tests out (tests/conftest.py,
+``--run-compose``). Each test uses its own compose project and removes its containers, networks
+and volumes; the images stay as the cache for the next run.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = [pytest.mark.compose, pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+BASE_IMAGE = os.environ.get("VFLNET_TEST_BASE_IMAGE", "vflnet-pybase:py3.11")
+PLAIN = ["docker-compose.yml"]
+TLS = ["docker-compose.yml", "deploy/compose.tls.yml"]
+ATTACKER = ["docker-compose.yml", "deploy/compose.attacker.yml"]
+TLS_ATTACKER = ["docker-compose.yml", "deploy/compose.tls.yml", "deploy/compose.attacker.yml"]
+RUN_TIMEOUT_S = 900  # one compose run of the digits job; a broken file fails long before
+
+
+def compose_cmd(project: str, files: list[str], *args: str) -> list[str]:
+    cmd = ["docker-compose", "--project-name", project, "--project-directory", str(REPO)]
+    for f in files:
+        cmd += ["-f", str(REPO / f)]
+    return [*cmd, *args]
+
+
+def sh(cmd: list[str], timeout: float, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {result.returncode}:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+        )
+    return result
+
+
+class Cluster:
+    """One compose project: ``up`` runs the job to the coordinator's exit, ``down`` removes it all."""
+
+    def __init__(self, files: list[str]) -> None:
+        self.files = files
+        self.project = f"vflnet-test-{uuid.uuid4().hex[:8]}"
+
+    def compose(
+        self, *args: str, timeout: float = RUN_TIMEOUT_S, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return sh(compose_cmd(self.project, self.files, *args), timeout, check)
+
+    def up(self) -> subprocess.CompletedProcess[str]:
+        return self.compose("up", "--no-build", "--exit-code-from", "coordinator", check=False)
+
+    def read(self, path: str) -> bytes:
+        """A file from the stopped coordinator container (the `runs` volume is mounted there)."""
+        (cid,) = self.compose("ps", "-q", "coordinator", timeout=60).stdout.split()
+        tar = subprocess.run(
+            ["docker", "cp", f"{cid}:{path}", "-"], capture_output=True, timeout=60, check=True
+        )
+        with tarfile.open(fileobj=io.BytesIO(tar.stdout)) as archive:  # docker cp streams a tar
+            (member,) = archive.getmembers()
+            data = archive.extractfile(member)
+            assert data is not None, f"{path} is not a file"
+            return data.read()
+
+    def logs(self, service: str) -> str:
+        return self.compose("logs", "--no-color", service, timeout=60).stdout
+
+    def down(self) -> None:
+        self.compose("down", "--volumes", "--remove-orphans", "--timeout", "5", timeout=180, check=False)
+
+
+def summary_of(cluster: Cluster) -> dict:
+    return json.loads(cluster.read("/runs/" + run_id(cluster) + "/summary.json"))
+
+
+def run_id(cluster: Cluster) -> str:
+    return "digits-compose-tls" if "deploy/compose.tls.yml" in cluster.files else "digits-compose"
+
+
+@pytest.fixture(scope="module")
+def engine() -> None:
+    if shutil.which("docker-compose") is None or sh(["docker", "info"], 30, check=False).returncode != 0:
+        pytest.fail("no container engine: run `bash scripts/containers.sh prepare` (make test-compose does)")
+
+
+@pytest.fixture(scope="module")
+def image(engine: None) -> str:
+    """vflnet:0.1.0 built by compose from deploy/Dockerfile on the local base image."""
+    sh(compose_cmd("vflnet-test-build", PLAIN, "build", "--build-arg", f"BASE={BASE_IMAGE}", "active"), 1800)
+    return "vflnet:0.1.0"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The same job (configs/digits-2p.yaml, kept equal to configs/compose.yaml) with `vflnet run`."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    vflnet = str(REPO / ".venv" / "bin" / "vflnet")
+    sh(
+        [vflnet, "run", str(REPO / "configs" / "digits-2p.yaml"), "--run-dir", str(run_dir), "--no-progress"],
+        900,
+    )
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.fixture
+def cluster_factory(image: str) -> Iterator:
+    made: list[Cluster] = []
+
+    def make(files: list[str]) -> Cluster:
+        made.append(Cluster(files))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.down()
+
+
+def relay_counts(log: str) -> tuple[int, int]:
+    """(bytes relayed both ways, vflnet messages seen) from the relay's last line."""
+    m = re.search(r"relayed \d+ connections, (\d+) B up, (\d+) B down, (\d+) vflnet messages seen", log)
+    assert m, f"the relay printed no summary:\n{log[-3000:]}"
+    return int(m[1]) + int(m[2]), int(m[3])
+
+
+def assert_same_result(summary: dict, reference: dict) -> None:
+    assert summary["final"]["test_accuracy"] == reference["final"]["test_accuracy"]
+    assert summary["final"]["test_loss"] == reference["final"]["test_loss"]
+
+
+def test_plain_cluster_trains_like_vflnet_run(cluster_factory, reference: dict) -> None:
+    cluster = cluster_factory(PLAIN)
+    result = cluster.up()
+    assert result.returncode == 0, result.stdout[-6000:]
+    assert_same_result(summary_of(cluster), reference)
+
+
+def test_tls_overlay_trains_like_vflnet_run(cluster_factory, reference: dict) -> None:
+    cluster = cluster_factory(TLS)
+    cluster.compose("run", "--rm", "certs", timeout=300)
+    result = cluster.up()
+    assert result.returncode == 0, result.stdout[-6000:]
+    assert_same_result(summary_of(cluster), reference)
+
+
+def test_attacker_reads_plaintext_traffic(cluster_factory, reference: dict) -> None:
+    cluster = cluster_factory(ATTACKER)
+    result = cluster.up()
+    assert result.returncode == 0, result.stdout[-6000:]
+    assert_same_result(summary_of(cluster), reference)
+    relayed, seen = relay_counts(cluster.logs("proxy"))
+    assert relayed > 0 and seen > 0
+
+
+def test_attacker_reads_nothing_under_mutual_tls(cluster_factory, reference: dict) -> None:
+    cluster = cluster_factory(TLS_ATTACKER)
+    cluster.compose("run", "--rm", "certs", timeout=300)
+    result = cluster.up()
+    assert result.returncode == 0, result.stdout[-6000:]
+    assert_same_result(summary_of(cluster), reference)
+    relayed, seen = relay_counts(cluster.logs("proxy"))
+    assert relayed > 0, "the parties did not go through the relay"
+    assert seen == 0
