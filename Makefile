@@ -22,9 +22,15 @@ $(STAMP): pyproject.toml scripts/setup.sh scripts/install-torch.sh scripts/insta
 demo: $(STAMP)
 	$(BIN)/vflnet run configs/digits-2p.yaml
 
+# The container engine and base image are prepared in the background while the suite runs (mostly
+# downloads); test-compose then finds them cached. A failed preparation is retried there, in view.
 test: lint
 	$(BIN)/python -m vflnet.wire.codegen --check
-	$(BIN)/python -m pytest -q -ra
+	@mkdir -p runs
+	bash scripts/containers.sh prepare >runs/containers-prepare.log 2>&1 & prep=$$!; \
+	  $(BIN)/python -m pytest -q -ra; rc=$$?; \
+	  wait $$prep || echo "note: background container preparation failed (runs/containers-prepare.log)"; \
+	  if [ $$rc != 0 ]; then bash scripts/containers.sh stop; exit $$rc; fi
 	$(MAKE) test-compose
 
 # The engine this starts (if none was running) is stopped again whatever the tests' outcome.

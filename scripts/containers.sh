@@ -128,14 +128,27 @@ lines = project["project"]["dependencies"] + project["build-system"]["requires"]
 open(sys.argv[1], "w").write("\n".join(lines) + "\n")
 EOF
   "$VENV_PYTHON" -m pip freeze --exclude-editable >"$constraints"
+  # Skipped when the requirements and the versions asked for are those of the last download.
+  local stamp
+  stamp=$(cat "$reqs" "$constraints" | sha256sum | cut -c1-16)
+  if [ "$(cat "$CACHE/wheels.stamp" 2>/dev/null)" = "$stamp" ]; then
+    rm -f "$reqs" "$constraints"
+    return
+  fi
   say "pip download into $wheels"
-  "$VENV_PYTHON" -m pip download -q -d "$wheels" -r "$reqs" -c "$constraints"
+  "$VENV_PYTHON" -m pip download -q -d "$wheels" -r "$reqs" -c "$constraints" >"$CACHE/pip-download.log" 2>&1 \
+    || { grep -v '^WARNING: Location' "$CACHE/pip-download.log" | tail -20 >&2; exit 1; }
   rm -f "$reqs" "$constraints"
+  echo "$stamp" >"$CACHE/wheels.stamp"
 }
 
 pybase_image() {
-  # Rebuilt when the wheelhouse changed; docker's layer cache makes an unchanged rebuild instant.
-  local ctx=$CACHE/pybase
+  # Rebuilt only when the wheelhouse changed: the image carries a digest of the wheel file names.
+  local ctx=$CACHE/pybase digest
+  digest=$(ls "$CACHE/wheels" | sha256sum | cut -c1-16)
+  if [ "$(docker image inspect -f '{{ index .Config.Labels "vflnet.wheels" }}' "$BASE_IMAGE" 2>/dev/null)" = "$digest" ]; then
+    return
+  fi
   rm -rf "$ctx"
   mkdir -p "$ctx"
   ln "$CACHE"/wheels/* "$ctx"/ 2>/dev/null || cp "$CACHE"/wheels/* "$ctx"/
@@ -147,6 +160,7 @@ ENV PATH=/opt/venv/bin:\$PATH \\
     PIP_NO_INDEX=1 \\
     PIP_FIND_LINKS=/wheels \\
     LANG=C.UTF-8
+LABEL vflnet.wheels=$digest
 CMD ["python"]
 EOF
   say "docker build $BASE_IMAGE"

@@ -100,7 +100,13 @@ def engine() -> None:
 @pytest.fixture(scope="module")
 def image(engine: None) -> str:
     """vflnet:0.1.0 built by compose from deploy/Dockerfile on the local base image."""
-    sh(compose_cmd("vflnet-test-build", PLAIN, "build", "--build-arg", f"BASE={BASE_IMAGE}", "active"), 1800)
+    build = ["build", "--force-rm", "--build-arg", f"BASE={BASE_IMAGE}", "active"]
+    sh(compose_cmd("vflnet-test-build", PLAIN, *build), 1800)
+    # the image this build replaced, if any (not other projects' dangling images)
+    sh(
+        ["docker", "image", "prune", "--force", "--filter", "label=org.opencontainers.image.title=vflnet"],
+        300,
+    )
     return "vflnet:0.1.0"
 
 
@@ -144,7 +150,7 @@ def assert_same_result(summary: dict, reference: dict) -> None:
 def test_plain_cluster_trains_like_vflnet_run(cluster_factory, reference: dict) -> None:
     cluster = cluster_factory(PLAIN)
     result = cluster.up()
-    assert result.returncode == 0, result.stdout[-6000:]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert_same_result(summary_of(cluster), reference)
 
 
@@ -152,14 +158,14 @@ def test_tls_overlay_trains_like_vflnet_run(cluster_factory, reference: dict) ->
     cluster = cluster_factory(TLS)
     cluster.compose("run", "--rm", "certs", timeout=300)
     result = cluster.up()
-    assert result.returncode == 0, result.stdout[-6000:]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert_same_result(summary_of(cluster), reference)
 
 
 def test_attacker_reads_plaintext_traffic(cluster_factory, reference: dict) -> None:
     cluster = cluster_factory(ATTACKER)
     result = cluster.up()
-    assert result.returncode == 0, result.stdout[-6000:]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert_same_result(summary_of(cluster), reference)
     relayed, seen = relay_counts(cluster.logs("proxy"))
     assert relayed > 0 and seen > 0
@@ -169,7 +175,7 @@ def test_attacker_reads_nothing_under_mutual_tls(cluster_factory, reference: dic
     cluster = cluster_factory(TLS_ATTACKER)
     cluster.compose("run", "--rm", "certs", timeout=300)
     result = cluster.up()
-    assert result.returncode == 0, result.stdout[-6000:]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert_same_result(summary_of(cluster), reference)
     relayed, seen = relay_counts(cluster.logs("proxy"))
     assert relayed > 0, "the parties did not go through the relay"
