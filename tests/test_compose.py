@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tarfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -123,16 +123,28 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 @pytest.fixture
-def cluster_factory(image: str) -> Iterator:
+def trained(image: str, reference: dict) -> Iterator[Callable[[list[str]], Cluster]]:
+    """Runs the compose files' cluster to the coordinator's exit (making certificates first under
+    TLS) and checks it ended like `vflnet run`; removes every project it made afterwards."""
     made: list[Cluster] = []
 
-    def make(files: list[str]) -> Cluster:
-        made.append(Cluster(files))
-        return made[-1]
+    def train(files: list[str]) -> Cluster:
+        cluster = Cluster(files)
+        made.append(cluster)
+        if "deploy/compose.tls.yml" in files:
+            cluster.compose("run", "--rm", "certs", timeout=300)
+        result = cluster.up()
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        final, expected = summary_of(cluster)["final"], reference["final"]
+        assert (final["test_accuracy"], final["test_loss"]) == (
+            expected["test_accuracy"],
+            expected["test_loss"],
+        )
+        return cluster
 
-    yield make
-    for c in made:
-        c.down()
+    yield train
+    for cluster in made:
+        cluster.down()
 
 
 def relay_counts(log: str) -> tuple[int, int]:
@@ -142,41 +154,20 @@ def relay_counts(log: str) -> tuple[int, int]:
     return int(m[1]) + int(m[2]), int(m[3])
 
 
-def assert_same_result(summary: dict, reference: dict) -> None:
-    assert summary["final"]["test_accuracy"] == reference["final"]["test_accuracy"]
-    assert summary["final"]["test_loss"] == reference["final"]["test_loss"]
+def test_plain_cluster_trains_like_vflnet_run(trained) -> None:
+    trained(PLAIN)
 
 
-def test_plain_cluster_trains_like_vflnet_run(cluster_factory, reference: dict) -> None:
-    cluster = cluster_factory(PLAIN)
-    result = cluster.up()
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert_same_result(summary_of(cluster), reference)
+def test_tls_overlay_trains_like_vflnet_run(trained) -> None:
+    trained(TLS)
 
 
-def test_tls_overlay_trains_like_vflnet_run(cluster_factory, reference: dict) -> None:
-    cluster = cluster_factory(TLS)
-    cluster.compose("run", "--rm", "certs", timeout=300)
-    result = cluster.up()
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert_same_result(summary_of(cluster), reference)
-
-
-def test_attacker_reads_plaintext_traffic(cluster_factory, reference: dict) -> None:
-    cluster = cluster_factory(ATTACKER)
-    result = cluster.up()
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert_same_result(summary_of(cluster), reference)
-    relayed, seen = relay_counts(cluster.logs("proxy"))
+def test_attacker_reads_plaintext_traffic(trained) -> None:
+    relayed, seen = relay_counts(trained(ATTACKER).logs("proxy"))
     assert relayed > 0 and seen > 0
 
 
-def test_attacker_reads_nothing_under_mutual_tls(cluster_factory, reference: dict) -> None:
-    cluster = cluster_factory(TLS_ATTACKER)
-    cluster.compose("run", "--rm", "certs", timeout=300)
-    result = cluster.up()
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert_same_result(summary_of(cluster), reference)
-    relayed, seen = relay_counts(cluster.logs("proxy"))
+def test_attacker_reads_nothing_under_mutual_tls(trained) -> None:
+    relayed, seen = relay_counts(trained(TLS_ATTACKER).logs("proxy"))
     assert relayed > 0, "the parties did not go through the relay"
     assert seen == 0
