@@ -20,7 +20,9 @@ from typing import Any
 
 import yaml
 
+from vflnet import progress
 from vflnet.metrics.labels import TradeoffPoint, plot_tradeoff
+from vflnet.reproduce import add_size_flags
 from vflnet.runner.local import run_local
 
 # Paper 004 Table 2, batch-level label inference (gradient inversion): batch size -> (CIFAR10, CIFAR100).
@@ -145,6 +147,7 @@ def run(data: dict[str, Any], runs_dir: Path, name: str) -> RunResult:
     if run_local(path, run_dir=runs_dir / name, progress=False) != 0:
         raise RuntimeError(f"run {name} failed; see {runs_dir / name}/logs")
     seconds = time.perf_counter() - start
+    progress.advance(name)
     scores = json.loads((runs_dir / name / "attacks/scores.json").read_text())
     summary = json.loads((runs_dir / name / "summary.json").read_text())
     return RunResult(scores, float(summary["final"].get("test_accuracy", float("nan"))), seconds)
@@ -232,8 +235,10 @@ def defense_sweeps(out_dir: Path, defenses: list[str], quick: bool, epochs: int,
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vflnet reproduce label-inference", description=__doc__)
     parser.add_argument("--out-dir", type=Path, required=True)
-    parser.add_argument(
-        "--quick", action="store_true", help="one attacked batch, B up to 512, two values per sweep"
+    add_size_flags(
+        parser,
+        quick="one attacked batch, B up to 512, two values per sweep",
+        smoke="Table 2 at B = 128 only, one batch, 100 inversion steps, no split-he repeat, no sweeps",
     )
     parser.add_argument(
         "--sections",
@@ -258,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.smoke:
+        args.sections, args.batch_sizes, args.he_batch, args.iterations = "batch", "128", 0, 100
     sections = {s for s in args.sections.split(",") if s}
     unknown = sections - {"batch", "defenses"} | {d for d in args.defenses.split(",") if d not in SWEEPS}
     if unknown:
@@ -272,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [int(b) for b in args.batch_sizes.split(",")]
         if args.quick:
             sizes = [b for b in sizes if b <= 512]
-        batches = 1 if args.quick else args.batches
+        batches = 1 if args.quick or args.smoke else args.batches
         parts.append(
             f"## Batch-level label inference vs batch size (paper 004 Table 2)\n\n{MNIST.description}; "
             f"the first {batches} training batch(es) of a fresh model attacked at each batch size; "
