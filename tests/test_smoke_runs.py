@@ -18,7 +18,9 @@ import pytest
 from vflnet import progress
 from vflnet.bench import BENCHMARKS
 from vflnet.bench.common import markdown_table, parse_args
+from vflnet.bench.scaling import read_proc, scaling_config
 from vflnet.reproduce.cli import EXPERIMENTS
+from vflnet.validation import config_from_dict
 
 SMOKE_TIMEOUT_S = 1100  # a hang guard on a loaded machine, not a speed target
 
@@ -143,3 +145,18 @@ def test_quiet_switch_turns_bars_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert outer.disable and inner.disable
     monkeypatch.setenv("VFLNET_QUIET", "0")
     assert not progress.quiet()
+
+
+def test_scaling_reads_cpu_and_peak_memory_of_a_process() -> None:
+    cpu, rss = read_proc(os.getpid())
+    assert cpu > 0 and rss > 10  # this interpreter: some CPU spent, tens of MiB resident at least
+    assert read_proc(2**22 + 1) is None  # above the kernel's pid limit: no such process
+
+
+def test_scaling_configs_give_each_passive_party_a_strip() -> None:
+    for k in (1, 2, 4, 8):
+        cfg = config_from_dict(scaling_config(k, steps=3, batch=16))
+        passive = [p for p in cfg.parties if p.role == "passive"]
+        assert len(passive) == k and cfg.train.max_steps == 3
+    with pytest.raises(ValueError, match="divide"):
+        scaling_config(3, steps=3, batch=16)

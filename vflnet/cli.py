@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a local cluster (one process per party) from a config")
     p.add_argument("config", type=Path)
     p.add_argument("--run-dir", type=Path, default=None, help="run directory (default: <run.dir>/<run.id>)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (VFLNET_QUIET=1 does the same)"
+    )
 
     p = sub.add_parser(
         "party", help="start one role's process (how docker-compose and lab machines start parties)"

@@ -80,7 +80,8 @@ class Usage:
 
 
 def read_proc(pid: int) -> tuple[float, float] | None:
-    """(user + system CPU seconds, VmHWM in MiB) of a live process, None once it has gone."""
+    """(user + system CPU seconds, VmHWM in MiB; 0 once it has exited) of a process, None once it has
+    been reaped."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         status = Path(f"/proc/{pid}/status").read_text()
@@ -114,7 +115,8 @@ class Sampler(threading.Thread):
                 if got is None:
                     continue
                 u = self.usage.setdefault(name, Usage())
-                u.cpu_s, u.peak_rss_mib = got
+                # max: an exited process not yet reaped (a zombie) still has its CPU times, no VmHWM
+                u.cpu_s, u.peak_rss_mib = max(u.cpu_s, got[0]), max(u.peak_rss_mib, got[1])
                 for mark in (1, self.steps):
                     if done >= mark:
                         u.marks.setdefault(mark, u.cpu_s)

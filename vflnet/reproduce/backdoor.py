@@ -200,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_size_flags(
         p,
         quick="gamma 0 and 10, CAE only, split-he for 3 steps",
-        smoke="the clean run and gamma = 10 for 2 epochs, nothing else",
+        smoke="the clean run and gamma = 10 for 2 epochs over the loopback bridge, nothing else",
     )
     p.add_argument("--gammas", type=lambda s: [float(v) for v in s.split(",")], default=[0, 1, 5, 10, 20])
     p.add_argument(
@@ -241,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     rows = []
     for index, case in enumerate(cases(args)):
+        if args.smoke:  # every role in this process: no process start-up
+            case.data.setdefault("transport", {})["bridge"] = "loopback"
         print(f"[{index + 1}] {case.label} ...", file=sys.stderr, flush=True)
         rows.append(run_case(case, out_dir, index))
         progress.advance(case.label)

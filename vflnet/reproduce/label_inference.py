@@ -154,9 +154,10 @@ def run(data: dict[str, Any], runs_dir: Path, name: str) -> RunResult:
 
 
 def batch_size_table(
-    out_dir: Path, batch_sizes: list[int], batches: int, iterations: int, he_batch: int
+    out_dir: Path, batch_sizes: list[int], batches: int, iterations: int, he_batch: int, bridge: str = "grpc"
 ) -> str:
-    """Table 2 side by side: label recovery vs batch size on MNIST, plus one split-he repeat."""
+    """Table 2 side by side: label recovery vs batch size on MNIST, plus one split-he repeat; `bridge`:
+    the runs' transport (loopback: every role in this process)."""
     cases = [(b, "split", SPLIT) for b in batch_sizes]
     if he_batch and he_batch not in batch_sizes:
         cases.append((he_batch, "split", SPLIT))
@@ -176,6 +177,7 @@ def batch_size_table(
             attacks=batch_attacks(batches, iterations),
             protocol=protocol,
         )
+        data["transport"] = {"bridge": bridge}
         result = run(data, out_dir / "runs", f"batch-{batch}-{label.split()[0]}")
         paper = PAPER_TABLE2.get(batch)
         paper_cell = f"{paper[0]:.3f} / {paper[1]:.3f}" if paper else "-"
@@ -238,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_size_flags(
         parser,
         quick="one attacked batch, B up to 512, two values per sweep",
-        smoke="Table 2 at B = 128 only, one batch, 100 inversion steps, no split-he repeat, no sweeps",
+        smoke="Table 2 at B = 128 only, one batch, 100 inversion steps, loopback bridge, no split-he repeat, no sweeps",
     )
     parser.add_argument(
         "--sections",
@@ -284,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
             f"## Batch-level label inference vs batch size (paper 004 Table 2)\n\n{MNIST.description}; "
             f"the first {batches} training batch(es) of a fresh model attacked at each batch size; "
             f"gradient inversion {args.iterations} Adam steps per batch. Paper: CIFAR10/CIFAR100, ResNet18.\n\n"
-            + batch_size_table(out_dir, sizes, batches, args.iterations, args.he_batch)
+            + batch_size_table(
+                out_dir, sizes, batches, args.iterations, args.he_batch, "loopback" if args.smoke else "grpc"
+            )
         )
     if "defenses" in sections:
         defenses = [d for d in args.defenses.split(",") if d]

@@ -26,10 +26,11 @@ PAPER = {"split": "1.000 (Lemma 1: exact)", "split-he": "- (Alg. 1: gradients en
 
 def run(out_dir: Path, quick: bool = False, smoke: bool = False, key_bits: int = 1024) -> str:
     """split for 10 steps (quick) or a whole epoch, split-he for 5 (quick) or 20 steps; smoke: 3 and 2
-    steps, a 512-bit key."""
+    steps, a 512-bit key, every role in this process (loopback bridge: no process start-up)."""
+    base = yaml.safe_load(CONFIG.read_text())
     if smoke:
         key_bits = 512
-    base = yaml.safe_load(CONFIG.read_text())
+        base.setdefault("transport", {})["bridge"] = "loopback"
     base["trace"] = {"parties": []}
     base["attacks"] = [{"name": "direct-label-inference", "party": "passive-1"}]
     cases: list[tuple[str, dict[str, Any]]] = []
@@ -80,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vflnet reproduce label-leak", description=__doc__)
     parser.add_argument("--out-dir", type=Path, default=Path("runs/reproduce-label-leak"))
     add_size_flags(
-        parser, quick="10 split steps, 5 split-he steps", smoke="3 split steps, 2 split-he steps at 512 bits"
+        parser,
+        quick="10 split steps, 5 split-he steps",
+        smoke="3 split steps, 2 split-he steps at 512 bits, loopback bridge",
     )
     args = parser.parse_args(argv)
     report = run(args.out_dir, quick=args.quick, smoke=args.smoke)
