@@ -463,7 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_size_flags(
         ap,
         quick="N 40, K 8, conv 8/16, fc1 32, 200 iterations, no sweep",
-        smoke="N 16, K 4, conv 2/4, fc1 8, 20 iterations, CAFE and DLG, no sweep",
+        smoke="N 16, K 4, conv 2/4, fc1 8, 20 iterations, CAFE only (no baselines, no sweep)",
     )
     ap.add_argument("--out-dir", default="runs/cafe")
     return ap
@@ -475,7 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         a.n, a.k, a.iterations, a.sweep_k, a.baselines = 40, 8, 200, [], ["dlg"]
         a.conv_channels, a.fc1_out, a.eval_every, a.no_paper_timing = [8, 16], 32, 50, True
     if a.smoke:
-        a.n, a.k, a.iterations, a.sweep_k, a.baselines = 16, 4, 20, [], ["dlg"]
+        a.n, a.k, a.iterations, a.sweep_k, a.baselines = 16, 4, 20, [], []
         a.conv_channels, a.fc1_out, a.eval_every, a.no_paper_timing = [2, 4], 8, 10, True
     reproduce(
         n=a.n,
