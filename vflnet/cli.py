@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vflnet.bench import BENCHMARKS
+
 if TYPE_CHECKING:
     from vflnet.config import Config, PartyConfig
 
@@ -43,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a local cluster (one process per party) from a config")
     p.add_argument("config", type=Path)
     p.add_argument("--run-dir", type=Path, default=None, help="run directory (default: <run.dir>/<run.id>)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (VFLNET_QUIET=1 does the same)"
+    )
 
     p = sub.add_parser(
         "party", help="start one role's process (how docker-compose and lab machines start parties)"
@@ -78,11 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
             name, parents=[importlib.import_module(module).build_parser()], add_help=False, help=help_text
         )
 
-    p = sub.add_parser("bench", help="benchmarks that print figures side by side")
-    p.add_argument(
-        "what", choices=["transport", "paillier", "he-step", "feature-reconstruction", "secureboost"]
+    p = sub.add_parser(
+        "bench",
+        help="benchmarks that print figures side by side; no name (or all): every one, into one JSON and "
+        "one Markdown file (--smoke: tiny sizes, --out DIR)",
     )
-    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.add_argument("what", nargs="?", default="all", choices=[*BENCHMARKS, "all"])
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's flags (NAME --help)")
     return parser
 
 
@@ -148,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in _MODULE_COMMANDS:  # these parse their own arguments (some pass extras through)
         rc = importlib.import_module(_MODULE_COMMANDS[argv[0]][0]).main(argv[1:])
         return 0 if rc is None else int(rc)
+    if argv[:1] == ["bench"] and (
+        len(argv) == 1 or argv[1].startswith("-") and argv[1] not in ("-h", "--help")
+    ):
+        argv = ["bench", "all", *argv[1:]]  # `vflnet bench --smoke`: flags of `all`, not a benchmark's name
     args = build_parser().parse_args(argv)
     from vflnet.config import ConfigError
     from vflnet.roles.run_lock import RunDirInUse
@@ -178,17 +188,8 @@ def main(argv: list[str] | None = None) -> int:
             print(registry.describe(getattr(registry, _LISTS[args.command][0])))
             return 0
         if args.command == "bench":
-            if args.what == "transport":
-                from vflnet.bench.transport import main as bench_main
-            elif args.what == "paillier":
-                from vflnet.bench.paillier import main as bench_main
-            elif args.what == "feature-reconstruction":
-                from vflnet.bench.feature_reconstruction import main as bench_main
-            elif args.what == "secureboost":
-                from vflnet.bench.secureboost import main as bench_main
-            else:
-                from vflnet.bench.he_step import main as bench_main
-            return bench_main(args.args)
+            module = "vflnet.bench.suite" if args.what == "all" else BENCHMARKS[args.what]
+            return int(importlib.import_module(module).main(args.args) or 0)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2

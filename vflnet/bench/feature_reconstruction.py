@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from vflnet.attacks import feature_reconstruction as fr
+from vflnet.bench.common import parse_args, write_json
 
 
 def planted(n: int, d: int, seed: int = 0) -> np.ndarray:
@@ -143,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(
+        build_parser(), argv, smoke={"n": 1000, "dims": [10, 12], "budget": 1.0, "alg2_max": 10}
+    )
     torch.set_num_threads(1)
     print(f"Algorithm 1 / 2 search seconds, n = {args.n}, float32 Z_A, this machine (~: extrapolated)")
     print(
@@ -152,4 +155,5 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER)
     rows = run(args.n, args.dims, args.budget, args.alg2_max)
     print(f"plot: {plot(rows, args.n, args.plot)}")
+    write_json(args.json, [{"n": args.n, **row} for row in rows])
     return 0

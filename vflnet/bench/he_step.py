@@ -55,6 +55,7 @@ import phe
 import torch
 import yaml
 
+from vflnet.bench.common import parse_args, write_json
 from vflnet.config import HEConfig
 from vflnet.crypto import generate_keypair, opcount
 from vflnet.crypto.masking import STATISTICAL_BITS
@@ -335,6 +336,20 @@ class Row:
     def phe_s(self) -> float:
         return sum(self.phe.values())
 
+    def figures(self) -> dict[str, float | int | None]:
+        """The row's figures for `vflnet bench --json` (seconds per step, bytes per step)."""
+        return {
+            "bits": self.bits,
+            "batch": self.batch,
+            "split_s_per_step": self.split.step_s,
+            "split_he_s_per_step": self.split_he.step_s,
+            "engine_s_per_step": self.engine.times.step_s,
+            "engine_workers_s_per_step": self.engine_n.times.step_s if self.engine_n else None,
+            "phe_s_per_step": self.phe_s,
+            "split_bytes_per_step": self.split.bytes_per_step,
+            "split_he_bytes_per_step": self.split_he.bytes_per_step,
+        }
+
     @property
     def cpu_ratio(self) -> float | None:
         """phe / engine (1 worker) in CPU seconds of this process: little changed by other jobs."""
@@ -414,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         help="crypto worker processes of the second engine run (1: no second run)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, smoke={"bits": [512], "batch": [8], "steps": 2, "workers": 1})
     if args.steps < 2 or min(args.batch) < 1 or args.workers < 1 or min(args.bits) < 256:
         parser.error("--steps must be >= 2, --batch and --workers >= 1, --bits >= 256")
 
@@ -458,4 +473,5 @@ def main(argv: list[str] | None = None) -> int:
     shutdown_pools()
     print()
     _print_table(rows, args.steps, args.workers)
+    write_json(args.json, [r.figures() for r in rows], steps=args.steps, workers=args.workers)
     return 0

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import phe
 
+from vflnet.bench.common import Row, parse_args, write_json
 from vflnet.crypto import generate_keypair, shutdown_pools
 
 OPS = ("encrypt", "decrypt", "add", "mul scalar", "mat-vec")
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dim", type=int, default=24, help="mat-vec size: (dim x dim) plaintext @ [[dim]]")
     parser.add_argument("--workers", type=int, default=1, help="engine worker processes")
     parser.add_argument("--no-heu", action="store_true", help="skip SecretFlow HEU even if installed")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, smoke={"bits": [1024], "n": 8, "dim": 4, "no_heu": True})
 
     heu_reason = "skipped (--no-heu)" if args.no_heu else _heu_status()
     if heu_reason is not None:
@@ -134,12 +135,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"values/s (mat-vec: multiply-adds/s), workers={args.workers}")
     print(header)
     print("-" * len(header))
+    rows: list[Row] = []
     try:
         for bits in args.bits:
             eng, packed, setup = _engine(bits, args.n, args.dim, args.workers)
             ref = _phe(bits, args.n, args.dim)
             heu = _heu(bits, args.n, args.dim) if heu_reason is None else {}
             for op in OPS:
+                rows.append(
+                    {"bits": bits, "op": op, "engine_per_s": eng.get(op), "packed_per_s": packed.get(op)}
+                    | {"phe_per_s": ref[op], "heu_per_s": heu.get(op)}
+                )
                 print(
                     f"{bits:>5} {op:<11} {_fmt(eng.get(op)):>10} {_fmt(packed.get(op)):>10} "
                     f"{_fmt(ref[op]):>9} {_fmt(heu.get(op)):>9} {_ratio(eng.get(op), ref[op]):>8} "
@@ -148,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{bits:>5} (engine key generation + randomness table: {setup:.2f} s)")
     finally:
         shutdown_pools()
+    write_json(args.json, rows, units="values/s (mat-vec: multiply-adds/s)", workers=args.workers)
     return 0
 
 

@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from vflnet.bench.common import parse_args, write_json
 from vflnet.crypto import generate_keypair, opcount, shutdown_pools
 from vflnet.runner.loopback import LoopbackFailure, run_loopback
 from vflnet.validation import config_from_dict
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workers", type=int, default=2, help="crypto worker processes of the second engine run"
     )
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, smoke={"rows": 300, "features": 6, "bits": 512, "depth": 2, "workers": 1})
     from vflnet.bench.he_step import phe_costs
 
     print(
@@ -143,4 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, s, b in results:
         print(f"| {name} | {s:.2f} | {_bytes(b)} | {phe_s / s:.1f}x |")
     print(f"\nload average at the end: {load:.2f} (2 cores shared)")
+    write_json(
+        args.json,
+        [{"run": name, "seconds_per_tree": s, "bytes_per_tree": b} for name, s, b in results],
+        setting=f"depth {args.depth}, {args.rows} x {args.features}, {args.bits}-bit keys",
+    )
     return 0

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from vflnet.bench.common import parse_args, write_json
 from vflnet.runner.local import run_local
 from vflnet.runner.reference import train_reference
 from vflnet.validation import config_from_dict
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vflnet bench transport", description=__doc__)
     parser.add_argument("--case", choices=sorted(CASES), action="append", help="default: all")
     parser.add_argument("--repeat", type=int, default=1, help="runs per side; the best is reported")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, smoke={"case": ["digits-mlp-b256"]})
     rows = []
     for name in args.case or list(CASES):
         case = copy.deepcopy(CASES[name])
@@ -155,6 +156,18 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "wire: serialized protobuf bytes + 5-byte gRPC frame prefix of every party message in a step; tensor: raw tensor bytes inside"
     )
+    figures = [
+        {
+            "case": name,
+            "grpc_steps_per_s": best["grpc"]["steps_per_s"],
+            "loopback_steps_per_s": best["loopback"]["steps_per_s"],
+            "reference_steps_per_s": r,
+            "wire_bytes_per_step": best["grpc"]["wire"],
+            "tensor_bytes_per_step": best["grpc"]["payload"],
+        }
+        for name, best, r in rows
+    ]
+    write_json(args.json, figures)
     return 0
 
 

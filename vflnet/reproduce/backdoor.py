@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from vflnet import progress
+from vflnet.reproduce import add_size_flags
 from vflnet.runner.local import run_local
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "backdoor-digits.yaml"
@@ -195,7 +197,11 @@ def report(rows: list[dict[str, Any]], command: str, total_s: float) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vflnet reproduce backdoor", description=__doc__)
     p.add_argument("--out-dir", type=Path, required=True)
-    p.add_argument("--quick", action="store_true", help="gamma 0 and 10, CAE only, split-he for 3 steps")
+    add_size_flags(
+        p,
+        quick="gamma 0 and 10, CAE only, split-he for 3 steps",
+        smoke="the clean run and gamma = 10 for 2 epochs over the loopback bridge, nothing else",
+    )
     p.add_argument("--gammas", type=lambda s: [float(v) for v in s.split(",")], default=[0, 1, 5, 10, 20])
     p.add_argument(
         "--defenses",
@@ -224,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
         args.gammas, args.defenses, args.he_steps = [0, 10], ["cae"], args.he_steps or 3
+    if args.smoke:
+        args.gammas, args.defenses, args.epochs = [10], [], 2
+        args.distributed = args.split_he = False
     for name in args.defenses:
         if name not in DEFENSES:
             raise SystemExit(f"vflnet reproduce backdoor: unknown defense {name!r} ({', '.join(DEFENSES)})")
@@ -232,8 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     rows = []
     for index, case in enumerate(cases(args)):
+        if args.smoke:  # every role in this process: no process start-up
+            case.data.setdefault("transport", {})["bridge"] = "loopback"
         print(f"[{index + 1}] {case.label} ...", file=sys.stderr, flush=True)
         rows.append(run_case(case, out_dir, index))
+        progress.advance(case.label)
     command = "vflnet reproduce backdoor " + shlex.join(argv)
     text = report(rows, command, time.perf_counter() - start)
     (out_dir / "report.md").write_text(text)

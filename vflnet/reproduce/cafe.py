@@ -42,10 +42,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from vflnet import progress
 from vflnet.attacks.cafe import table9_params
 from vflnet.config import Config
 from vflnet.metrics.images import iterations_to_psnr
 from vflnet.models.cafe_net import grid_for
+from vflnet.reproduce import add_size_flags
 from vflnet.runner.loopback import run_loopback
 from vflnet.runner.scoring import score_run
 from vflnet.validation import config_from_dict
@@ -222,6 +224,7 @@ def run_attack(k: int, objective: str, run: RunSettings, out: Path, log: Callabl
     start = time.perf_counter()
     _, score, steps = execute(data, run_dir)
     seconds = time.perf_counter() - start
+    progress.advance(f"{objective} K={k}")
     history = sorted((int(key.split("@")[1]), v) for key, v in score.items() if key.startswith("psnr@"))
     for t, value in history:
         log(f"  {objective:6s} K={k:3d} it {t:6d}/{run.iterations}  PSNR {value:6.2f}")
@@ -457,8 +460,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--optimizer", choices=["adam", "sgd"], default="adam", help="the coordinator's, with --train-lr"
     )
     ap.add_argument("--no-paper-timing", action="store_true", help="skip timing a step at the paper setting")
-    ap.add_argument(
-        "--quick", action="store_true", help="N 40, K 8, conv 8/16, fc1 32, 200 iterations, no sweep"
+    add_size_flags(
+        ap,
+        quick="N 40, K 8, conv 8/16, fc1 32, 200 iterations, no sweep",
+        smoke="N 16, K 4, conv 2/4, fc1 8, 20 iterations, CAFE only (no baselines, no sweep)",
     )
     ap.add_argument("--out-dir", default="runs/cafe")
     return ap
@@ -469,6 +474,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.quick:
         a.n, a.k, a.iterations, a.sweep_k, a.baselines = 40, 8, 200, [], ["dlg"]
         a.conv_channels, a.fc1_out, a.eval_every, a.no_paper_timing = [8, 16], 32, 50, True
+    if a.smoke:
+        a.n, a.k, a.iterations, a.sweep_k, a.baselines = 16, 4, 20, [], []
+        a.conv_channels, a.fc1_out, a.eval_every, a.no_paper_timing = [2, 4], 8, 10, True
     reproduce(
         n=a.n,
         k=a.k,

@@ -28,7 +28,9 @@ import numpy as np
 import torch
 import yaml
 
+from vflnet import progress
 from vflnet.defenses.hashing import hamming
+from vflnet.reproduce import add_size_flags
 from vflnet.runner.local import run_local
 
 PAPER_II = {"mnist": (98.99, 97.75), "cbpd": (50.30, 69.34), "criteo": (70.72, 72.94)}
@@ -160,6 +162,7 @@ class Runner:
         if run_local(path, run_dir=run_dir, progress=False) != 0:
             raise RuntimeError(f"run {name} failed; see {run_dir}/logs")
         self.times[name] = time.perf_counter() - start
+        progress.advance(name)
         return run_dir
 
 
@@ -187,7 +190,10 @@ def ms(values: list[float]) -> str:
 
 
 # ------------------------------------------------------------------------------------ tables
-def table_ii_viii_x(run: Runner, epochs: int, seeds: list[int], lengths: list[int]) -> list[str]:
+def table_ii_viii_x(
+    run: Runner, epochs: int, seeds: list[int], lengths: list[int], ablations: bool = True
+) -> list[str]:
+    """Table II's rows, Table VIII's code lengths (`lengths`) and, with `ablations`, Table X's variants."""
     lines = ["## Tables II, VIII, X: main-task accuracy (%)", ""]
     lines += [
         "| dataset (substitute) | method | bits | ours | paper | bytes/step passive-1 (payload / wire) | float32 payload it replaces |",
@@ -196,10 +202,10 @@ def table_ii_viii_x(run: Runner, epochs: int, seeds: list[int], lengths: list[in
     cases: list[tuple[str, str | None, int, float | None]] = []
     cases += [("mnist", None, 4, PAPER_II["mnist"][0]), ("mnist", "hashvfl", 4, PAPER_II["mnist"][1])]
     cases += [("mnist", "hashvfl", b, PAPER_VIII.get(b)) for b in lengths if b != 4]
-    for v in ("greedy_hash", "no_bn"):
+    for v in ("greedy_hash", "no_bn") if ablations else ():
         cases += [("mnist", v, b, PAPER_X["mnist"][v][i]) for i, b in enumerate((4, 8, 16))]
     cases += [("cbpd", None, 1, PAPER_II["cbpd"][0]), ("cbpd", "hashvfl", 1, PAPER_II["cbpd"][1])]
-    for v in ("hashvfl", "no_bn", "greedy_hash"):
+    for v in ("hashvfl", "no_bn", "greedy_hash") if ablations else ():
         cases += [("cbpd", v, b, PAPER_X["cbpd"][v][i]) for i, b in enumerate((4, 8, 16))]
     cases += [("criteo", None, 1, PAPER_II["criteo"][0]), ("criteo", "hashvfl", 1, PAPER_II["criteo"][1])]
     for dataset, variant, bits, paper in cases:
@@ -498,7 +504,11 @@ def gradient_leak(run: Runner, epochs: int) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vflnet reproduce hashvfl", description=__doc__)
     parser.add_argument("--out-dir", type=Path, default=Path("runs/reproduce-hashvfl"))
-    parser.add_argument("--quick", action="store_true", help="fewer epochs, one seed, short inversions")
+    add_size_flags(
+        parser,
+        quick="fewer epochs, one seed, short inversions",
+        smoke="Table II only (no defense and HashVFL on each set), 1 epoch, one seed",
+    )
     parser.add_argument("--epochs", type=int, default=None, help="default 30 (quick: 5)")
     parser.add_argument(
         "--seeds", type=int, default=None, help="seeds per accuracy cell (default 3, quick 1)"
@@ -510,15 +520,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    epochs = args.epochs or (5 if args.quick else 30)
-    seeds = list(range(args.seeds or (1 if args.quick else 2)))
-    lengths = [4, 8, 16] if args.quick else [4, 8, 16, 32, 64]
+    if args.smoke:
+        args.tables = "ii"
+    epochs = args.epochs or (1 if args.smoke else 5 if args.quick else 30)
+    seeds = list(range(args.seeds or (1 if args.quick or args.smoke else 2)))
+    lengths = [4] if args.smoke else [4, 8, 16] if args.quick else [4, 8, 16, 32, 64]
     run = Runner(args.out_dir)
     wanted = set(args.tables.split(","))
     start = time.perf_counter()
     sections: list[list[str]] = []
     if "ii" in wanted:
-        sections.append(table_ii_viii_x(run, epochs, seeds, lengths))
+        sections.append(table_ii_viii_x(run, epochs, seeds, lengths, ablations=not args.smoke))
     if "vii" in wanted:
         sections.append(table_vii(run, epochs, seeds))
     if "iii" in wanted:

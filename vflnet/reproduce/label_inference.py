@@ -20,7 +20,9 @@ from typing import Any
 
 import yaml
 
+from vflnet import progress
 from vflnet.metrics.labels import TradeoffPoint, plot_tradeoff
+from vflnet.reproduce import add_size_flags
 from vflnet.runner.local import run_local
 
 # Paper 004 Table 2, batch-level label inference (gradient inversion): batch size -> (CIFAR10, CIFAR100).
@@ -145,15 +147,17 @@ def run(data: dict[str, Any], runs_dir: Path, name: str) -> RunResult:
     if run_local(path, run_dir=runs_dir / name, progress=False) != 0:
         raise RuntimeError(f"run {name} failed; see {runs_dir / name}/logs")
     seconds = time.perf_counter() - start
+    progress.advance(name)
     scores = json.loads((runs_dir / name / "attacks/scores.json").read_text())
     summary = json.loads((runs_dir / name / "summary.json").read_text())
     return RunResult(scores, float(summary["final"].get("test_accuracy", float("nan"))), seconds)
 
 
 def batch_size_table(
-    out_dir: Path, batch_sizes: list[int], batches: int, iterations: int, he_batch: int
+    out_dir: Path, batch_sizes: list[int], batches: int, iterations: int, he_batch: int, bridge: str = "grpc"
 ) -> str:
-    """Table 2 side by side: label recovery vs batch size on MNIST, plus one split-he repeat."""
+    """Table 2 side by side: label recovery vs batch size on MNIST, plus one split-he repeat; `bridge`:
+    the runs' transport (loopback: every role in this process)."""
     cases = [(b, "split", SPLIT) for b in batch_sizes]
     if he_batch and he_batch not in batch_sizes:
         cases.append((he_batch, "split", SPLIT))
@@ -173,6 +177,7 @@ def batch_size_table(
             attacks=batch_attacks(batches, iterations),
             protocol=protocol,
         )
+        data["transport"] = {"bridge": bridge}
         result = run(data, out_dir / "runs", f"batch-{batch}-{label.split()[0]}")
         paper = PAPER_TABLE2.get(batch)
         paper_cell = f"{paper[0]:.3f} / {paper[1]:.3f}" if paper else "-"
@@ -232,8 +237,10 @@ def defense_sweeps(out_dir: Path, defenses: list[str], quick: bool, epochs: int,
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vflnet reproduce label-inference", description=__doc__)
     parser.add_argument("--out-dir", type=Path, required=True)
-    parser.add_argument(
-        "--quick", action="store_true", help="one attacked batch, B up to 512, two values per sweep"
+    add_size_flags(
+        parser,
+        quick="one attacked batch, B up to 512, two values per sweep",
+        smoke="Table 2 at B = 128 only, one batch, 100 inversion steps, loopback bridge, no split-he repeat, no sweeps",
     )
     parser.add_argument(
         "--sections",
@@ -258,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.smoke:
+        args.sections, args.batch_sizes, args.he_batch, args.iterations = "batch", "128", 0, 100
     sections = {s for s in args.sections.split(",") if s}
     unknown = sections - {"batch", "defenses"} | {d for d in args.defenses.split(",") if d not in SWEEPS}
     if unknown:
@@ -272,12 +281,14 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [int(b) for b in args.batch_sizes.split(",")]
         if args.quick:
             sizes = [b for b in sizes if b <= 512]
-        batches = 1 if args.quick else args.batches
+        batches = 1 if args.quick or args.smoke else args.batches
         parts.append(
             f"## Batch-level label inference vs batch size (paper 004 Table 2)\n\n{MNIST.description}; "
             f"the first {batches} training batch(es) of a fresh model attacked at each batch size; "
             f"gradient inversion {args.iterations} Adam steps per batch. Paper: CIFAR10/CIFAR100, ResNet18.\n\n"
-            + batch_size_table(out_dir, sizes, batches, args.iterations, args.he_batch)
+            + batch_size_table(
+                out_dir, sizes, batches, args.iterations, args.he_batch, "loopback" if args.smoke else "grpc"
+            )
         )
     if "defenses" in sections:
         defenses = [d for d in args.defenses.split(",") if d]

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
+from vflnet import progress
 from vflnet.data.datasets import load_dataset
+from vflnet.reproduce import add_size_flags
 from vflnet.runner.local import run_local
 
 FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
@@ -128,6 +131,7 @@ def run_case(out_dir: Path, name: str, data: dict[str, Any]) -> dict[str, dict[s
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     if run_local(path, run_dir=out_dir / name, progress=False) != 0:
         raise RuntimeError(f"run {name} failed; see {out_dir / name}/logs")
+    progress.advance(name)
     return json.loads((out_dir / name / "attacks/scores.json").read_text())
 
 
@@ -284,38 +288,45 @@ def grna_models_table(out_dir: Path, sets: dict, seeds: list[int], epochs: int) 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vflnet reproduce prediction-attacks", description=__doc__)
     parser.add_argument("--out-dir", type=Path, default=Path("runs/reproduce-prediction-attacks"))
-    parser.add_argument("--quick", action="store_true", help="one trial, n = 1000, fewer GRNA epochs")
+    add_size_flags(
+        parser,
+        quick="one trial, n = 1000, fewer GRNA epochs",
+        smoke="the Table III ablation only, one trial, 3 GRNA epochs",
+    )
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--n", type=int, default=3000, help="samples of each synthetic set (paper: 100,000)")
     parser.add_argument("--epochs", type=int, default=60, help="GRNA epochs (the authors' code: 60)")
     args = parser.parse_args(argv)
-    seeds = list(range(1 if args.quick else args.trials))
-    n, epochs = (1000, 20) if args.quick else (args.n, args.epochs)
+    seeds = list(range(1 if args.quick or args.smoke else args.trials))
+    n, epochs = (1000, 20) if args.quick else (1000, 3) if args.smoke else (args.n, args.epochs)
     sets = datasets(n)
     out = args.out_dir
-    sections = [
-        (
+    sections: dict[str, tuple[str, Callable[[], str]]] = {
+        "esa": (
             "ESA: MSE per feature vs the target's share of the features (LR; T: d_target <= c - 1, where the paper gets 0)",
-            esa_table(out, sets, seeds),
+            lambda: esa_table(out, sets, seeds),
         ),
-        (
+        "rounding": (
             "ESA and GRNA against rounding the released scores (synthetic-1, 30%; paper Fig. 11a-d)",
-            rounding_table(out, sets["synthetic-1"], seeds),
+            lambda: rounding_table(out, sets["synthetic-1"], seeds),
         ),
-        (
+        "ablation": (
             "GRNA ablation, Table III (breast_cancer for Bank marketing; LR, 40% target)",
-            ablation_table(out, sets["breast_cancer"], seeds, epochs),
+            lambda: ablation_table(out, sets["breast_cancer"], seeds, epochs),
         ),
-        (
+        "models": (
             "GRNA on LR, NN (with dropout 0.5: paper Fig. 11e-f) and RF through an imitating NN (30% target; paper Fig. 7)",
-            grna_models_table(out, {k: sets[k] for k in ("synthetic-1", "breast_cancer")}, seeds, epochs),
+            lambda: grna_models_table(
+                out, {k: sets[k] for k in ("synthetic-1", "breast_cancer")}, seeds, epochs
+            ),
         ),
-        (
+        "pra": (
             "PRA: CBR / random-path CBR vs the target's share (decision tree depth 5 over secureboost; paper Fig. 6)",
-            pra_table(out, sets, seeds),
+            lambda: pra_table(out, sets, seeds),
         ),
-    ]
-    report = "\n\n".join(f"### {title}\n\n{table}" for title, table in sections)
+    }
+    wanted = ["ablation"] if args.smoke else list(sections)
+    report = "\n\n".join(f"### {title}\n\n{table()}" for title, table in (sections[k] for k in wanted))
     report += f"\n\n{len(seeds)} trial(s) per cell; synthetic n = {n}; GRNA {epochs} epochs.\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(report)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from vflnet.config import Config, dump
+from vflnet.progress import quiet
 from vflnet.roles.run_lock import role_lock
 from vflnet.runner.parent_death import child_env
 from vflnet.runner.report import print_summary
@@ -209,7 +210,7 @@ class _Progress:
     def __init__(self, run_dir: Path, enabled: bool) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.plan = run_dir / "plan.json"
-        self.enabled = enabled
+        self.enabled = enabled and not quiet()
         self.bar: Any = None
         self.offset = 0
 

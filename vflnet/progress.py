@@ -1,0 +1,51 @@
+"""Progress bars of the long commands (`vflnet reproduce`, `vflnet bench`): tqdm on stderr.
+
+A bar shows on a terminal only (tqdm's ``disable=None``), so logs and pipes stay clean; ``VFLNET_QUIET=1``
+turns every bar off, on a terminal too (CI, the test suite). A command opens one bar with `runs` and the
+code below it reports each finished unit of work with `advance`, without knowing whether a bar is open.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from tqdm import tqdm
+
+_bars: list[Any] = []  # the open bars of this process, innermost last
+
+
+def quiet() -> bool:
+    """True when VFLNET_QUIET is set to anything but empty or 0."""
+    return os.environ.get("VFLNET_QUIET", "") not in ("", "0")
+
+
+@contextmanager
+def runs(desc: str, total: int | None = None, unit: str = "run") -> Iterator[Any]:
+    """A bar that `advance` moves while the block runs; a bar opened inside it shows below it."""
+    bar = tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        position=len(_bars),
+        leave=not _bars,
+        disable=True if quiet() else None,
+    )
+    _bars.append(bar)
+    try:
+        yield bar
+    finally:
+        _bars.pop()
+        bar.close()
+
+
+def advance(label: str) -> None:
+    """One unit of work of the innermost bar done (`label`: what it was); nothing when none is open."""
+    if _bars:
+        _bars[-1].set_postfix_str(label, refresh=False)
+        _bars[-1].update(1)
