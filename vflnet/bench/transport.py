@@ -1,6 +1,8 @@
 """`vflnet bench transport`: the transports next to the in-process reference, in one invocation.
 
-For each case it trains the same model three times: as a local cluster of real processes over gRPC,
+Three cases, each also with a trace tap on every party (``+tap``): the digits MLP at batch 256, the
+MNIST CNN at batch 128 and a logistic regression on breast_cancer at batch 64. For each it trains the
+same model three times: as a local cluster of real processes over gRPC,
 with every role in one process over the loopback bridge (the same protocol code and mod chains,
 messages still serialized), and in the reference trainer with no transport, no roles and no protocol.
 It prints steps/s of each, each transport's ratio to the reference and its overhead in milliseconds
@@ -72,11 +74,47 @@ MNIST_CNN: dict[str, Any] = {
     "train": {"epochs": 1, "batch_size": 128, "optimizer": {"kind": "adam", "lr": 0.001}, "eval_every": 100},
 }
 
-# The same digits run with every party's wire recorded by a trace tap: the cost of a tap per step.
-DIGITS_MLP_TAPPED: dict[str, Any] = {**copy.deepcopy(DIGITS_MLP), "trace": {"parties": ["all"]}}
+# Logistic regression split by columns: each passive party's linear bottom gives its share of the two
+# logits, the active party (labels only) sums them (no top model). A step is well under a millisecond
+# of compute, so this case is almost all platform overhead.
+CANCER_LR: dict[str, Any] = {
+    "run": {"id": "bench-cancer-lr", "seed": 0},
+    "protocol": {"kind": "split", "aggregation": "sum"},
+    "data": {"dataset": "breast_cancer"},
+    "parties": [
+        {"name": "coordinator", "role": "coordinator"},
+        {"name": "active", "role": "active"},
+        {
+            "name": "passive-1",
+            "role": "passive",
+            "features": {"columns": "0:15"},
+            "bottom": {"kind": "linear", "out": 2},
+        },
+        {
+            "name": "passive-2",
+            "role": "passive",
+            "features": {"columns": "15:30"},
+            "bottom": {"kind": "linear", "out": 2},
+        },
+    ],
+    "model": {"top": {"kind": "none"}},
+    "train": {"epochs": 20, "batch_size": 64, "optimizer": {"kind": "adam", "lr": 0.01}, "eval_every": 100},
+}
+
+
+def _tapped(case: dict[str, Any]) -> dict[str, Any]:
+    """The same run with every party's wire recorded by a trace tap: the cost of a tap per step."""
+    return {**copy.deepcopy(case), "trace": {"parties": ["all"]}}
+
 
 BRIDGES = ("grpc", "loopback")
-CASES = {"digits-mlp-b256": DIGITS_MLP, "digits-mlp-b256+tap": DIGITS_MLP_TAPPED, "mnist-cnn-b128": MNIST_CNN}
+BASE_CASES = {"digits-mlp-b256": DIGITS_MLP, "mnist-cnn-b128": MNIST_CNN, "cancer-lr-b64": CANCER_LR}
+TAP = "+tap"
+CASES = {
+    name: variant
+    for base, case in BASE_CASES.items()
+    for name, variant in ((base, case), (base + TAP, _tapped(case)))
+}
 
 
 def _distributed(case: dict[str, Any], workdir: Path, bridge: str) -> dict[str, float]:
@@ -124,35 +162,33 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((name, best, best_r))
     print()
     header = (
-        f"{'case':20s} {'grpc':>8s} {'loopback':>9s} {'reference':>10s} {'grpc/ref':>9s} {'loop/ref':>9s} "
-        f"{'grpc +ms':>9s} {'loop +ms':>9s} {'wire B/step':>12s} {'tensor B/step':>14s} {'overhead':>9s}"
+        f"{'case':22s} {'grpc':>7s} {'loopback':>9s} {'reference':>10s} {'grpc/ref':>9s} {'grpc +ms':>9s} "
+        f"{'loop/ref':>9s} {'loop +ms':>9s} {'wire B/step':>12s} {'tensor B/step':>14s} {'overhead':>9s}"
     )
     print(header)
     print("-" * len(header))
     for name, best, r in rows:
         g, lo = best["grpc"], best["loopback"]
         print(
-            f"{name:20s} {g['steps_per_s']:8.1f} {lo['steps_per_s']:9.1f} {r:10.1f} {g['steps_per_s'] / r:9.2f} "
-            f"{lo['steps_per_s'] / r:9.2f} {_ms(g, r):9.2f} {_ms(lo, r):9.2f} {g['wire']:12.0f} {g['payload']:14.0f} "
-            f"{100 * (g['wire'] / g['payload'] - 1):8.2f}%"
+            f"{name:22s} {g['steps_per_s']:7.1f} {lo['steps_per_s']:9.1f} {r:10.1f} {g['steps_per_s'] / r:9.2f} "
+            f"{_ms(g, r):9.2f} {lo['steps_per_s'] / r:9.2f} {_ms(lo, r):9.2f} {g['wire']:12.0f} "
+            f"{g['payload']:14.0f} {100 * (g['wire'] / g['payload'] - 1):8.2f}%"
         )
     by_name = {name: best for name, best, _ in rows}
-    if "digits-mlp-b256" in by_name and "digits-mlp-b256+tap" in by_name:
-        for bridge in BRIDGES:
-            plain, tapped = (
-                by_name["digits-mlp-b256"][bridge]["steps_per_s"],
-                by_name["digits-mlp-b256+tap"][bridge]["steps_per_s"],
-            )
-            print(
-                f"\ntrace tap on every party ({bridge}): {1000 / tapped - 1000 / plain:+.2f} ms per step "
-                f"({100 * (plain / tapped - 1):+.1f}%)",
-                end="",
-            )
-        print()
+    for base in BASE_CASES:
+        if base in by_name and base + TAP in by_name:
+            print()
+            for bridge in BRIDGES:
+                plain = by_name[base][bridge]["steps_per_s"]
+                tapped = by_name[base + TAP][bridge]["steps_per_s"]
+                print(
+                    f"trace tap on every party, {base} ({bridge}): {1000 / tapped - 1000 / plain:+.2f} ms per step "
+                    f"({100 * (plain / tapped - 1):+.1f}% of the step)"
+                )
     print(
         "\nsteps/s: training steps per second (1 torch thread per role; grpc and loopback = coordinator-timed step wall time)"
     )
-    print("+ms: what the transport adds to each step over the reference, in milliseconds")
+    print("+ms: per-step overhead, what the transport adds to each step over the reference, in milliseconds")
     print(
         "wire: serialized protobuf bytes + 5-byte gRPC frame prefix of every party message in a step; tensor: raw tensor bytes inside"
     )
