@@ -23,6 +23,7 @@ _MODULE_COMMANDS = {
     "attack": ("vflnet.attacks.offline", "run an attack offline over a recorded trace"),
     "reproduce": ("vflnet.reproduce.cli", "paper reproductions whose results docs/attacks.md reports"),
     "lab": ("vflnet.lab.cli", "multi-host network lab in Linux network namespaces (root)"),
+    "sweep": ("vflnet.experiments.sweep", "run a sweep file's runs (grid/zip, seeds) and tabulate them"),
 }
 
 # Subcommands that list a registry (vflnet.registry): command -> (registry, help).
