@@ -165,3 +165,17 @@ def load_sweep(path: str | Path) -> Sweep:
 
 def _describe(params: dict[str, Any], seed: int) -> str:
     return ", ".join([*(f"{k}={v}" for k, v in params.items()), f"seed={seed}"])
+
+
+def run_meta(sweep: Sweep, run: PlannedRun) -> dict[str, Any]:
+    """A run's sweep-run.json: what its row of the results table names it by."""
+    return {"sweep": sweep.name, "run": run.name, "seed": run.seed, "params": run.params}
+
+
+def plan_json(sweep: Sweep) -> dict[str, Any]:
+    return {
+        "name": sweep.name,
+        "source": str(sweep.source),
+        "keys": sweep.keys,
+        "runs": [run_meta(sweep, r) for r in sweep.runs],
+    }

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 RUN_META = "sweep-run.json"
+PARTIAL = ".partial"  # suffix of a run directory until its run completed (vflnet.experiments.sweep)
 # the final epoch record's fields that are bookkeeping, not results
 _NOT_METRICS = ("kind", "epoch", "time_s")
 
@@ -56,8 +57,13 @@ def result_row(run_dir: Path) -> dict[str, Any]:
 
 
 def sweep_run_dirs(runs_dir: Path) -> list[Path]:
-    """The completed sweep runs under ``runs_dir``, by name (a name starts with the run's index)."""
-    return sorted(d for d in runs_dir.iterdir() if d.is_dir() and (d / RUN_META).exists() and is_completed(d))
+    """The completed sweep runs under ``runs_dir``, by name (a name starts with the run's index);
+    a ``.partial`` directory is a run still going or cut off, even if its files look complete."""
+    return sorted(
+        d
+        for d in runs_dir.iterdir()
+        if d.is_dir() and not d.name.endswith(PARTIAL) and (d / RUN_META).exists() and is_completed(d)
+    )
 
 
 def collect(runs_dir: Path) -> list[dict[str, Any]]:

@@ -25,19 +25,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from vflnet.config import ConfigError
-from vflnet.experiments.plan import PlannedRun, Sweep, load_sweep
-from vflnet.experiments.results import RUN_META, collect, is_completed, write_atomic, write_table
+from vflnet.experiments.plan import PlannedRun, Sweep, load_sweep, plan_json, run_meta
+from vflnet.experiments.results import PARTIAL, RUN_META, collect, is_completed, write_atomic, write_table
 from vflnet.runner.local import stop_processes
 from vflnet.runner.parent_death import child_env
-
-
-def run_meta(sweep: Sweep, run: PlannedRun) -> dict[str, Any]:
-    return {"sweep": sweep.name, "run": run.name, "seed": run.seed, "params": run.params}
 
 
 def write_run_files(sweep: Sweep, run: PlannedRun, configs_dir: Path) -> tuple[Path, Path]:
@@ -54,7 +49,7 @@ def run_one(config_path: Path, meta_path: Path, dest: Path) -> int:
 
     if is_completed(dest):
         return 0
-    partial = dest.with_name(dest.name + ".partial")
+    partial = dest.with_name(dest.name + PARTIAL)
     shutil.rmtree(partial, ignore_errors=True)  # what a killed attempt left
     partial.mkdir(parents=True)
     rc = run_local(config_path, run_dir=partial, progress=False)
@@ -126,15 +121,6 @@ def _start(
             stdin=subprocess.DEVNULL,
             env=child_env(dict(os.environ)),
         )
-
-
-def plan_json(sweep: Sweep) -> dict[str, Any]:
-    return {
-        "name": sweep.name,
-        "source": str(sweep.source),
-        "keys": sweep.keys,
-        "runs": [run_meta(sweep, r) for r in sweep.runs],
-    }
 
 
 def build_parser() -> argparse.ArgumentParser:
