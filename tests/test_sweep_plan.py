@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import base_config, write_config
+from tests.conftest import REPO, base_config, write_config
 from vflnet.config import ConfigError
 from vflnet.experiments.plan import load_sweep
 
@@ -125,3 +125,9 @@ def test_an_inline_base(tmp_path: Path) -> None:
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({"base": base_config(), "seeds": [5, 6]}))
     assert [r.seed for r in load_sweep(path).runs] == [5, 6]
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs" / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
+def test_the_example_sweeps_load(path: Path) -> None:
+    sweep = load_sweep(path)
+    assert sweep.runs and sweep.keys

@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 
 Records = list[dict[str, Any]]  # metrics.jsonl
 Rows = list[dict[str, Any]]  # results table rows
+MAX_LEGEND = 12
 
 
 def _png(fig: Figure) -> bytes:
@@ -52,8 +53,13 @@ def training_curves(runs: dict[str, Records]) -> bytes:
             acc_ax.plot(at, [e["test_accuracy"] for e, _ in tested], "o--", color=line[0].get_color())
     loss_ax.set(xlabel="step", ylabel="loss", title="loss")
     acc_ax.set(xlabel="step", ylabel="accuracy", title="accuracy (lines: batches, dots: test)")
-    loss_ax.legend(fontsize=7)
+    _legend(loss_ax, len(runs))
     return _png(fig)
+
+
+def _legend(ax: Any, n_series: int) -> None:
+    if n_series <= MAX_LEGEND:  # past that a legend hides the plot; the tables name the runs
+        ax.legend(fontsize=7)
 
 
 def _last_step(records: Records, epoch: int) -> int:
@@ -86,7 +92,7 @@ def step_times(runs: dict[str, Records]) -> bytes:
         steps = [r for r in records if r["kind"] == "step"]
         ax.plot([s["step"] for s in steps], [s["step_time_s"] * 1000 for s in steps], lw=1, label=label)
     ax.set(xlabel="step", ylabel="ms", title="step time")
-    ax.legend(fontsize=7)
+    _legend(ax, len(runs))
     return _png(fig)
 
 

@@ -66,6 +66,9 @@ def load_sweep_dir(path: Path) -> SweepData:
     """A `vflnet sweep --out` folder (runs under runs/) or a folder of sweep run directories."""
     runs_dir = path / "runs" if (path / "runs").is_dir() else path
     dirs = sweep_run_dirs(runs_dir)
+    if (path / "sweep.json").exists():  # the plan's runs only, as in its results table
+        planned = {r["run"] for r in read_json(path / "sweep.json")["runs"]}
+        dirs = [d for d in dirs if d.name in planned]
     if not dirs:
         raise FileNotFoundError(
             f"{path}: neither a run directory (summary.json) nor a sweep with completed runs"

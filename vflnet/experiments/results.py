@@ -66,8 +66,9 @@ def sweep_run_dirs(runs_dir: Path) -> list[Path]:
     )
 
 
-def collect(runs_dir: Path) -> list[dict[str, Any]]:
-    return [result_row(d) for d in sweep_run_dirs(runs_dir)]
+def collect(runs_dir: Path, names: set[str] | None = None) -> list[dict[str, Any]]:
+    """Rows of the completed runs under ``runs_dir`` (only those in ``names`` when given)."""
+    return [result_row(d) for d in sweep_run_dirs(runs_dir) if names is None or d.name in names]
 
 
 def columns(rows: list[dict[str, Any]]) -> list[str]:

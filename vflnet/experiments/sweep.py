@@ -96,7 +96,8 @@ def run_sweep(sweep: Sweep, out: Path, jobs: int, quiet: bool) -> int:
     finally:
         stop_processes(list(running.values()))  # on Ctrl-C: no run goes on without the sweep
         bar.close()
-    csv_path, _ = write_table(collect(runs_dir), out)
+    # this plan's runs only: runs of an earlier version of the sweep file may share the folder
+    csv_path, _ = write_table(collect(runs_dir, {r.name for r in sweep.runs}), out)
     if not quiet:
         print(
             f"sweep {sweep.name}: {len(sweep.runs) - len(failed)}/{len(sweep.runs)} runs done; table {csv_path}"
@@ -168,8 +169,19 @@ def _one_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    try:
+        return _main(argv)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["collect"]:
         args = _collect_parser().parse_args(argv[1:])
+        if not args.dir.is_dir():
+            print(f"error: {args.dir} is not a directory", file=sys.stderr)
+            return 2
         rows = collect(args.dir)
         csv_path, json_path = write_table(rows, args.out)
         print(f"{len(rows)} runs: {csv_path}, {json_path}")
@@ -178,11 +190,7 @@ def main(argv: list[str]) -> int:
         args = _one_parser().parse_args(argv[1:])
         return run_one(args.config, args.meta, args.dest)
     args = build_parser().parse_args(argv)
-    try:
-        sweep = load_sweep(args.sweep)
-    except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        return 2
+    sweep = load_sweep(args.sweep)
     out = args.out or Path("sweeps") / sweep.name
     if args.emit == "k8s":
         from vflnet.experiments.k8s import emit
