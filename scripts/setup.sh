@@ -13,6 +13,15 @@ if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
   fi
 fi
 
+# Debian's chromium: the report tests render the HTML reports in a real headless browser.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "note: chromium is missing and this is not root: the headless report tests will fail" >&2
+  fi
+fi
+
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
   echo "error: $PYTHON not found; vflnet needs Python 3.11 (set PYTHON=/path/to/python3.11)" >&2
   exit 1

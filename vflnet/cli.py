@@ -25,6 +25,9 @@ _MODULE_COMMANDS = {
     "attack": ("vflnet.attacks.offline", "run an attack offline over a recorded trace"),
     "reproduce": ("vflnet.reproduce.cli", "paper reproductions whose results docs/attacks.md reports"),
     "lab": ("vflnet.lab.cli", "multi-host network lab in Linux network namespaces (root)"),
+    "sweep": ("vflnet.experiments.sweep", "run a sweep file's runs (grid/zip, seeds) and tabulate them"),
+    "report": ("vflnet.experiments.report", "Markdown and self-contained HTML report of a run or a sweep"),
+    "compare": ("vflnet.experiments.compare", "two runs or two sweeps side by side (Markdown and HTML)"),
 }
 
 # Subcommands that list a registry (vflnet.registry): command -> (registry, help).

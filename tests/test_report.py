@@ -1,0 +1,119 @@
+"""`vflnet report` and `vflnet compare` over real (loopback, in-process) runs of a small sweep, and
+the pages in a real headless Chromium."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import base_config, write_config
+from tests.headless import assert_not_blank, render
+from vflnet.experiments import compare, report
+from vflnet.experiments.plan import load_sweep
+from vflnet.experiments.results import collect, write_table
+from vflnet.experiments.sweep import run_one, write_run_files
+
+SCALE = "defenses[0].params.scale"
+
+
+def tiny_sweep_file(tmp_path: Path, grid: dict[str, list[Any]], seeds: list[int]) -> Path:
+    """Digits, one epoch over loopback; direct label inference against DP noise of two strengths."""
+    base = base_config(aggregation="sum")
+    base["transport"]["bridge"] = "loopback"
+    base["attacks"] = [{"name": "direct-label-inference", "party": "passive-1"}]
+    base["defenses"] = [{"name": "dp-gaussian", "party": "active", "params": {"scale": 0.01}}]
+    write_config(tmp_path, base, "base.yaml")
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"name": "dp", "base": "base.yaml", "seeds": seeds, "grid": grid}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sweep's --out folder, its runs run here one by one (what each sweep worker process does)."""
+    tmp = tmp_path_factory.mktemp("sweep")
+    sweep = load_sweep(tiny_sweep_file(tmp, {SCALE: [0.001, 2.0]}, [0]))
+    out = tmp / "out"
+    (out / "configs").mkdir(parents=True)
+    for run in sweep.runs:
+        config, meta = write_run_files(sweep, run, out / "configs")
+        assert run_one(config, meta, out / "runs" / run.name) == 0
+    write_table(collect(out / "runs"), out)
+    return out
+
+
+def run_dirs(sweep_dir: Path) -> list[Path]:
+    return sorted(d for d in (sweep_dir / "runs").iterdir() if d.is_dir())
+
+
+def images(page: str) -> list[str]:
+    return re.findall(r"<img [^>]*>", page)
+
+
+def assert_self_contained(page: str) -> None:
+    assert images(page) and all('src="data:image/png;base64,' in img for img in images(page))
+    for external in ("<script", "<link", "href=", "url(", "http://", "https://", 'src="file'):
+        assert external not in page
+
+
+def test_a_run_report(sweep_dir: Path, tmp_path: Path) -> None:
+    run = run_dirs(sweep_dir)[0]
+    assert report.main([str(run), "--out", str(tmp_path)]) == 0
+    page = (tmp_path / "report.html").read_text()
+    assert_self_contained(page)
+    for section in ("Summary", "Run config", "Loss and accuracy", "Bytes on the wire", "Timing", "Attacks"):
+        assert f"<h2>{section}</h2>" in page
+    assert "passive-1/ExchangeEmbeddings" in page and "label_accuracy" in page and "dp-gaussian" in page
+    # curves, bytes, step times, and the attack's confusion matrix (a PNG it saved in attacks/)
+    assert len(images(page)) == 4
+    markdown = (tmp_path / "report.md").read_text()
+    linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
+    assert len(linked) == 4 and all((tmp_path / link).stat().st_size > 0 for link in linked)
+    assert "| passive-1/ExchangeEmbeddings |" in markdown
+
+
+def test_a_sweep_report_has_the_table_and_the_trade_off(sweep_dir: Path, tmp_path: Path) -> None:
+    assert report.main([str(sweep_dir), "--out", str(tmp_path)]) == 0
+    page = (tmp_path / "report.html").read_text()
+    assert_self_contained(page)
+    assert "Trade-off: utility vs leakage" in page and f"<th>{SCALE}</th>" in page
+    for run in run_dirs(sweep_dir):
+        assert f"<td>{run.name}</td>" in page
+    markdown = (tmp_path / "report.md").read_text()
+    assert f"| run | {SCALE} | seed |" in markdown and "tradeoff.png" in markdown
+
+
+def test_compare_two_runs_and_two_sweeps(sweep_dir: Path, tmp_path: Path) -> None:
+    a, b = run_dirs(sweep_dir)
+    assert compare.main([str(a), str(b), "--out", str(tmp_path / "runs")]) == 0
+    page = (tmp_path / "runs" / "compare.html").read_text()
+    assert_self_contained(page)
+    assert "Config keys that differ" in page and f"<td>{SCALE}</td>" in page
+    assert f"<th>{a.name}</th><th>{b.name}</th>" in page
+    assert compare.main([str(sweep_dir), str(sweep_dir), "--out", str(tmp_path / "sweeps")]) == 0
+    assert "A: dp" in (tmp_path / "sweeps" / "compare.md").read_text()
+    assert compare.main([str(a), str(sweep_dir), "--out", str(tmp_path / "mixed")]) == 2
+
+
+def test_report_of_a_folder_with_no_runs(tmp_path: Path) -> None:
+    assert report.main([str(tmp_path)]) == 2
+
+
+@pytest.mark.slow  # Chromium's start takes over a minute on a loaded machine
+def test_reports_render_in_headless_chromium(sweep_dir: Path, tmp_path: Path) -> None:
+    assert report.main([str(run_dirs(sweep_dir)[0]), "--out", str(tmp_path / "run")]) == 0
+    assert report.main([str(sweep_dir), "--out", str(tmp_path / "sweep")]) == 0
+    # run report: summary, bytes, timing, attacks; sweep report: the results table
+    for page, n_tables in ((tmp_path / "run" / "report.html", 4), (tmp_path / "sweep" / "report.html", 1)):
+        shown = render(page, tmp_path)
+        decoded = shown.sizes("img", "data-natural")
+        assert len(decoded) == len(images(page.read_text())) >= 4
+        assert all(w > 100 and h > 100 for w, h in decoded), decoded  # every PNG decoded
+        assert all(w > 100 and h > 100 for w, h in shown.sizes("img")), shown.sizes("img")  # and laid out
+        tables = shown.sizes("table")
+        assert len(tables) == n_tables and all(w > 0 and h > 0 for w, h in tables)
+        assert_not_blank(shown.screenshot)

@@ -1,0 +1,181 @@
+"""A sweep file, expanded into the runs it declares.
+
+A sweep file is YAML with these keys (docs/experiments.md):
+
+- ``base`` (required): a run config, as a path relative to the sweep file or inline as a mapping;
+- ``name``: the sweep's name (default: the file's stem);
+- ``seeds``: list of ``run.seed`` values, every combination runs once per seed (default: the base's seed);
+- ``set``: ``{key: value}`` applied to every run;
+- ``grid``: ``{key: [values...]}``, the cartesian product of all lists;
+- ``zip``: ``{key: [values...]}``, lists of one length walked together (one run per position), crossed
+  with the grid.
+
+A key is a dotted path into the run config; ``[i]`` indexes a list: ``train.batch_size``,
+``parties[2].bottom.hidden``, ``defenses[0].params.scale``. A missing mapping key is created (the run
+config's own check then rejects it if the schema has no such key); a list index must exist. Every
+expanded run is checked as a run config, and every error names the sweep file and the key.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vflnet.config import ConfigError
+from vflnet.validation import config_from_dict
+
+SWEEP_KEYS = ("base", "name", "seeds", "set", "grid", "zip")
+_PATH = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*|\[\d+\])*")
+_TOKEN = re.compile(r"([A-Za-z_][\w-]*)|\[(\d+)\]")
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    name: str  # unique in the sweep, a DNS label (it names Kubernetes objects too)
+    seed: int
+    params: dict[str, Any]  # the grid and zip values of this run, in the sweep file's key order
+    config: dict[str, Any]  # the whole run config
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    source: Path
+    keys: list[str]  # the varied keys (grid, then zip): the table's parameter columns
+    runs: list[PlannedRun]
+
+
+def parse_path(path: str, source: str, where: str) -> list[str | int]:
+    """``"parties[2].bottom.out"`` -> ``["parties", 2, "bottom", "out"]``."""
+    if not _PATH.fullmatch(path):
+        raise ConfigError(
+            source, where, f"{path!r} is not a key path like 'train.batch_size' or 'parties[2].bottom.out'"
+        )
+    return [name if name else int(index) for name, index in _TOKEN.findall(path)]
+
+
+def set_path(config: dict[str, Any], path: str, value: Any, source: str, where: str) -> None:
+    """Set ``value`` at ``path`` in ``config`` (in place), creating missing mapping keys."""
+    tokens = parse_path(path, source, where)
+    node: Any = config
+    for depth, token in enumerate(tokens):
+        if isinstance(token, int):
+            if not isinstance(node, list) or token >= len(node):
+                what = f"a list of {len(node)}" if isinstance(node, list) else "not a list"
+                raise ConfigError(source, where, f"index [{token}] does not exist: the value there is {what}")
+        elif not isinstance(node, dict):
+            raise ConfigError(source, where, f"{token!r} sits under a value that is not a mapping")
+        if depth == len(tokens) - 1:
+            node[token] = copy.deepcopy(value)
+        elif isinstance(token, str):
+            node = node.setdefault(token, {})
+        else:
+            node = node[token]
+
+
+def _mapping(data: dict[str, Any], key: str, source: str) -> dict[str, Any]:
+    value = data.get(key) or {}
+    if not isinstance(value, dict):
+        raise ConfigError(source, key, f"expected a mapping of key paths, got {value!r}")
+    return value
+
+
+def _lists(data: dict[str, Any], key: str, source: str) -> dict[str, list[Any]]:
+    section = _mapping(data, key, source)
+    for path, values in section.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(source, f"{key}.{path}", f"expected a non-empty list of values, got {values!r}")
+    return section
+
+
+def _base(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    source = str(path)
+    base = data.get("base")
+    if isinstance(base, str):
+        base_path = path.parent / base
+        if not base_path.exists():
+            raise ConfigError(source, "base", f"no such run config: {base_path}")
+        base = yaml.safe_load(base_path.read_text())
+    if not isinstance(base, dict):
+        raise ConfigError(
+            source, "base", "expected a run config: a path (relative to this file) or a mapping"
+        )
+    return base
+
+
+def run_name(index: int, config: dict[str, Any]) -> str:
+    """``r<index>-<hash of the config>``: a changed sweep file never reuses another config's results."""
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    return f"r{index:03d}-{digest[:8]}"
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    path = Path(path)
+    source = str(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(source, "", f"cannot read the sweep file: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(source, "", "expected a mapping with 'base' and 'grid'/'zip'/'seeds'")
+    for key in data:
+        if key not in SWEEP_KEYS:
+            raise ConfigError(source, str(key), f"unknown key; allowed here: {', '.join(SWEEP_KEYS)}")
+    base = _base(data, path)
+    name = str(data.get("name") or path.stem)
+    fixed = _mapping(data, "set", source)
+    grid = _lists(data, "grid", source)
+    zipped = _lists(data, "zip", source)
+    lengths = {len(v) for v in zipped.values()}
+    if len(lengths) > 1:
+        sizes = ", ".join(f"{k}: {len(v)}" for k, v in zipped.items())
+        raise ConfigError(source, "zip", f"every list must have the same length, got {sizes}")
+    seeds = data.get("seeds", [base.get("run", {}).get("seed", 0)])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+        raise ConfigError(source, "seeds", f"expected a non-empty list of integers, got {seeds!r}")
+    overlap = (set(grid) & set(zipped)) | ((set(grid) | set(zipped)) & set(fixed))
+    if overlap:
+        raise ConfigError(source, sorted(overlap)[0], "a key may appear in only one of set, grid, zip")
+
+    zip_rows = [dict(zip(zipped, row, strict=True)) for row in zip(*zipped.values(), strict=True)] or [{}]
+    grid_rows = [dict(zip(grid, row, strict=True)) for row in itertools.product(*grid.values())]
+    runs: list[PlannedRun] = []
+    for grid_row, zip_row, seed in itertools.product(grid_rows, zip_rows, seeds):
+        config = copy.deepcopy(base)
+        params = {**grid_row, **zip_row}
+        for section, values in (("set", fixed), ("grid", grid_row), ("zip", zip_row)):
+            for key, value in values.items():
+                set_path(config, key, value, source, f"{section}.{key}")
+        set_path(config, "run.seed", seed, source, "seeds")
+        run_id = run_name(len(runs), config)
+        config["run"]["id"] = run_id
+        # the run config's own checks; its errors name this file and the run's values
+        config_from_dict(config, f"{source} (run {run_id}: {_describe(params, seed)})")
+        runs.append(PlannedRun(run_id, seed, params, config))
+    return Sweep(name, path, [*grid, *zipped], runs)
+
+
+def _describe(params: dict[str, Any], seed: int) -> str:
+    return ", ".join([*(f"{k}={v}" for k, v in params.items()), f"seed={seed}"])
+
+
+def run_meta(sweep: Sweep, run: PlannedRun) -> dict[str, Any]:
+    """A run's sweep-run.json: what its row of the results table names it by."""
+    return {"sweep": sweep.name, "run": run.name, "seed": run.seed, "params": run.params}
+
+
+def plan_json(sweep: Sweep) -> dict[str, Any]:
+    return {
+        "name": sweep.name,
+        "source": str(sweep.source),
+        "keys": sweep.keys,
+        "runs": [run_meta(sweep, r) for r in sweep.runs],
+    }
