@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vflnet.bench import BENCHMARKS
-
 if TYPE_CHECKING:
     from vflnet.config import Config, PartyConfig
 
@@ -90,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="benchmarks that print figures side by side; no name (or all): every one, into one JSON and "
         "one Markdown file (--smoke: tiny sizes, --out DIR)",
     )
+    from vflnet.bench import BENCHMARKS  # here, not at the top: `vflnet health` imports this module
+
     p.add_argument("what", nargs="?", default="all", choices=[*BENCHMARKS, "all"])
     p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's flags (NAME --help)")
     return parser
@@ -191,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             print(registry.describe(getattr(registry, _LISTS[args.command][0])))
             return 0
         if args.command == "bench":
+            from vflnet.bench import BENCHMARKS
+
             module = "vflnet.bench.suite" if args.what == "all" else BENCHMARKS[args.what]
             return int(importlib.import_module(module).main(args.args) or 0)
     except ConfigError as exc:
