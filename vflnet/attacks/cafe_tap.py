@@ -93,6 +93,12 @@ class CafeTap(Attack):
         ),
         "seed": Param(0, "seed of the dummy data", lambda v: isinstance(v, int), "an integer"),
         "snapshot_every": _count(0, "keep the recovery every this many iterations in the output (0: never)"),
+        "device": Param(
+            "cpu",
+            "where the attack computes: cpu or cuda (fails at its first step where torch has no CUDA)",
+            lambda v: v in ("cpu", "cuda"),
+            "one of ('cpu', 'cuda')",
+        ),
     }
 
     def __init__(self, context, **params: Any) -> None:  # type: ignore[no-untyped-def]
@@ -118,7 +124,7 @@ class CafeTap(Attack):
                 run_step3=self.p["run_step3"],
                 seed=self.p["seed"],
             )
-            self.attack = CafeAttack(cafe_params, template)
+            self.attack = CafeAttack(cafe_params, template, device=self.p["device"])
         return self.attack
 
     def _cafe_name(self, party: str) -> str:
