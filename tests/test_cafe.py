@@ -554,3 +554,15 @@ def test_cuda_without_a_gpu_fails_clearly(capsys: pytest.CaptureFixture[str]) ->
         reproduce_main(["--quick", "--device", "cuda", "--out-dir", "/nonexistent/never-written"])
     assert exit_info.value.code == 2  # argparse's usage error, before any run starts
     assert "--device cuda" in capsys.readouterr().err
+
+
+def test_an_attack_failing_on_its_thread_fails_the_run() -> None:
+    knowledge = {"architecture": FC_DIGITS, "train_ids": np.arange(10)}
+    tap = CafeTap(AttackContext("coordinator", "coordinator", "run", knowledge))
+    regions, y = digits(10)
+    model = CafeVFL(FC_DIGITS)
+    _, grads = party_gradients(model, [r[:4] for r in regions], y[:4])
+    tap._submit(ServerObservation(0, np.array([0, 0, 1, 2]), party_parameters(model), grads))  # bad IDs
+    with pytest.raises(RuntimeError, match="CAFE attack failed") as failure:
+        tap.output()  # waits for the attack thread, then re-raises what it hit
+    assert isinstance(failure.value.__cause__, ValueError)

