@@ -15,7 +15,7 @@ Step III). All per-sample state is updated only on the rows of the current batch
 
 Every worker's state is one stacked tensor (``V``: M x N x d2, ``H``: M x N x d1, ``X``: M x N x C x H x W),
 so each step handles all M workers in one batched operation. The attack runs on ``device`` (CPU or CUDA);
-its inner loop never reads a value back to the host, so a GPU is never made to wait on the CPU.
+its inner loop never reads a value back to the host, so the host never waits there for the GPU.
 """
 
 from __future__ import annotations
