@@ -15,9 +15,17 @@ import numpy as np
 import pytest
 import torch
 from sklearn.datasets import load_digits
+from torch import Tensor
+from torch.func import functional_call
 
 from vflnet.attacks.base import AttackContext
-from vflnet.attacks.cafe import CafeAttack, CafeParams, ServerObservation, table9_params
+from vflnet.attacks.cafe import (
+    CafeAttack,
+    CafeParams,
+    ServerObservation,
+    objective_from_params,
+    table9_params,
+)
 from vflnet.attacks.cafe_tap import CafeTap
 from vflnet.attacks.knowledge import deliver_server_knowledge, run_split
 from vflnet.data.datasets import load_dataset
@@ -35,12 +43,15 @@ from vflnet.metrics.images import (
 from vflnet.models.cafe_net import (
     CafeNetConfig,
     CafeVFL,
+    flat_name,
     merge_image_grid,
     party_gradients,
     party_parameters,
+    soft_cross_entropy,
     split_image_grid,
 )
 from vflnet.reproduce.cafe import RunResult, execute, reproduce, run_config
+from vflnet.reproduce.cafe import main as reproduce_main
 from vflnet.v1 import messages_pb2
 from vflnet.wire.loopback import SCHEME
 from vflnet.wire.tensors import from_tensor_map, to_tensor_map
@@ -444,3 +455,114 @@ def test_reproduce_writes_report_next_to_paper_numbers(tmp_path: Path) -> None:
     assert [t for t, _ in record["main"][0]["history"]] == [2, 4]  # scored snapshots of the real run's attack
     assert (tmp_path / "cafe_cafe_k4.png").exists() and (tmp_path / "cafe_report.json").exists()
     assert (tmp_path / "runs" / "cafe-k4" / "attacks" / "cafe@coordinator.npz").exists()
+
+
+# ---------------------------------------------------------------- batched workers, devices
+
+
+def _reference_per_worker(params: CafeParams, template: CafeVFL, observations: list[ServerObservation]):
+    """The attack as it was written before its workers were stacked: one Python loop over the workers
+    in Steps I-II and the Adam updates, one state tensor per worker (single loop, CAFE objective)."""
+    cfg, workers = template.config, template.worker_names
+    gen = torch.Generator().manual_seed(params.seed)
+    n, d1, d2 = params.n_samples, cfg.feature_dim(), cfg.fc1_out
+    V = [(torch.rand(n, d2, generator=gen) * 2 - 1) * params.v_init for _ in workers]
+    H = [torch.rand(n, d1, generator=gen) * params.h_init for _ in workers]
+    X = [torch.rand(n, *cfg.region_shape, generator=gen) for _ in workers]
+    Y = torch.rand(n, cfg.n_classes, generator=gen)
+    moments: dict[int, list[Tensor]] = {}
+    (b1, b2), eps = params.adam_betas, params.adam_eps
+
+    def adam(param: Tensor, rows: Tensor, grad: Tensor, lr: float) -> None:
+        m, v, t = moments.setdefault(
+            id(param), [torch.zeros_like(param), torch.zeros_like(param), torch.zeros(n)]
+        )
+        t[rows] += 1
+        tt = t[rows].view(-1, *([1] * (param.dim() - 1)))
+        m[rows] = m[rows] * b1 + (1 - b1) * grad
+        v[rows] = v[rows] * b2 + (1 - b2) * grad * grad
+        param[rows] -= lr * (m[rows] / (1 - b1**tt)) / ((v[rows] / (1 - b2**tt)).sqrt() + eps)
+
+    objective = objective_from_params(params)
+    names = [(p, n_) for p, mod in template.party_modules().items() for n_, _ in mod.named_parameters()]
+    for obs in observations:
+        rows = torch.as_tensor(obs.batch_ids)
+        for m, w in enumerate(workers):
+            V[m][rows] -= params.lr_step1 * 2 * (V[m][rows].sum(0) - obs.grads[w]["fc1.bias"])
+        for m, w in enumerate(workers):
+            v = V[m][rows]
+            adam(H[m], rows, 2 * v @ (v.T @ H[m][rows] - obs.grads[w]["fc1.weight"]), params.lr_step2)
+        theta = {flat_name(p, n_): obs.params[p][n_].clone().requires_grad_(True) for p, n_ in names}
+        xs = [x[rows].clone().requires_grad_(True) for x in X]
+        ys = Y[rows].clone().requires_grad_(True)
+        logits, internal = functional_call(template, theta, (xs,), {"return_internal": True})
+        fake = torch.autograd.grad(
+            soft_cross_entropy(logits, torch.softmax(ys, 1)), list(theta.values()), create_graph=True
+        )
+        true = [obs.grads[p][n_] for p, n_ in names]
+        loss = objective(true, fake, xs, internal, [h[rows] for h in H])
+        *gx, gy = torch.autograd.grad(loss, [*xs, ys])
+        with torch.no_grad():
+            for m, g in enumerate(gx):
+                adam(X[m], rows, g, params.lr_step3)
+            adam(Y, rows, gy, params.lr_step3)
+    return V, H, X, Y
+
+
+@pytest.mark.parametrize("xi", [0.0, 1e9])  # the TV term on, and truncated away
+def test_stacked_workers_equal_the_per_worker_computation(xi: float) -> None:
+    cfg = CafeNetConfig(
+        n_workers=3,
+        region_shape=(1, 6, 6),
+        n_classes=3,
+        conv_channels=(2, 3),
+        fc1_out=8,
+        fc2_out=6,
+        worker_out=4,
+    )
+    model = CafeVFL(cfg)
+    n, rng = 12, np.random.default_rng(0)
+    images, labels = torch.rand(n, 3, 1, 6, 6), torch.randint(0, 3, (n,))
+    observations = []
+    for t in range(6):
+        ids = np.sort(rng.choice(n, 5, replace=False))
+        _, grads = party_gradients(model, list(images[ids].unbind(1)), labels[ids])
+        observations.append(ServerObservation(t, ids, party_parameters(model), grads))
+    params = CafeParams(n_samples=n, xi=xi, beta=1e-2, lr_step3=0.05, seed=3)
+    attack = CafeAttack(params, CafeVFL(cfg))
+    start = [t.clone() for t in (attack.V, attack.H, attack.X, attack.Y)]
+    attack.run(observations)
+    V, H, X, Y = _reference_per_worker(params, CafeVFL(cfg), observations)
+    for name, stacked, reference, before in zip(
+        "VHXY",
+        (attack.V, attack.H, attack.X, attack.Y),
+        (torch.stack(V), torch.stack(H), torch.stack(X), Y),
+        start,
+        strict=True,
+    ):
+        assert not torch.equal(stacked, before), name  # the attack moved it
+        torch.testing.assert_close(
+            stacked, reference, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
+        )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_without_a_gpu_fails_clearly(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(RuntimeError, match="cannot use CUDA"):
+        CafeAttack(CafeParams(n_samples=10), CafeVFL(FC_DIGITS), device="cuda")
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce_main(["--quick", "--device", "cuda", "--out-dir", "/nonexistent/never-written"])
+    assert exit_info.value.code == 2  # argparse's usage error, before any run starts
+    assert "--device cuda" in capsys.readouterr().err
+
+
+def test_an_attack_failing_on_its_thread_fails_the_run() -> None:
+    knowledge = {"architecture": FC_DIGITS, "train_ids": np.arange(10)}
+    tap = CafeTap(AttackContext("coordinator", "coordinator", "run", knowledge))
+    regions, y = digits(10)
+    model = CafeVFL(FC_DIGITS)
+    _, grads = party_gradients(model, [r[:4] for r in regions], y[:4])
+    tap._submit(ServerObservation(0, np.array([0, 0, 1, 2]), party_parameters(model), grads))  # bad IDs
+    with pytest.raises(RuntimeError, match="CAFE attack failed") as failure:
+        tap.output()  # waits for the attack thread, then re-raises what it hit
+    assert isinstance(failure.value.__cause__, ValueError)

@@ -12,6 +12,10 @@ Step III (eq. 9): data x^ and dummy labels y^ by gradient matching + truncated T
 Loops: Algorithm 4 (single loop: Steps I-III on every observation) or Algorithm 3 (nested: the first
 ``nested_iterations[0]`` observations run Step I, the next ``nested_iterations[1]`` Step II, the rest
 Step III). All per-sample state is updated only on the rows of the current batch.
+
+Every worker's state is one stacked tensor (``V``: M x N x d2, ``H``: M x N x d1, ``X``: M x N x C x H x W),
+so each step handles all M workers in one batched operation. The attack runs on ``device`` (CPU or CUDA);
+its inner loop never reads a value back to the host, so the host never waits there for the GPU.
 """
 
 from __future__ import annotations
@@ -107,6 +111,24 @@ def total_variation(images: Tensor) -> Tensor:
     return (dv + dh).mean()
 
 
+def resolve_device(name: str | torch.device) -> torch.device:
+    """``name`` as a torch device, failing clearly where CUDA is asked for but torch cannot use it."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        built = (
+            "built without CUDA"
+            if torch.version.cuda is None
+            else f"CUDA {torch.version.cuda}, no GPU visible"
+        )
+        raise RuntimeError(
+            f"device {str(name)!r} was asked for but torch {torch.__version__} ({built}) cannot use CUDA "
+            "on this machine; use the CPU (device 'cpu') here"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {str(name)!r}")
+    return device
+
+
 class Step3Objective(Protocol):
     """A Step-III loss over one batch; ``needs_internal`` says whether Steps I-II must run for it."""
 
@@ -150,8 +172,8 @@ class CafeObjective:
     ) -> Tensor:
         loss = self.alpha * _sq_distance(true_grads, fake_grads)
         tv = torch.stack([total_variation(x) for x in images]).mean()
-        if tv.item() > self.xi:
-            loss = loss + self.beta * tv
+        # the truncation as a select rather than a Python ``if``: no host read-back (GPU sync) per step
+        loss = torch.where(tv > self.xi, loss + self.beta * tv, loss)
         return loss + self.gamma * _sq_distance(internal_target, internal_fake)
 
 
@@ -230,24 +252,34 @@ def objective_from_params(params: CafeParams) -> Step3Objective:
 
 
 class RowAdam:
-    """Adam with per-row moments and per-row step counts: a row's state moves only when it is in a batch."""
+    """Adam with per-row moments and per-row step counts: a row's state moves only when it is in a batch.
 
-    def __init__(self, shape: Sequence[int], lr: float, betas: tuple[float, float], eps: float) -> None:
+    ``shape`` is ``(M, N, ...)``: M stacked per-worker tensors of N rows each, updated together on the
+    same rows (dimension 1), so the M workers' rows share one step count."""
+
+    def __init__(
+        self,
+        shape: Sequence[int],
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.lr, self.betas, self.eps = lr, betas, eps
-        self.m = torch.zeros(*shape)
-        self.v = torch.zeros(*shape)
-        self.t = torch.zeros(shape[0], dtype=torch.int64)
+        self.m = torch.zeros(*shape, device=device)
+        self.v = torch.zeros(*shape, device=device)
+        self.t = torch.zeros(shape[1], dtype=torch.int64, device=device)
 
     def step(self, param: Tensor, rows: Tensor, grad: Tensor) -> None:
         b1, b2 = self.betas
         self.t[rows] += 1
-        t = self.t[rows].to(param.dtype).view(-1, *([1] * (param.dim() - 1)))
-        m = self.m[rows] * b1 + (1 - b1) * grad
-        v = self.v[rows] * b2 + (1 - b2) * grad * grad
-        self.m[rows], self.v[rows] = m, v
+        t = self.t[rows].to(param.dtype).view(1, -1, *([1] * (param.dim() - 2)))
+        m = self.m[:, rows] * b1 + (1 - b1) * grad
+        v = self.v[:, rows] * b2 + (1 - b2) * grad * grad
+        self.m[:, rows], self.v[:, rows] = m, v
         m_hat = m / (1 - b1**t)
         v_hat = v / (1 - b2**t)
-        param[rows] = param[rows] - self.lr * m_hat / (v_hat.sqrt() + self.eps)
+        param[:, rows] = param[:, rows] - self.lr * m_hat / (v_hat.sqrt() + self.eps)
 
 
 @dataclass
@@ -271,27 +303,34 @@ class CafeAttack:
     """The CAFE attacker at the server: ``observe`` per iteration then ``result``, or ``run`` offline."""
 
     def __init__(
-        self, params: CafeParams, template: CafeVFL, objective: Step3Objective | None = None
+        self,
+        params: CafeParams,
+        template: CafeVFL,
+        objective: Step3Objective | None = None,
+        device: str | torch.device = "cpu",
     ) -> None:
         self.params = params
-        self.template = template
+        self.device = resolve_device(device)
+        self.template = template.to(self.device)
         self.objective = objective if objective is not None else objective_from_params(params)
         cfg = template.config
         self.workers = template.worker_names
         n = params.n_samples
+        # drawn on the CPU in a fixed order, so a seed gives the same start on every device
         gen = torch.Generator().manual_seed(params.seed)
         d1, d2 = cfg.feature_dim(), cfg.fc1_out
-        self.V = [(torch.rand(n, d2, generator=gen) * 2 - 1) * params.v_init for _ in self.workers]
-        self.H = [torch.rand(n, d1, generator=gen) * params.h_init for _ in self.workers]
-        self.X = [torch.rand(n, *cfg.region_shape, generator=gen) for _ in self.workers]
-        self.Y = torch.rand(n, cfg.n_classes, generator=gen)
+        v = torch.stack([(torch.rand(n, d2, generator=gen) * 2 - 1) * params.v_init for _ in self.workers])
+        h = torch.stack([torch.rand(n, d1, generator=gen) * params.h_init for _ in self.workers])
+        x = torch.stack([torch.rand(n, *cfg.region_shape, generator=gen) for _ in self.workers])
+        y = torch.rand(n, cfg.n_classes, generator=gen)
+        self.V, self.H, self.X, self.Y = (t.to(self.device) for t in (v, h, x, y))
         betas, eps = params.adam_betas, params.adam_eps
-        self._opt_h = [RowAdam(h.shape, params.lr_step2, betas, eps) for h in self.H]
-        self._opt_x = [RowAdam(x.shape, params.lr_step3, betas, eps) for x in self.X]
-        self._opt_y = RowAdam(self.Y.shape, params.lr_step3, betas, eps)
+        self._opt_h = RowAdam(self.H.shape, params.lr_step2, betas, eps, self.device)
+        self._opt_x = RowAdam(self.X.shape, params.lr_step3, betas, eps, self.device)
+        self._opt_y = RowAdam((1, *self.Y.shape), params.lr_step3, betas, eps, self.device)
         self._seen = np.zeros(n, dtype=bool)
         self._count = 0
-        self._last: dict[str, float] = {}
+        self._last: dict[str, Tensor] = {}  # kept on the device; read back only in ``result``
 
     def _phase_steps(self) -> tuple[bool, bool, bool]:
         """Which of Steps I, II, III run on the current observation."""
@@ -305,12 +344,16 @@ class CafeAttack:
 
     def observe(self, obs: ServerObservation) -> None:
         """Consume one iteration of the server's view."""
-        rows = torch.as_tensor(np.asarray(obs.batch_ids, dtype=np.int64))
+        ids = np.asarray(obs.batch_ids, dtype=np.int64)
         n = self.params.n_samples
-        if rows.dim() != 1 or rows.numel() == 0:
+        if ids.ndim != 1 or ids.size == 0:
             raise ValueError("batch_ids must be a non-empty 1-D array")
-        if int(rows.min()) < 0 or int(rows.max()) >= n or rows.unique().numel() != rows.numel():
+        if int(ids.min()) < 0 or int(ids.max()) >= n or np.unique(ids).size != ids.size:
             raise ValueError(f"batch_ids must be distinct sample indices in [0, {n})")
+        rows = torch.as_tensor(ids)
+        if self.device.type == "cuda":  # from pinned memory, so the copy does not make the host wait
+            rows = rows.pin_memory().to(self.device, non_blocking=True)
+        obs = replace(obs, params=self._to_device(obs.params), grads=self._to_device(obs.grads))
         step1, step2, step3 = self._phase_steps()
         if step1:
             self._step1(obs, rows)
@@ -318,8 +361,24 @@ class CafeAttack:
             self._step2(obs, rows)
         if step3:
             self._step3(obs, rows)
-        self._seen[rows.numpy()] = True
+        self._seen[ids] = True
         self._count += 1
+
+    def _to_device(self, tensors: Params) -> dict[str, dict[str, Tensor]]:
+        """The observation's (float32) tensors on the attack's device. On a GPU: packed into one pinned
+        buffer and copied once without making the host wait; one pageable copy per tensor (~84 at the
+        paper setting) would each wait for the GPU to finish the previous iteration."""
+        if self.device.type == "cpu":
+            return {p: dict(named) for p, named in tensors.items()}
+        flat = [t for named in tensors.values() for t in named.values()]
+        host = torch.empty(sum(t.numel() for t in flat), pin_memory=True)
+        torch.cat([t.reshape(-1) for t in flat], out=host)
+        pieces = iter(host.to(self.device, non_blocking=True).split([t.numel() for t in flat]))
+        return {p: {n: next(pieces).view(t.shape) for n, t in named.items()} for p, named in tensors.items()}
+
+    def _stacked(self, tensors: Params, name: str) -> Tensor:
+        """Every worker's ``name`` tensor, stacked in worker order."""
+        return torch.stack([tensors[w][name] for w in self.workers])
 
     @property
     def iterations(self) -> int:
@@ -333,31 +392,27 @@ class CafeAttack:
         return self.result()
 
     def result(self) -> CafeResult:
+        """The recovery so far, on the CPU (the one place the attack reads its state back)."""
         return CafeResult(
-            regions=[x.clamp(0, 1).clone() for x in self.X],
-            internal=[h.clone() for h in self.H],
-            label_probs=torch.softmax(self.Y, dim=1),
+            regions=[x.clamp(0, 1).cpu() for x in self.X],
+            internal=[h.to("cpu", copy=True) for h in self.H],
+            label_probs=torch.softmax(self.Y, dim=1).cpu(),
             seen=self._seen.copy(),
             iterations=self._count,
-            last_losses=dict(self._last),
+            last_losses={name: float(value) for name, value in self._last.items()},
         )
 
     def _step1(self, obs: ServerObservation, rows: Tensor) -> None:
-        total = 0.0
-        for m, w in enumerate(self.workers):
-            err = self.V[m][rows].sum(0) - obs.grads[w]["fc1.bias"]
-            self.V[m][rows] -= self.params.lr_step1 * 2 * err
-            total += float((err**2).sum())
-        self._last["F1"] = total
+        err = self.V[:, rows].sum(1) - self._stacked(obs.grads, "fc1.bias")  # M x d2
+        self.V[:, rows] -= self.params.lr_step1 * 2 * err.unsqueeze(1)
+        self._last["F1"] = (err**2).sum()
 
     def _step2(self, obs: ServerObservation, rows: Tensor) -> None:
-        total = 0.0
-        for m, w in enumerate(self.workers):
-            v = self.V[m][rows]
-            resid = v.T @ self.H[m][rows] - obs.grads[w]["fc1.weight"]  # torch stores Theta_1^T: d2 x d1
-            self._opt_h[m].step(self.H[m], rows, 2 * v @ resid)
-            total += float((resid**2).sum())
-        self._last["F2"] = total
+        v = self.V[:, rows]  # M x K x d2
+        # torch stores Theta_1^T: d2 x d1 per worker
+        resid = v.transpose(1, 2) @ self.H[:, rows] - self._stacked(obs.grads, "fc1.weight")
+        self._opt_h.step(self.H, rows, 2 * v @ resid)
+        self._last["F2"] = (resid**2).sum()
 
     def _step3(self, obs: ServerObservation, rows: Tensor) -> None:
         names = [
@@ -365,20 +420,21 @@ class CafeAttack:
             for party, mod in self.template.party_modules().items()
             for n, _ in mod.named_parameters()
         ]
-        params = {flat_name(p, n): obs.params[p][n].detach().clone().requires_grad_(True) for p, n in names}
+        # detach() gives fresh leaves that share storage: nothing writes to them, so no copy is needed
+        params = {flat_name(p, n): obs.params[p][n].detach().requires_grad_(True) for p, n in names}
         true_grads = [obs.grads[p][n] for p, n in names]
-        xs = [x[rows].clone().requires_grad_(True) for x in self.X]
-        ys = self.Y[rows].clone().requires_grad_(True)
+        x_batch = self.X[:, rows].requires_grad_(True)  # advanced indexing already copies the rows
+        ys = self.Y[rows].requires_grad_(True)
+        xs = list(x_batch.unbind(0))
         logits, internal = functional_call(self.template, params, (xs,), {"return_internal": True})
         fake_loss = soft_cross_entropy(logits, torch.softmax(ys, dim=1))
         fake_grads = torch.autograd.grad(fake_loss, list(params.values()), create_graph=True)
-        targets = [h[rows] for h in self.H]
+        targets = list(self.H[:, rows].unbind(0))
         loss = self.objective(true_grads, fake_grads, xs, internal, targets)
-        grads = torch.autograd.grad(loss, [*xs, ys], allow_unused=True)
+        grad_x, grad_y = torch.autograd.grad(loss, [x_batch, ys], allow_unused=True)
         with torch.no_grad():
-            for m, g in enumerate(grads[:-1]):
-                if g is not None:
-                    self._opt_x[m].step(self.X[m], rows, g)
-            if grads[-1] is not None:
-                self._opt_y.step(self.Y, rows, grads[-1])
-        self._last["F3"] = float(loss.detach())
+            if grad_x is not None:
+                self._opt_x.step(self.X, rows, grad_x)
+            if grad_y is not None:
+                self._opt_y.step(self.Y.unsqueeze(0), rows, grad_y.unsqueeze(0))
+        self._last["F3"] = loss.detach()

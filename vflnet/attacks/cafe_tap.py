@@ -11,10 +11,14 @@ Its output: every worker's recovered image regions (Step III), Step II's estimat
 samples it has seen, its last losses and, with ``snapshot_every``, the recovery every that many
 iterations (to score PSNR against iterations, Table 5). ``score_recovery`` scores an output against
 the ground truth, in the runner.
+
+The attack iterates on a thread of its own, in step order, while the protocol goes on to the next step
+(``output`` waits for it to finish); ``device: cuda`` puts it on a GPU.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -93,6 +97,12 @@ class CafeTap(Attack):
         ),
         "seed": Param(0, "seed of the dummy data", lambda v: isinstance(v, int), "an integer"),
         "snapshot_every": _count(0, "keep the recovery every this many iterations in the output (0: never)"),
+        "device": Param(
+            "cpu",
+            "where the attack computes: cpu or cuda (fails at its first step where torch has no CUDA)",
+            lambda v: v in ("cpu", "cuda"),
+            "one of ('cpu', 'cuda')",
+        ),
     }
 
     def __init__(self, context, **params: Any) -> None:  # type: ignore[no-untyped-def]
@@ -103,6 +113,12 @@ class CafeTap(Attack):
         )
         self.snapshots: list[tuple[int, CafeResult]] = []
         self.lock = threading.Lock()
+        # The attack runs on a thread of its own, fed in step order: the protocol's next step (the
+        # parties' training, the wire) overlaps this step's attack iteration instead of waiting for it.
+        # Bounded, so the protocol runs at most two observations (~24 MB each at the paper setting) ahead.
+        self._queue: queue.Queue[ServerObservation | None] = queue.Queue(maxsize=2)
+        self._worker: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     def _attack(self) -> CafeAttack:
         if self.attack is None:
@@ -118,7 +134,7 @@ class CafeTap(Attack):
                 run_step3=self.p["run_step3"],
                 seed=self.p["seed"],
             )
-            self.attack = CafeAttack(cafe_params, template)
+            self.attack = CafeAttack(cafe_params, template, device=self.p["device"])
         return self.attack
 
     def _cafe_name(self, party: str) -> str:
@@ -163,15 +179,49 @@ class CafeTap(Attack):
                 params={to_cafe[p]: self._rename(to_cafe[p] == TOP, v) for p, v in slot["params"].items()},
                 grads={to_cafe[p]: self._rename(to_cafe[p] == TOP, v) for p, v in slot["grads"].items()},
             )
-            attack = self._attack()
-            attack.observe(obs)
-            every = self.p["snapshot_every"]
-            if every and attack.iterations % every == 0:
-                self.snapshots.append((attack.iterations, attack.result()))
-                if attack.template.config.kind != "fc":  # Step II's estimates are images only without convs
-                    self.snapshots[-1][1].internal.clear()
+            self._submit(obs)
+
+    def _submit(self, obs: ServerObservation) -> None:
+        if self._error is not None:  # the attack failed on an earlier step: fail the run here
+            raise RuntimeError("the CAFE attack failed") from self._error
+        if self._worker is None:
+            threads = torch.get_num_threads()  # the host thread's, which the run configured
+            self._worker = threading.Thread(
+                target=self._run, args=(threads,), name="cafe-attack", daemon=True
+            )
+            self._worker.start()
+        self._queue.put(obs)
+
+    def _run(self, threads: int) -> None:
+        torch.set_num_threads(threads)  # per thread under OpenMP: as the run's other compute threads
+        while (obs := self._queue.get()) is not None:
+            if self._error is not None:
+                continue  # keep taking observations so the protocol never blocks on a dead attack
+            try:
+                self._step(obs)
+            except BaseException as e:  # re-raised on the protocol's thread
+                self._error = e
+
+    def _step(self, obs: ServerObservation) -> None:
+        attack = self._attack()
+        attack.observe(obs)
+        every = self.p["snapshot_every"]
+        if every and attack.iterations % every == 0:
+            self.snapshots.append((attack.iterations, attack.result()))
+            if attack.template.config.kind != "fc":  # Step II's estimates are images only without convs
+                self.snapshots[-1][1].internal.clear()
+
+    def _finish(self) -> None:
+        """Wait until every observation handed to the attack thread has been consumed."""
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join()
+            self._worker = None
+        if self._error is not None:
+            raise RuntimeError("the CAFE attack failed") from self._error
 
     def output(self) -> dict[str, np.ndarray]:
+        self._finish()
         k = self.context.knowledge
         out: dict[str, np.ndarray] = {
             "train_ids": np.asarray(k.get("train_ids", []), dtype=np.int64),

