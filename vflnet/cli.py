@@ -44,7 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run a local cluster (one process per party) from a config")
-    p.add_argument("config", type=Path)
+    p.add_argument("config", type=Path, nargs="?", help="the run config (not with --resume)")
+    p.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="continue an interrupted run from its newest checkpoint (its config.yaml, same directory)",
+    )
     p.add_argument("--run-dir", type=Path, default=None, help="run directory (default: <run.dir>/<run.id>)")
     p.add_argument(
         "--no-progress", action="store_true", help="no progress bar (VFLNET_QUIET=1 does the same)"
@@ -63,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--advertise",
         default=os.environ.get("VFLNET_ADVERTISE") or None,
         help="host:port other parties use to reach this one (default: $VFLNET_ADVERTISE, else the roster address)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the checkpoint the coordinator names (all roles of a run restart with --resume)",
     )
 
     p = sub.add_parser("config", help="config tools")
@@ -135,7 +147,7 @@ def _run_role(args: argparse.Namespace, cfg: Config, me: PartyConfig, run_dir: P
     if args.role == "coordinator":
         from vflnet.roles import coordinator
 
-        return coordinator.main(cfg, run_dir, listen, bridge)
+        return coordinator.main(cfg, run_dir, listen, bridge, resume=args.resume)
     coord = args.coordinator or cfg.coordinator.address
     if not coord:
         raise ConfigError(
@@ -146,7 +158,7 @@ def _run_role(args: argparse.Namespace, cfg: Config, me: PartyConfig, run_dir: P
     advertise = via or args.advertise or me.address or listen
     from vflnet.roles.party import PartyHost, serve
 
-    return serve(PartyHost(cfg, args.name, run_dir, bridge), listen, coord, advertise)
+    return serve(PartyHost(cfg, args.name, run_dir, bridge, resume=args.resume), listen, coord, advertise)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,8 +180,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "run":
-            from vflnet.runner.local import run_local
+            from vflnet.runner.local import resume_local, run_local
 
+            if (args.config is None) == (args.resume is None):
+                print("vflnet run: give a config, or --resume RUN_DIR (not both)", file=sys.stderr)
+                return 2
+            if args.resume is not None:
+                return resume_local(args.resume, progress=not args.no_progress)
             return run_local(args.config, run_dir=args.run_dir, progress=not args.no_progress)
         if args.command == "party":
             return _cmd_party(args)

@@ -213,7 +213,14 @@ class TrainConfig:
     lr_schedule: LRScheduleConfig = setting(factory=LRScheduleConfig, help="")
     eval_every: int = setting(1, "evaluate on the test split every N epochs (and after the last)")
     eval_batch_size: int = setting(512, "samples per evaluation step")
-    checkpoint_every: int = setting(1, "per-party checkpoints every N epochs (and at shutdown)")
+    checkpoint_every: int = setting(
+        1, "a coordinated checkpoint (every party, then a manifest) after every N-th epoch's last step"
+    )
+    checkpoint_every_steps: int = setting(
+        0,
+        "also a coordinated checkpoint every N training steps (0 = only at epoch ends); `vflnet run --resume` "
+        "continues from the newest",
+    )
 
 
 @dataclass
@@ -560,6 +567,7 @@ def validate(cfg: Config) -> None:
     ]:
         _positive(value, key, src)
     _positive(t.max_steps, "train.max_steps", src, allow_zero=True)
+    _positive(t.checkpoint_every_steps, "train.checkpoint_every_steps", src, allow_zero=True)
     _positive(t.optimizer.lr, "train.optimizer.lr", src)
     _positive(t.optimizer.weight_decay, "train.optimizer.weight_decay", src, allow_zero=True)
     if len(t.optimizer.betas) != 2:

@@ -145,6 +145,14 @@ class Attack(ABC):
         the time it has joined (only if `changes_own_data`; paper 004's backdoor trigger)."""
         return x
 
+    def state(self) -> dict[str, Any]:
+        """What a coordinated checkpoint keeps of this attack (a resumed run continues it): by default
+        every attribute but its context and parameters, which the resumed run builds again."""
+        return {k: v for k, v in vars(self).items() if k not in ("context", "p")}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
     @abstractmethod
     def output(self) -> dict[str, np.ndarray]:
         """What the attack produced, as named arrays (saved in the run directory)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,26 @@ class PartyInterception:
                 x = attack.own_data(ids, x)
         return x
 
+    def state(self) -> dict[str, Any]:
+        """For a coordinated checkpoint: each attack's state, the released models received, and the
+        trace's length (a resumed run cuts the trace back to it, so no message appears twice)."""
+        return {
+            "attacks": [_picklable_state(entry.name, attack) for entry, attack in self.attacks],
+            "released_model": self.knowledge.get("released_model"),
+            "trace": (self.trace.size, self.trace.records) if self.trace is not None else None,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        for (entry, attack), saved in zip(self.attacks, state["attacks"], strict=True):
+            if saved is None:
+                log.warning("attack %s restarts with no state of the steps before the checkpoint", entry.name)
+            else:
+                attack.load_state(saved)
+        if state["released_model"] is not None:
+            self.knowledge["released_model"] = state["released_model"]
+        if self.trace is not None and state["trace"] is not None:
+            self.trace.cut(*state["trace"])
+
     def finish(self, run_dir: Path) -> list[Path]:
         """Write every attack's output (and close the trace): called when the party shuts down."""
         written = []
@@ -62,6 +83,18 @@ class PartyInterception:
         if self.trace is not None:
             self.trace.close()
         return written
+
+
+def _picklable_state(name: str, attack: Attack) -> dict[str, Any] | None:
+    """An attack's checkpoint state, or None (with a warning) if it holds something that cannot be
+    saved (a lock, an open file): the checkpoint must not fail the run."""
+    state = attack.state()
+    try:
+        pickle.dumps(state)
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        log.warning("attack %s: state not checkpointed (%s); a resumed run restarts it", name, exc)
+        return None
+    return state
 
 
 def attack_output_path(run_dir: Path, entry: PluginConfig) -> Path:

@@ -274,6 +274,16 @@ class TraceWriter:
             self.records += 1
             return True
 
+    def cut(self, size: int, records: int) -> None:
+        """Go back to an earlier length of this trace (``size`` bytes holding ``records`` records): a
+        resumed run repeats the steps after its checkpoint, and each message must appear once."""
+        with self._lock:
+            assert self._file is not None
+            self._file.close()
+            os.truncate(self.path, size)
+            self._file = open(self.path, "ab")  # noqa: SIM115 - closed by close()
+            self.size, self.records, self.truncated = size, records, False
+
     def close(self) -> None:
         """Flush and fsync: the trace survives a crash of the host once this returns. Idempotent."""
         with self._lock:

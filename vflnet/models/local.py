@@ -94,9 +94,20 @@ class LocalModel:
         return {
             "modules": {k: m.state_dict() for k, m in self.modules.items()},
             "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "schedule": self.schedule.state_dict() if self.schedule else None,
             "version": self.version,
             "epoch": self.epoch,
         }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from ``state()`` of the same model (a resumed run)."""
+        for key, module in self.modules.items():
+            module.load_state_dict(state["modules"][key])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.schedule is not None:
+            self.schedule.load_state_dict(state["schedule"])
+        self.version, self.epoch = int(state["version"]), int(state["epoch"])
 
     def save(self, path: Path) -> None:
         """Atomic: a crash mid-write never leaves a truncated checkpoint."""

@@ -67,6 +67,13 @@ class CoordinatorSide:
         """Updates applied to parameters the coordinator holds (the header's model_version)."""
         return 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a coordinated checkpoint keeps of this side (param-server: parameters and optimizers)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()`` (a resumed run; called after ``start``)."""
+
     def finish(self) -> dict[str, Any]:
         """The run completed: save what the coordinator holds; return entries for summary.json."""
         return {}
@@ -114,8 +121,16 @@ class PartySide:
         return to_tensor_map(params), spec
 
     def checkpoint(self, path: Path) -> None:
-        """Save what this party must keep to resume (by default its trainable state), atomically."""
+        """The party's final model at shutdown (by default its trainable state), atomically."""
         self.host.local.save(path)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a coordinated checkpoint keeps of this side beyond the host's model, optimizer and the
+        seeded generators reachable from the side (those the host saves itself)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()`` (a resumed run; called after ``joined``)."""
 
     def stop(self, reason: str) -> None:
         """The run is ending: release anything still waiting on a peer."""
@@ -134,6 +149,7 @@ class Protocol:
     active: ClassVar[type[PartySide]]
     passive: ClassVar[type[PartySide]]
     roles: ClassVar[frozenset[str]] = frozenset({"coordinator", "active", "passive"})  # for `describe`
+    resumable: ClassVar[bool] = True  # its sides keep all their state in state_dict (`vflnet run --resume`)
 
     @classmethod
     def check_config(cls, cfg: Config) -> list[tuple[str, str]]:

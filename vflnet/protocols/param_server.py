@@ -33,9 +33,10 @@ class ParamServer:
 
     def __init__(self, cfg: Config, initial: dict[str, dict[str, np.ndarray]]) -> None:
         self.static = cfg.protocol.static
+        # sorted: a TensorMap has no order, and optimizer state (saved in checkpoints) is by position
         self.params = {
-            party: {n: torch.nn.Parameter(torch.from_numpy(v.copy())) for n, v in named.items()}
-            for party, named in initial.items()
+            party: {n: torch.nn.Parameter(torch.from_numpy(v.copy())) for n, v in sorted(named.items())}
+            for party, named in sorted(initial.items())
         }
         self.optimizers = {}
         self.schedules = {}
@@ -76,6 +77,30 @@ class ParamServer:
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "params": {
+                party: {n: p.detach().clone() for n, p in named.items()}
+                for party, named in self.params.items()
+            },
+            "optimizers": {party: opt.state_dict() for party, opt in self.optimizers.items()},
+            "schedules": {party: s.state_dict() for party, s in self.schedules.items() if s is not None},
+            "epoch": self.epoch,
+            "updates": self.updates,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with torch.no_grad():
+            for party, named in self.params.items():
+                for n, p in named.items():
+                    p.copy_(state["params"][party][n])
+        for party, opt in self.optimizers.items():
+            opt.load_state_dict(state["optimizers"][party])
+        for party, schedule in self.schedules.items():
+            if schedule is not None:
+                schedule.load_state_dict(state["schedules"][party])
+        self.epoch, self.updates = int(state["epoch"]), int(state["updates"])
+
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -115,6 +140,12 @@ class ParamServerCoordinator(CoordinatorSide):
     @property
     def model_version(self) -> int:
         return self.server.updates if hasattr(self, "server") else 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.server.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.server.load_state_dict(state)
 
     def finish(self) -> dict[str, Any]:
         if self.host.run_dir is not None:

@@ -473,6 +473,7 @@ def _number(default: float, help_: str, lo: float, integer: bool = False) -> Par
 @PROTOCOLS.register
 class SecureBoost(Protocol):
     name = "secureboost"
+    resumable = False  # its trees in progress and histograms are not in a coordinated checkpoint yet
     description = "SecureBoost-style vertical trees: Paillier-packed (g, h) to every party, bucketed histograms back, splits kept by their owners"
     params = {
         "mode": Param(

@@ -399,6 +399,13 @@ class SplitActive(PartySide):
         prediction pass, each with sample_ids, predicted and confidence."""
         self.keeper.write()
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"completed_step": self.completed_step, "predictions": self.keeper.parts}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.completed_step = int(state["completed_step"])
+        self.keeper.parts = state["predictions"]
+
 
 @PROTOCOLS.register
 class Split(Protocol):

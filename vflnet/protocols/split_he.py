@@ -273,6 +273,14 @@ class DecryptionService(CoordinatorSide):
     def finish(self) -> dict[str, Any]:
         return {"decryptions": {"requests": self.requests, "values": self.values}}
 
+    def state_dict(self) -> dict[str, Any]:
+        """The counts and the logit width fixed so far; the key pair is not kept: a resumed run's
+        coordinator makes a new one, and the parties get its public key on admission."""
+        return {"requests": self.requests, "values": self.values, "shapes": self.shapes}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.requests, self.values, self.shapes = state["requests"], state["values"], state["shapes"]
+
 
 class Decryption:
     """A party's client of the coordinator's masked decryption."""

@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from vflnet.config import Config
 from vflnet.data.alignment import epoch_batches, eval_batches, intersect, split_train_test
 from vflnet.interceptors.setup import party_interception
 from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, RunFailed
+from vflnet.roles import checkpoints
 from vflnet.roles.common import check_run, check_sender, header, wait_for
 from vflnet.roles.party import accept_release
 from vflnet.v1 import messages_pb2, services_pb2_grpc
@@ -45,6 +47,7 @@ class Admission:
     lock: threading.Lock = field(default_factory=threading.Lock)
     complete: threading.Event = field(default_factory=threading.Event)
     reply: messages_pb2.JoinReply | None = None
+    resume_from: checkpoints.Manifest | None = None  # the checkpoint every party continues from
 
     def admit(self, req: messages_pb2.JoinRequest, context: Any) -> None:
         check_run(self.cfg, req.run_id)
@@ -57,6 +60,12 @@ class Admission:
             )
         # under TLS the name joined must be the certificate's: no party can take another's seat
         check_sender(self.cfg, req.name, {req.role}, context)
+        if self.resume_from is not None and not req.resume:
+            raise RpcFailure(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"run {self.cfg.run.id!r} resumes from the checkpoint of step {self.resume_from.step}: "
+                f"start {req.name} with --resume",
+            )
         with self.lock:
             if req.name in self.joined:
                 raise RpcFailure(grpc.StatusCode.ALREADY_EXISTS, f"party {req.name!r} has already joined")
@@ -85,6 +94,9 @@ class Admission:
             messages_pb2.PartyInfo(name=r.name, role=r.role, address=r.address) for r in self.joined.values()
         ]
         reply = messages_pb2.JoinReply(run_id=self.cfg.run.id, roster=roster, train_ids=train, test_ids=test)
+        if self.resume_from is not None:
+            reply.resume_step = self.resume_from.step
+            reply.resume_sha256.update(self.resume_from.files)
         self.side.join_reply(reply)
         return reply
 
@@ -92,15 +104,38 @@ class Admission:
 class MetricsLog:
     """metrics.jsonl: one JSON object per line, flushed as written so a crash loses nothing."""
 
-    def __init__(self, path: Path) -> None:
-        self._fh = path.open("a", buffering=1)
+    def __init__(self, path: Path, keep_bytes: int | None = None) -> None:
+        if keep_bytes is not None and path.exists():  # a resumed run: drop what came after its checkpoint
+            os.truncate(path, keep_bytes)
+        self._fh = path.open("ab")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(record) + "\n")
+        self._fh.write((json.dumps(record) + "\n").encode())
         self._fh.flush()
+
+    def offset(self) -> int:
+        return self._fh.tell()
 
     def close(self) -> None:
         self._fh.close()
+
+
+@dataclass
+class Cursor:
+    """Where the schedule stands, kept in every coordinated checkpoint: a resumed run continues with
+    the next training step of the same seeded schedule."""
+
+    step: int = 0  # the last step sent, in any phase
+    epoch: int = 0
+    batch: int = 0  # the next training batch of the epoch
+    trained: int = 0
+    loss_sum: float = 0.0  # the epoch's sums so far
+    correct: float = 0.0
+    count: float = 0.0
+    bytes_sent: dict[str, int] = field(default_factory=dict)
+    payload_bytes: dict[str, int] = field(default_factory=dict)
+    released_bytes: dict[str, int] = field(default_factory=dict)
+    metrics_bytes: int = 0  # metrics.jsonl's length at the checkpoint
 
 
 class Schedule:
@@ -114,13 +149,17 @@ class Schedule:
         metrics: MetricsLog,
         reply: messages_pb2.JoinReply,
         side: CoordinatorSide,
+        run_dir: Path,
+        cursor: Cursor | None = None,
     ) -> None:
-        self.cfg, self.stubs, self.metrics, self.side = cfg, stubs, metrics, side
+        self.cfg, self.stubs, self.metrics, self.side, self.run_dir = cfg, stubs, metrics, side, run_dir
         self.train_ids = np.asarray(reply.train_ids, dtype=np.int64)
         self.test_ids = np.asarray(reply.test_ids, dtype=np.int64)
-        self.step = 0
+        self.cursor = cursor or Cursor()
+        self.step = self.cursor.step
         self.timeout = cfg.transport.rpc_timeout_s
-        self.released_bytes: dict[str, int] = {}
+        self.released_bytes = self.cursor.released_bytes
+        self.checkpointed: list[int] = []  # steps with a manifest written by this process, oldest first
 
     def plan(self) -> dict[str, int]:
         t = self.cfg.train
@@ -134,6 +173,7 @@ class Schedule:
             "steps_per_epoch": per_epoch,
             "total_steps": total,
             "n_predict": len(self.predict_ids()),
+            "resumed_after": self.cursor.trained,
         }
 
     def _header(self, phase: int, epoch: int, batch_id: int) -> messages_pb2.Header:
@@ -175,35 +215,71 @@ class Schedule:
             raise RunFailed(f"step {self.step}: {exc}") from exc
         return reports
 
+    def _checkpoint_due(self, epoch: int, last_of_epoch: bool) -> bool:
+        t, c = self.cfg.train, self.cursor
+        at_epoch_end = last_of_epoch and (epoch + 1) % t.checkpoint_every == 0
+        return at_epoch_end or bool(
+            t.checkpoint_every_steps and (c.trained + 1) % t.checkpoint_every_steps == 0
+        )
+
+    def save_point(self, reports: dict[str, messages_pb2.StepReport]) -> None:
+        """Every party saved this step (its report names the file's digest): save the coordinator's
+        own state, then write the manifest that makes the checkpoint usable."""
+        missing = sorted(n for n, r in reports.items() if not r.checkpoint_sha256)
+        if missing:
+            raise RunFailed(f"step {self.step}: no checkpoint digest from {', '.join(missing)}")
+        c = self.cursor
+        c.step, c.released_bytes, c.metrics_bytes = self.step, self.released_bytes, self.metrics.offset()
+        files = {n: r.checkpoint_sha256 for n, r in reports.items()}
+        name = self.cfg.coordinator.name
+        state = {
+            "cursor": asdict(c),
+            "side": self.side.state_dict(),
+            "interception": self.side.host.interception.state(),
+            "rng": checkpoints.global_rng_state(),
+        }
+        files[name] = checkpoints.save_state(
+            checkpoints.step_dir(self.run_dir, self.step) / f"{name}.pt", state
+        )
+        checkpoints.write_manifest(
+            self.run_dir, checkpoints.Manifest(self.cfg.run.id, self.step, c.epoch, files)
+        )
+        self.checkpointed.append(self.step)
+        if len(self.checkpointed) > checkpoints.KEEP:
+            checkpoints.prune(self.run_dir, self.checkpointed[-checkpoints.KEEP])
+
     def run(self) -> dict[str, Any]:
-        t = self.cfg.train
-        trained, final = 0, {}
-        totals_bytes: dict[str, int] = {}
-        totals_payload: dict[str, int] = {}
-        self.release("start")
-        for epoch in range(t.epochs):
+        t, c = self.cfg.train, self.cursor
+        final: dict[str, Any] = {}
+        if c.trained == 0:
+            self.release("start")
+        for epoch in range(c.epoch, t.epochs):
+            c.epoch = epoch
             start = time.perf_counter()
-            loss_sum = correct = count = 0.0
             batches = epoch_batches(self.train_ids, t.batch_size, epoch, self.cfg.run.seed, t.drop_last)
-            for b, ids in enumerate(batches):
-                last_of_run = t.max_steps and trained + 1 >= t.max_steps
-                ckpt = (b == len(batches) - 1 or bool(last_of_run)) and (
-                    (epoch + 1) % t.checkpoint_every == 0
-                )
+            last_of_run = False
+            for b in range(c.batch, len(batches)):
+                if t.max_steps and c.trained >= t.max_steps:
+                    break  # resumed from the checkpoint of the run's last training step
+                ids = batches[b]
+                last_of_run = bool(t.max_steps) and c.trained + 1 >= t.max_steps
+                ckpt = self._checkpoint_due(epoch, b == len(batches) - 1 or last_of_run)
                 step_start = time.perf_counter()
                 reports = self._run_step(messages_pb2.TRAIN, epoch, b, ids, ckpt)
                 step_time = time.perf_counter() - step_start
-                trained += 1
                 act = reports[self.cfg.active.name].metrics
-                loss_sum += act["loss_sum"]
-                correct += act["correct"]
-                count += act["count"]
+                c.trained, c.batch = c.trained + 1, b + 1
+                c.loss_sum, c.correct, c.count = (
+                    c.loss_sum + act["loss_sum"],
+                    c.correct + act["correct"],
+                    c.count + act["count"],
+                )
                 sent = {f"{n}/{m}": v for n, r in reports.items() for m, v in r.bytes_sent.items()}
                 payload = {f"{n}/{m}": v for n, r in reports.items() for m, v in r.payload_bytes.items()}
                 for k, v in sent.items():
-                    totals_bytes[k] = totals_bytes.get(k, 0) + v
+                    c.bytes_sent[k] = c.bytes_sent.get(k, 0) + v
                 for k, v in payload.items():
-                    totals_payload[k] = totals_payload.get(k, 0) + v
+                    c.payload_bytes[k] = c.payload_bytes.get(k, 0) + v
                 self.metrics.write(
                     {
                         "kind": "step",
@@ -218,17 +294,20 @@ class Schedule:
                         "payload_bytes": payload,
                     }
                 )
+                if ckpt:
+                    self.save_point(reports)
                 if last_of_run:
                     break
             record = {
                 "kind": "epoch",
                 "epoch": epoch,
-                "train_loss": loss_sum / max(count, 1),
-                "train_accuracy": correct / max(count, 1),
+                "train_loss": c.loss_sum / max(c.count, 1),
+                "train_accuracy": c.correct / max(c.count, 1),
                 "time_s": time.perf_counter() - start,
-                "steps": trained,
+                "steps": c.trained,
             }
-            last_epoch = epoch == t.epochs - 1 or bool(t.max_steps and trained >= t.max_steps)
+            c.batch, c.loss_sum, c.correct, c.count = 0, 0.0, 0.0, 0.0
+            last_epoch = epoch == t.epochs - 1 or bool(t.max_steps and c.trained >= t.max_steps)
             if (epoch + 1) % t.eval_every == 0 or last_epoch:
                 record.update(self.evaluate(epoch))
             self.metrics.write(record)
@@ -244,9 +323,15 @@ class Schedule:
                 self.predict(epoch)
             if last_epoch:
                 break
+        totals_bytes = dict(c.bytes_sent)
         for k, v in self.released_bytes.items():
             totals_bytes[k] = totals_bytes.get(k, 0) + v
-        return {"final": final, "steps": trained, "bytes_sent": totals_bytes, "payload_bytes": totals_payload}
+        return {
+            "final": final,
+            "steps": c.trained,
+            "bytes_sent": totals_bytes,
+            "payload_bytes": c.payload_bytes,
+        }
 
     def evaluate(self, epoch: int) -> dict[str, float]:
         loss_sum = correct = count = 0.0
@@ -339,9 +424,7 @@ def shutdown_all(
 
 
 def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    checkpoints.write_durable(path, text.encode())
 
 
 class CoordinatorHost:
@@ -371,9 +454,44 @@ class CoordinatorHost:
         self.side.add_services(server)
 
 
-def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge) -> int:
+class Interrupted(Exception):
+    """SIGTERM: stop the run, saying so in summary.json."""
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise Interrupted(f"stopped by signal {signal.Signals(signum).name}")
+
+
+def resume_point(cfg: Config, run_dir: Path, name: str) -> tuple[checkpoints.Manifest, dict[str, Any]] | None:
+    """The newest valid coordinated checkpoint of this run directory and the coordinator's state in it."""
+    if not PROTOCOLS.get(cfg.protocol.kind).resumable:
+        raise RunFailed(
+            f"protocol {cfg.protocol.kind!r} cannot resume from a checkpoint (docs/reliability.md)"
+        )
+    manifest = checkpoints.latest_manifest(run_dir, cfg.run.id, name)
+    if manifest is None:
+        log.warning("no valid checkpoint in %s: the run starts from the beginning", run_dir)
+        return None
+    state = checkpoints.load_state(
+        checkpoints.step_dir(run_dir, manifest.step) / f"{name}.pt", manifest.files[name]
+    )
+    checkpoints.drop_after(run_dir, manifest.step)
+    log.info("resuming run %s after step %d (epoch %d)", cfg.run.id, manifest.step, manifest.epoch)
+    return manifest, state
+
+
+def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool = False) -> int:
+    summary: dict[str, Any] = {"run_id": cfg.run.id, "status": "failed", "started": time.time()}
+    try:
+        restored = resume_point(cfg, run_dir, cfg.coordinator.name) if resume else None
+    except (RunFailed, checkpoints.CheckpointInvalid) as exc:
+        log.error("cannot resume: %s", exc)
+        return 2
     host = CoordinatorHost(cfg, run_dir, bridge)
     admission, name = host.admission, host.name
+    if restored is not None:
+        admission.resume_from = restored[0]
+        summary["resumed_from_step"] = restored[0].step
     server = bridge.make_server(name, host.interception.chain)
     host.add_services(server)
     address = bridge.bind(server, name, listen)
@@ -386,10 +504,15 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge) -> int:
         len(cfg.parties) - 1,
     )
 
-    metrics = MetricsLog(run_dir / "metrics.jsonl")
-    summary: dict[str, Any] = {"run_id": cfg.run.id, "status": "failed", "started": time.time()}
+    cursor = Cursor(**restored[1]["cursor"]) if restored is not None else None
+    # a resumed run keeps metrics.jsonl up to its checkpoint (all of it is redone without one)
+    metrics = MetricsLog(run_dir / "metrics.jsonl", cursor.metrics_bytes if cursor else 0 if resume else None)
     stubs: dict[str, services_pb2_grpc.PartyStub] = {}
     start = time.perf_counter()
+    in_main = (
+        threading.current_thread() is threading.main_thread()
+    )  # the loopback bridge runs roles in threads
+    previous = signal.signal(signal.SIGTERM, _interrupt) if in_main else None
     try:
         if not admission.complete.wait(cfg.transport.join_timeout_s):
             missing = sorted({p.name for p in cfg.parties if p.role != "coordinator"} - set(admission.joined))
@@ -403,7 +526,11 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge) -> int:
             )
         deliver_server_knowledge(cfg, host.interception.knowledge, admission.reply, admission.joined)
         host.side.start(admission.joined)
-        schedule = Schedule(cfg, stubs, metrics, admission.reply, host.side)
+        if restored is not None:
+            host.side.load_state_dict(restored[1]["side"])
+            host.interception.load_state(restored[1]["interception"])
+            checkpoints.restore_global_rng(restored[1]["rng"])
+        schedule = Schedule(cfg, stubs, metrics, admission.reply, host.side, run_dir, cursor)
         write_atomic(run_dir / "plan.json", json.dumps(schedule.plan()))
         result = schedule.run()
         summary.update(result, status="completed")
@@ -415,7 +542,16 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge) -> int:
         summary["error"] = str(exc)
         summary["checkpoints"] = shutdown_all(cfg, stubs, f"run failed: {exc}", save=True)
         return 1
+    except Interrupted as exc:
+        log.error("run interrupted: %s", exc)
+        summary.update(status="interrupted", error=str(exc))
+        if in_main:  # a second SIGTERM must not cut summary.json short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        summary["checkpoints"] = shutdown_all(cfg, stubs, f"run interrupted: {exc}", save=False)
+        return 143
     finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
         summary["wall_time_s"] = time.perf_counter() - start
         host.interception.finish(run_dir)
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))

@@ -25,6 +25,7 @@ from vflnet.data.partition import PartyData, normalize, party_view
 from vflnet.interceptors.setup import party_interception
 from vflnet.models.zoo import build_party_modules
 from vflnet.protocols.base import PROTOCOLS, PartySide
+from vflnet.roles import checkpoints
 from vflnet.roles.common import Liveness, check_run, check_sender, header, wait_for
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.bridge import Bridge, add_handlers
@@ -44,8 +45,9 @@ RECEIVE_MODEL = "/vflnet.v1.Party/ReceiveModel"
 class PartyHost:
     log = log
 
-    def __init__(self, cfg: Config, name: str, run_dir: Path, bridge: Bridge) -> None:
+    def __init__(self, cfg: Config, name: str, run_dir: Path, bridge: Bridge, resume: bool = False) -> None:
         self.cfg = cfg
+        self.resume = resume  # may continue from the checkpoint the coordinator names on admission
         self.me = cfg.party(name)
         self.name = name
         self.role = self.me.role
@@ -60,6 +62,8 @@ class PartyHost:
         self.join_reply: messages_pb2.JoinReply = messages_pb2.JoinReply()
         self.step_lock = threading.Lock()  # one step at a time per party
         self.last_step = 0
+        self.last_reply: tuple[bytes, messages_pb2.StepReport] | None = None  # answers a retried step
+        self.saved_steps: list[int] = []  # this party's coordinated checkpoints, oldest first
         self.current: messages_pb2.Header = messages_pb2.Header()
         self.interception = party_interception(cfg, name, run_dir)
         self.coordinator_channel: grpc.Channel | None = None
@@ -95,6 +99,7 @@ class PartyHost:
             role=self.role,
             address=advertise,
             sample_ids=self.data.ids,
+            resume=self.resume,
         )
         self.side.join_request(req)
         deadline = time.monotonic() + self.cfg.transport.join_timeout_s
@@ -127,6 +132,8 @@ class PartyHost:
             train_rows = self.data.rows(np.asarray(reply.train_ids, dtype=np.int64))
             self.data.x = normalize(self.data.x, train_rows, self.cfg.data.normalize, self.is_image)
         self.side.joined(reply)
+        if reply.resume_step:
+            self.restore(reply)
         self.liveness.touch()
         self.ready.set()
 
@@ -175,16 +182,23 @@ class PartyHost:
     def run_step(self, cmd: messages_pb2.StepCommand, context: Any = None) -> messages_pb2.StepReport:
         self._from_coordinator(cmd.header, context)
         with self.step_lock:
+            # the step id (its whole header) again: a retry after a lost reply; the step is done, so it
+            # is answered from the stored report instead of being refused as stale
+            wire = cmd.header.SerializeToString(deterministic=True)
+            if self.last_reply is not None and self.last_reply[0] == wire:
+                log.info("%s: step %d retried; answering from the stored report", self.name, cmd.header.step)
+                return self.last_reply[1]
             rows = self.begin_step(cmd)
             metrics = self.side.step(cmd, rows)
             self.last_step = cmd.header.step
-            if cmd.checkpoint_after:
-                self.save_checkpoint()
             report = messages_pb2.StepReport(header=self.header(cmd.header), metrics=metrics)
+            if cmd.checkpoint_after:
+                report.checkpoint_sha256 = self.save_resume_point(cmd.header)
             self.side.report(cmd, report)
             sent, payload = self.meter.take()
             report.bytes_sent.update(sent)
             report.payload_bytes.update(payload)
+            self.last_reply = (wire, report)
             return report
 
     # ----------------------------------------------------------------------- model release
@@ -246,12 +260,57 @@ class PartyHost:
     def checkpoint_path(self) -> Path:
         return self.run_dir / "checkpoints" / f"{self.name}.pt"
 
+    def save_resume_point(self, h: messages_pb2.Header) -> str:
+        """This party's part of the coordinated checkpoint of step ``h.step``: everything it needs to
+        continue after it (model, optimizer and schedule, RNG and generator states, the protocol side's
+        and the attacks' state, the trace's length). Returns the file's SHA-256 for the manifest."""
+        state = {
+            "step": h.step,
+            "epoch": h.epoch,
+            "local": self.local.state(),
+            "side": self.side.state_dict(),
+            "generators": checkpoints.generator_states(self.side),
+            "rng": checkpoints.global_rng_state(),
+            "interception": self.interception.state(),
+        }
+        digest = checkpoints.save_state(checkpoints.step_dir(self.run_dir, h.step) / f"{self.name}.pt", state)
+        self.saved_steps.append(h.step)
+        if len(self.saved_steps) > checkpoints.KEEP:
+            checkpoints.prune(self.run_dir, self.saved_steps[-checkpoints.KEEP])
+        return digest
+
+    def restore(self, reply: messages_pb2.JoinReply) -> None:
+        """Continue from the checkpoint the coordinator resumes from (its manifest names our file's digest)."""
+        step = reply.resume_step
+        if not self.resume:
+            raise RuntimeError(
+                f"{self.name}: the coordinator resumes run {reply.run_id} from the checkpoint of step {step}; "
+                "start this party with --resume"
+            )
+        if self.name not in reply.resume_sha256:
+            raise RuntimeError(f"{self.name}: the resume manifest of step {step} has no file of this party")
+        path = checkpoints.step_dir(self.run_dir, step) / f"{self.name}.pt"
+        try:
+            state = checkpoints.load_state(path, reply.resume_sha256[self.name])
+        except checkpoints.CheckpointInvalid as exc:
+            raise RuntimeError(f"{self.name}: cannot resume: {exc}") from exc
+        self.local.load_state(state["local"])
+        self.side.load_state_dict(state["side"])
+        checkpoints.restore_generators(self.side, state["generators"])
+        self.interception.load_state(state["interception"])
+        checkpoints.restore_global_rng(state["rng"])  # last: nothing may draw from them before step 1
+        self.last_step = int(state["step"])
+        self.saved_steps = [self.last_step]
+        checkpoints.drop_after(self.run_dir, self.last_step)
+        log.info("%s resumes after step %d (epoch %d)", self.name, self.last_step, state["epoch"])
+
     def save_checkpoint(self) -> str:
         path = self.checkpoint_path()
         self.side.checkpoint(path)
         return str(path)
 
     def shutdown(self, req: messages_pb2.ShutdownRequest, context: Any = None) -> messages_pb2.ShutdownReply:
+        """The final model (``checkpoints/<name>.pt``), attack outputs and predictions, then exit."""
         check_run(self.cfg, req.run_id)
         check_sender(self.cfg, req.sender, {"coordinator"}, context)
         log.info("%s: shutdown requested (%s)", self.name, req.reason)

@@ -37,8 +37,9 @@ class Child:
 
 
 class LocalCluster:
-    def __init__(self, cfg: Config, run_dir: Path, config_path: Path) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, config_path: Path, resume: bool = False) -> None:
         self.cfg, self.run_dir, self.config_path = cfg, run_dir, config_path
+        self.resume = resume
         self.children: dict[str, Child] = {}
 
     def _spawn(self, name: str, role: str, extra: list[str]) -> Child:
@@ -52,6 +53,7 @@ class LocalCluster:
             name,
             "--run-dir",
             str(self.run_dir),
+            *(["--resume"] if self.resume else []),
         ]
         return self._spawn_command(name, role, [*cmd, *extra])
 
@@ -149,6 +151,8 @@ class LocalCluster:
             bar.update()
         finally:
             bar.close()
+        if coord.proc.returncode != 0:  # the parties are torn down now, not after the wait below
+            raise ClusterFailure(self._describe_exit(coord))
         for child in self.children.values():
             if child.role == "proxy":  # proxies serve until told to stop
                 child.proc.terminate()
@@ -277,11 +281,28 @@ def run_local(config_path: str | Path, *, run_dir: Path | None = None, progress:
         return _run(cfg, run_dir, resolved, progress)
 
 
-def _run(cfg: Config, run_dir: Path, resolved: Path, progress: bool) -> int:
+def resume_local(run_dir: Path, *, progress: bool = True) -> int:
+    """`vflnet run --resume RUN_DIR`: the same run (its resolved config.yaml) restarted in every
+    process with --resume; the coordinator continues from the newest valid checkpoint."""
+    resolved = run_dir / "config.yaml"
+    if not resolved.is_file():
+        print(f"vflnet run --resume: {run_dir} has no config.yaml: not a run directory", file=sys.stderr)
+        return 2
+    cfg = load_config(resolved)
+    if cfg.transport.bridge == "loopback":
+        print("vflnet run --resume: a loopback run cannot resume; run it again", file=sys.stderr)
+        return 2
+    with role_lock(run_dir, "launcher"):
+        for stale in ("coordinator.addr", "plan.json", "summary.json", "processes.json"):  # the old run's
+            (run_dir / stale).unlink(missing_ok=True)
+        return _run(cfg, run_dir, resolved, progress, resume=True)
+
+
+def _run(cfg: Config, run_dir: Path, resolved: Path, progress: bool, resume: bool = False) -> int:
     if cfg.transport.bridge == "loopback":
         return _run_in_process(cfg, run_dir, progress)
     print(f"run {cfg.run.id}: {len(cfg.parties)} processes, run directory {run_dir}", file=sys.stderr)
-    cluster = LocalCluster(cfg, run_dir, resolved)
+    cluster = LocalCluster(cfg, run_dir, resolved, resume)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         cluster.start()
@@ -291,6 +312,7 @@ def _run(cfg: Config, run_dir: Path, resolved: Path, progress: bool) -> int:
         return 0
     except ClusterFailure as exc:
         print(f"\nrun {cfg.run.id} FAILED: {exc}", file=sys.stderr)
+        _summary_if_missing(cfg, run_dir, "failed", str(exc))
         return 1
     except KeyboardInterrupt:
         print(f"\nrun {cfg.run.id} interrupted; stopping all processes", file=sys.stderr)
@@ -298,6 +320,25 @@ def _run(cfg: Config, run_dir: Path, resolved: Path, progress: bool) -> int:
     finally:
         cluster.teardown()
         signal.signal(signal.SIGTERM, previous)
+
+
+def _summary_if_missing(cfg: Config, run_dir: Path, status: str, error: str) -> None:
+    """The coordinator writes summary.json; if it died first, the launcher says what happened, and
+    where `vflnet run --resume` would continue."""
+    path = run_dir / "summary.json"
+    if path.exists():
+        return
+    from vflnet.roles.checkpoints import latest_manifest, write_durable
+
+    manifest = latest_manifest(run_dir, cfg.run.id, cfg.coordinator.name)
+    summary = {
+        "run_id": cfg.run.id,
+        "status": status,
+        "error": error,
+        "resumable_after_step": manifest.step if manifest else 0,
+        "resume": f"vflnet run --resume {run_dir}",
+    }
+    write_durable(path, json.dumps(summary, indent=2).encode())
 
 
 def _run_in_process(cfg: Config, run_dir: Path, progress: bool) -> int:

@@ -38,20 +38,22 @@ class Header(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., batch_id: _Optional[int] = ..., sender: _Optional[str] = ..., model_version: _Optional[int] = ..., epoch: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("run_id", "name", "role", "address", "sample_ids", "initial_params")
+    __slots__ = ("run_id", "name", "role", "address", "sample_ids", "initial_params", "resume")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_IDS_FIELD_NUMBER: _ClassVar[int]
     INITIAL_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     name: str
     role: str
     address: str
     sample_ids: _containers.RepeatedScalarFieldContainer[int]
     initial_params: _tensor_pb2.TensorMap
-    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., sample_ids: _Optional[_Iterable[int]] = ..., initial_params: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ...) -> None: ...
+    resume: bool
+    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., sample_ids: _Optional[_Iterable[int]] = ..., initial_params: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class PartyInfo(_message.Message):
     __slots__ = ("name", "role", "address")
@@ -64,18 +66,29 @@ class PartyInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("run_id", "roster", "train_ids", "test_ids", "public_key")
+    __slots__ = ("run_id", "roster", "train_ids", "test_ids", "public_key", "resume_step", "resume_sha256")
+    class ResumeSha256Entry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROSTER_FIELD_NUMBER: _ClassVar[int]
     TRAIN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEST_IDS_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    RESUME_STEP_FIELD_NUMBER: _ClassVar[int]
+    RESUME_SHA256_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     roster: _containers.RepeatedCompositeFieldContainer[PartyInfo]
     train_ids: _containers.RepeatedScalarFieldContainer[int]
     test_ids: _containers.RepeatedScalarFieldContainer[int]
     public_key: bytes
-    def __init__(self, run_id: _Optional[str] = ..., roster: _Optional[_Iterable[_Union[PartyInfo, _Mapping]]] = ..., train_ids: _Optional[_Iterable[int]] = ..., test_ids: _Optional[_Iterable[int]] = ..., public_key: _Optional[bytes] = ...) -> None: ...
+    resume_step: int
+    resume_sha256: _containers.ScalarMap[str, str]
+    def __init__(self, run_id: _Optional[str] = ..., roster: _Optional[_Iterable[_Union[PartyInfo, _Mapping]]] = ..., train_ids: _Optional[_Iterable[int]] = ..., test_ids: _Optional[_Iterable[int]] = ..., public_key: _Optional[bytes] = ..., resume_step: _Optional[int] = ..., resume_sha256: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class StepCommand(_message.Message):
     __slots__ = ("header", "sample_ids", "checkpoint_after", "params")
@@ -90,7 +103,7 @@ class StepCommand(_message.Message):
     def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., checkpoint_after: _Optional[bool] = ..., params: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ...) -> None: ...
 
 class StepReport(_message.Message):
-    __slots__ = ("header", "metrics", "bytes_sent", "payload_bytes", "grads")
+    __slots__ = ("header", "metrics", "bytes_sent", "payload_bytes", "grads", "checkpoint_sha256")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -117,12 +130,14 @@ class StepReport(_message.Message):
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SHA256_FIELD_NUMBER: _ClassVar[int]
     header: Header
     metrics: _containers.ScalarMap[str, float]
     bytes_sent: _containers.ScalarMap[str, int]
     payload_bytes: _containers.ScalarMap[str, int]
     grads: _tensor_pb2.TensorMap
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., bytes_sent: _Optional[_Mapping[str, int]] = ..., payload_bytes: _Optional[_Mapping[str, int]] = ..., grads: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ...) -> None: ...
+    checkpoint_sha256: str
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., bytes_sent: _Optional[_Mapping[str, int]] = ..., payload_bytes: _Optional[_Mapping[str, int]] = ..., grads: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., checkpoint_sha256: _Optional[str] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ("run_id", "save_checkpoint", "reason", "sender")
