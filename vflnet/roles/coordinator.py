@@ -23,6 +23,7 @@ from vflnet.data.alignment import epoch_batches, eval_batches, intersect, split_
 from vflnet.interceptors.setup import party_interception
 from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, RunFailed
 from vflnet.roles.common import check_run, check_sender, header, wait_for
+from vflnet.roles.heartbeat import Abort, PartyWatch
 from vflnet.roles.party import accept_release
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.bridge import Bridge, add_handlers
@@ -121,6 +122,7 @@ class Schedule:
         self.step = 0
         self.timeout = cfg.transport.rpc_timeout_s
         self.released_bytes: dict[str, int] = {}
+        self.abort = Abort()  # heartbeats end a wait on a dead party (vflnet/roles/heartbeat.py)
 
     def plan(self) -> dict[str, int]:
         t = self.cfg.train
@@ -147,8 +149,10 @@ class Schedule:
         settled = threading.Semaphore(0)
         for call in calls.values():
             call.add_done_callback(lambda _c: settled.release())
+        self.abort.track(calls.values())
         for _ in calls:
             settled.acquire()
+            self.abort.check()
             failed = [(n, c) for n, c in calls.items() if c.done() and c.exception() is not None]
             if failed:
                 for c in calls.values():
@@ -389,6 +393,7 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge) -> int:
     metrics = MetricsLog(run_dir / "metrics.jsonl")
     summary: dict[str, Any] = {"run_id": cfg.run.id, "status": "failed", "started": time.time()}
     stubs: dict[str, services_pb2_grpc.PartyStub] = {}
+    watch = PartyWatch(cfg.transport, bridge, name)  # heartbeats to every party while the schedule runs
     start = time.perf_counter()
     try:
         if not admission.complete.wait(cfg.transport.join_timeout_s):
@@ -405,7 +410,8 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge) -> int:
         host.side.start(admission.joined)
         schedule = Schedule(cfg, stubs, metrics, admission.reply, host.side)
         write_atomic(run_dir / "plan.json", json.dumps(schedule.plan()))
-        result = schedule.run()
+        with watch.watching(admission.reply.roster, schedule.abort):
+            result = schedule.run()
         summary.update(result, status="completed")
         summary.update(host.side.finish())
         summary["checkpoints"] = shutdown_all(cfg, stubs, "run completed", save=True)
@@ -413,7 +419,7 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge) -> int:
     except RunFailed as exc:
         log.error("run failed: %s", exc)
         summary["error"] = str(exc)
-        summary["checkpoints"] = shutdown_all(cfg, stubs, f"run failed: {exc}", save=True)
+        summary["checkpoints"] = shutdown_all(cfg, watch.alive(stubs), f"run failed: {exc}", save=True)
         return 1
     finally:
         summary["wall_time_s"] = time.perf_counter() - start
