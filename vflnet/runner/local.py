@@ -157,7 +157,10 @@ class LocalCluster:
         for child in self.children.values():
             if child.role == "proxy":  # proxies serve until told to stop
                 child.proc.terminate()
-        deadline = time.monotonic() + 30  # parties exit on their own after the Shutdown RPC
+        # parties exit on their own after the Shutdown RPC; a coordinator that failed has sent it to
+        # every party still alive before exiting, so those left (a party stopped or hung) are not waited out
+        failed = (coord.proc.returncode or 0) > 0
+        deadline = time.monotonic() + (10 if failed else 30)
         for child in self.children.values():
             try:
                 child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
