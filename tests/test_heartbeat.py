@@ -193,10 +193,20 @@ def test_a_stopped_party_fails_the_run_within_dead_after_s(tmp_path, repo):
         assert DEAD_AFTER_S <= took < RPC_TIMEOUT_S
         failed = [line for line in coordinator_log.read_text().splitlines() if "run failed" in line][0]
         assert "party 'passive-1' has not answered heartbeats for" in failed
-        # resumed, the party finds the coordinator gone by its own heartbeats and stops
+        # resumed, the party finds the coordinator gone by its own heartbeats and stops, counting
+        # dead_after_s from its resumption: the time it was stopped was its own silence, not the peer's
         os.kill(pids["passive-1"]["pid"], signal.SIGCONT)
+        resumed = time.time()
         _, err = proc.communicate(timeout=60)
         assert proc.returncode != 0 and "passive-1" in err
+        gave_up = [
+            line for line in Path(pids["passive-1"]["log"]).read_text().splitlines() if "unreachable" in line
+        ]
+        assert gave_up, "the resumed party did not stop on its heartbeats"
+        logged = (
+            time.mktime(time.strptime(gave_up[0][:19], "%Y-%m-%d %H:%M:%S")) + int(gave_up[0][20:23]) / 1000
+        )
+        assert logged - resumed >= DEAD_AFTER_S - 0.1, f"gave up {logged - resumed:.1f} s after resuming"
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["status"] == "failed" and "passive-1" in summary["error"]
     finally:

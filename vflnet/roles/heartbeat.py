@@ -110,7 +110,10 @@ class Heartbeat:
                 elif ended - last_ok >= self.dead_after_s and not self._stop.is_set():
                     self.on_dead(ended - last_ok, str(exc))
                     return
-            self._stop.wait(max(0.0, self.every_s - (time.monotonic() - began)))
+            done = time.monotonic()
+            self._stop.wait(max(0.0, self.every_s - (done - began)))
+            if time.monotonic() - done > self.every_s + PAUSED_SLACK_S:
+                last_ok = time.monotonic()  # paused between two checks: that silence was ours too
 
 
 # ---------------------------------------------------------------------------------- party side
