@@ -211,3 +211,22 @@ def test_a_stopped_party_fails_the_run_within_dead_after_s(tmp_path, repo):
         assert summary["status"] == "failed" and "passive-1" in summary["error"]
     finally:
         _stop_all(proc, pids)
+
+
+def test_health_checks_pass_no_mod():
+    """Heartbeats reach a server with a mod chain (trace tap, attacks) without the mods seeing them."""
+    from vflnet.config import TransportConfig
+    from vflnet.interceptors.chain import Chain
+    from vflnet.roles.heartbeat import health_check
+    from vflnet.wire.bridge import GrpcBridge
+
+    seen: list[str] = []
+    bridge = GrpcBridge(TransportConfig())
+    server = bridge.make_server("coordinator", Chain([lambda event: seen.append(event.method)]))
+    address = bridge.bind(server, "coordinator", "127.0.0.1:0")
+    server.start()
+    try:
+        health_check(bridge.open_channel(address, "active", Chain(), "coordinator"))(10.0)
+    finally:
+        server.stop(0)
+    assert seen == []
