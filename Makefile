@@ -4,6 +4,7 @@
 # For contributors:
 #   make test-fast - the tests that start no processes and take under ~30 s each (< 3 min on 2 cores)
 #   make lint      - ruff check and ruff format --check, the same as make test runs
+#   make test-loaded - the whole suite beside two busy processes (scripts/with-cpu-hog.sh): slow is not dead
 #   make test-compose - (root) a real container engine and local base image (scripts/containers.sh),
 #                    then docker-compose runs of the plain, TLS and attacker clusters (tests/test_compose.py)
 PYTHON ?= python3.11
@@ -11,7 +12,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-compose lint proto bench clean setup
+.PHONY: demo test test-fast test-loaded test-compose lint proto bench clean setup
 
 setup: $(STAMP)
 
@@ -41,6 +42,10 @@ test-compose: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not e2e and not slow"
+
+# On a loaded machine timings change, results must not: no test may take a slow process for a dead one.
+test-loaded: $(STAMP)
+	bash scripts/with-cpu-hog.sh $(or $(HOGS),2) $(BIN)/python -m pytest -q -ra
 
 lint: $(STAMP)
 	$(BIN)/ruff check vflnet tests scripts

@@ -56,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-progress", action="store_true", help="no progress bar (VFLNET_QUIET=1 does the same)"
     )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="limit on the whole run: past it every process is stopped and the exit code is 124",
+    )
 
     p = sub.add_parser(
         "party", help="start one role's process (how docker-compose and lab machines start parties)"
@@ -186,8 +193,10 @@ def main(argv: list[str] | None = None) -> int:
                 print("vflnet run: give a config, or --resume RUN_DIR (not both)", file=sys.stderr)
                 return 2
             if args.resume is not None:
-                return resume_local(args.resume, progress=not args.no_progress)
-            return run_local(args.config, run_dir=args.run_dir, progress=not args.no_progress)
+                return resume_local(args.resume, progress=not args.no_progress, timeout_s=args.timeout)
+            return run_local(
+                args.config, run_dir=args.run_dir, progress=not args.no_progress, timeout_s=args.timeout
+            )
         if args.command == "party":
             return _cmd_party(args)
         if args.command == "config" and args.config_command == "docs":

@@ -289,6 +289,16 @@ class TransportConfig:
     rpc_timeout_s: float = setting(60.0, "deadline of every RPC and of waiting for peers within a step")
     join_timeout_s: float = setting(120.0, "how long the coordinator waits for the whole roster")
     idle_timeout_s: float = setting(600.0, "a party exits if the coordinator is silent this long")
+    heartbeat_s: float = setting(
+        2.0,
+        "interval of the heartbeats (standard gRPC health checks) a party sends the coordinator and the "
+        "coordinator sends every party while the run is on; 0 turns them off (docs/reliability.md)",
+    )
+    dead_after_s: float = setting(
+        30.0,
+        "a peer whose health checks have all failed for this long is dead: a party exits (code 3), the "
+        "coordinator fails the run naming the party. A slow peer still answers them, so it is not dead",
+    )
     tls: TLSConfig = setting(factory=TLSConfig, help="")
     allow_plaintext_remote: bool = setting(
         False, "permit plaintext gRPC to a non-loopback address (logs a warning)"

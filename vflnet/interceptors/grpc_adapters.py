@@ -26,6 +26,10 @@ from vflnet.interceptors.chain import Chain, Refused
 from vflnet.interceptors.events import WireEvent
 from vflnet.wire.chunking import FailedCall
 
+# gRPC health checks (heartbeats, `vflnet health`, probes) pass no mod: taps and attacks see the run's
+# messages only, and a traced run holds the same messages whatever the heartbeat interval
+HEALTH_METHODS = "/grpc.health.v1.Health/"
+
 
 def _method_name(method: str | bytes) -> str:
     return method.decode() if isinstance(method, bytes) else method
@@ -47,6 +51,8 @@ class ServerChainInterceptor(grpc.ServerInterceptor):
         if handler is None or handler.unary_unary is None or not len(self.chain):
             return handler
         method = _method_name(handler_call_details.method)
+        if method.startswith(HEALTH_METHODS):  # the transport's heartbeats, not a message of the run
+            return handler
         inner = handler.unary_unary
 
         def behavior(request: Message, context: grpc.ServicerContext) -> Message:

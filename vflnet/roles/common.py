@@ -77,6 +77,12 @@ class Liveness:
         self.idle_timeout_s = idle_timeout_s
         self._last = time.monotonic()
         self.shutdown = threading.Event()
+        self.why = "shutdown"
+
+    def stop(self, why: str) -> None:
+        """End ``wait`` at once with ``why`` (the heartbeats found the coordinator dead)."""
+        self.why = why
+        self.shutdown.set()
 
     def touch(self) -> None:
         self._last = time.monotonic()
@@ -86,7 +92,7 @@ class Liveness:
         while not self.shutdown.wait(timeout=1.0):
             if time.monotonic() - self._last > self.idle_timeout_s:
                 return f"no message from the coordinator for {self.idle_timeout_s:.0f} s"
-        return "shutdown"
+        return self.why
 
 
 def wait_for(event: threading.Event, timeout: float, what: str) -> None:

@@ -25,6 +25,7 @@ from vflnet.interceptors.setup import party_interception
 from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, RunFailed
 from vflnet.roles import checkpoints
 from vflnet.roles.common import check_run, check_sender, header, wait_for
+from vflnet.roles.heartbeat import Abort, PartyWatch
 from vflnet.roles.party import accept_release
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.bridge import Bridge, add_handlers
@@ -160,6 +161,7 @@ class Schedule:
         self.timeout = cfg.transport.rpc_timeout_s
         self.released_bytes = self.cursor.released_bytes
         self.checkpointed: list[int] = []  # steps with a manifest written by this process, oldest first
+        self.abort = Abort()  # heartbeats end a wait on a dead party (vflnet/roles/heartbeat.py)
 
     def plan(self) -> dict[str, int]:
         t = self.cfg.train
@@ -187,8 +189,10 @@ class Schedule:
         settled = threading.Semaphore(0)
         for call in calls.values():
             call.add_done_callback(lambda _c: settled.release())
+        self.abort.track(calls.values())
         for _ in calls:
             settled.acquire()
+            self.abort.check()
             failed = [(n, c) for n, c in calls.items() if c.done() and c.exception() is not None]
             if failed:
                 for c in calls.values():
@@ -508,6 +512,7 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
     # a resumed run keeps metrics.jsonl up to its checkpoint (all of it is redone without one)
     metrics = MetricsLog(run_dir / "metrics.jsonl", cursor.metrics_bytes if cursor else 0 if resume else None)
     stubs: dict[str, services_pb2_grpc.PartyStub] = {}
+    watch = PartyWatch(cfg.transport, bridge, name)  # heartbeats to every party while the schedule runs
     start = time.perf_counter()
     in_main = (
         threading.current_thread() is threading.main_thread()
@@ -532,7 +537,8 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
             checkpoints.restore_global_rng(restored[1]["rng"])
         schedule = Schedule(cfg, stubs, metrics, admission.reply, host.side, run_dir, cursor)
         write_atomic(run_dir / "plan.json", json.dumps(schedule.plan()))
-        result = schedule.run()
+        with watch.watching(admission.reply.roster, schedule.abort):
+            result = schedule.run()
         summary.update(result, status="completed")
         summary.update(host.side.finish())
         summary["checkpoints"] = shutdown_all(cfg, stubs, "run completed", save=True)
@@ -540,7 +546,7 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
     except RunFailed as exc:
         log.error("run failed: %s", exc)
         summary["error"] = str(exc)
-        summary["checkpoints"] = shutdown_all(cfg, stubs, f"run failed: {exc}", save=True)
+        summary["checkpoints"] = shutdown_all(cfg, watch.alive(stubs), f"run failed: {exc}", save=True)
         return 1
     except Interrupted as exc:
         log.error("run interrupted: %s", exc)

@@ -27,6 +27,7 @@ from vflnet.models.zoo import build_party_modules
 from vflnet.protocols.base import PROTOCOLS, PartySide
 from vflnet.roles import checkpoints
 from vflnet.roles.common import Liveness, check_run, check_sender, header, wait_for
+from vflnet.roles.heartbeat import watch_coordinator
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.bridge import Bridge, add_handlers
 from vflnet.wire.channels import stop_server
@@ -362,8 +363,12 @@ def serve(host: PartyHost, listen: str, coordinator: str, advertise: str) -> int
         log.error("%s", exc)
         server.stop(grace=0)
         return 2
+    heartbeat = watch_coordinator(host, coordinator)  # a dead coordinator ends the wait below
     why = host.liveness.wait()
+    if heartbeat is not None:
+        heartbeat.stop()
     if why != "shutdown":
         log.error("%s: stopping: %s", host.name, why)
+        host.side.stop(why)  # a step waiting on a peer must not hold the process up
     stop_server(server, grace=2)
     return 0 if why == "shutdown" else 3

@@ -37,10 +37,18 @@ class Child:
 
 
 class LocalCluster:
-    def __init__(self, cfg: Config, run_dir: Path, config_path: Path, resume: bool = False) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        config_path: Path,
+        deadline: Deadline | None = None,
+        resume: bool = False,
+    ) -> None:
         self.cfg, self.run_dir, self.config_path = cfg, run_dir, config_path
         self.resume = resume
         self.children: dict[str, Child] = {}
+        self.deadline = deadline or Deadline(None)
 
     def _spawn(self, name: str, role: str, extra: list[str]) -> Child:
         cmd = [
@@ -82,6 +90,7 @@ class LocalCluster:
         limit = self.cfg.transport.join_timeout_s  # a loaded machine may take long to start a Python process
         deadline = time.monotonic() + limit
         while not addr_file.exists():
+            self.deadline.check()
             if child.proc.poll() is not None:
                 raise ClusterFailure(self._describe_exit(child))
             if time.monotonic() > deadline:
@@ -143,6 +152,7 @@ class LocalCluster:
         bar = _Progress(self.run_dir, enabled=progress)
         try:
             while coord.proc.poll() is None:
+                self.deadline.check()
                 for child in self.children.values():
                     if child is not coord and child.proc.poll() not in (None, 0):
                         raise ClusterFailure(self._describe_exit(child))
@@ -151,12 +161,15 @@ class LocalCluster:
             bar.update()
         finally:
             bar.close()
-        if coord.proc.returncode != 0:  # the parties are torn down now, not after the wait below
+        if coord.proc.returncode < 0:  # killed: it told no party to stop, so they are torn down now
             raise ClusterFailure(self._describe_exit(coord))
         for child in self.children.values():
             if child.role == "proxy":  # proxies serve until told to stop
                 child.proc.terminate()
-        deadline = time.monotonic() + 30  # parties exit on their own after the Shutdown RPC
+        # parties exit on their own after the Shutdown RPC; a coordinator that failed has sent it to
+        # every party still alive before exiting, so those left (a party stopped or hung) are not waited out
+        failed = (coord.proc.returncode or 0) > 0
+        deadline = time.monotonic() + (10 if failed else 30)
         for child in self.children.values():
             try:
                 child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -197,6 +210,26 @@ def stop_processes(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
 
 class ClusterFailure(RuntimeError):
     pass
+
+
+class RunTimeout(Exception):
+    """The run went over ``vflnet run --timeout``."""
+
+
+# the exit code of a run stopped by --timeout: timeout(1)'s, so scripts and CI read it the same way
+TIMEOUT_EXIT = 124
+
+
+class Deadline:
+    """``vflnet run --timeout``: the whole run's limit in seconds from now (None: no limit)."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.at = None if seconds is None else time.monotonic() + seconds
+
+    def check(self) -> None:
+        if self.at is not None and time.monotonic() > self.at:
+            raise RunTimeout
 
 
 def free_port() -> int:
@@ -270,7 +303,16 @@ def choose_run_dir(cfg: Config, config_path: Path, run_dir: Path | None) -> Path
     return run_dir
 
 
-def run_local(config_path: str | Path, *, run_dir: Path | None = None, progress: bool = True) -> int:
+def run_local(
+    config_path: str | Path,
+    *,
+    run_dir: Path | None = None,
+    progress: bool = True,
+    timeout_s: float | None = None,
+) -> int:
+    """Run ``config_path``'s cluster; ``timeout_s`` (``--timeout``) limits the whole run: past it every
+    process is stopped and the exit code is 124."""
+    deadline = Deadline(timeout_s)  # counted from the command's start, set-up included
     config_path = Path(config_path)
     cfg = load_config(config_path)
     run_dir = choose_run_dir(cfg, config_path, run_dir)
@@ -278,10 +320,14 @@ def run_local(config_path: str | Path, *, run_dir: Path | None = None, progress:
         (run_dir / "logs").mkdir(exist_ok=True)
         resolved = run_dir / "config.yaml"
         dump(cfg, resolved)
-        return _run(cfg, run_dir, resolved, progress)
+        try:
+            return _run(cfg, run_dir, resolved, progress, deadline)
+        except RunTimeout:  # every process is stopped by now (the teardowns below)
+            print(f"\nrun {cfg.run.id} exceeded --timeout {deadline.seconds:g} s", file=sys.stderr)
+            return TIMEOUT_EXIT
 
 
-def resume_local(run_dir: Path, *, progress: bool = True) -> int:
+def resume_local(run_dir: Path, *, progress: bool = True, timeout_s: float | None = None) -> int:
     """`vflnet run --resume RUN_DIR`: the same run (its resolved config.yaml) restarted in every
     process with --resume; the coordinator continues from the newest valid checkpoint."""
     resolved = run_dir / "config.yaml"
@@ -292,17 +338,24 @@ def resume_local(run_dir: Path, *, progress: bool = True) -> int:
     if cfg.transport.bridge == "loopback":
         print("vflnet run --resume: a loopback run cannot resume; run it again", file=sys.stderr)
         return 2
+    deadline = Deadline(timeout_s)
     with role_lock(run_dir, "launcher"):
         for stale in ("coordinator.addr", "plan.json", "summary.json", "processes.json"):  # the old run's
             (run_dir / stale).unlink(missing_ok=True)
-        return _run(cfg, run_dir, resolved, progress, resume=True)
+        try:
+            return _run(cfg, run_dir, resolved, progress, deadline, resume=True)
+        except RunTimeout:
+            print(f"\nrun {cfg.run.id} exceeded --timeout {deadline.seconds:g} s", file=sys.stderr)
+            return TIMEOUT_EXIT
 
 
-def _run(cfg: Config, run_dir: Path, resolved: Path, progress: bool, resume: bool = False) -> int:
+def _run(
+    cfg: Config, run_dir: Path, resolved: Path, progress: bool, deadline: Deadline, resume: bool = False
+) -> int:
     if cfg.transport.bridge == "loopback":
-        return _run_in_process(cfg, run_dir, progress)
+        return _run_in_process(cfg, run_dir, progress, deadline)
     print(f"run {cfg.run.id}: {len(cfg.parties)} processes, run directory {run_dir}", file=sys.stderr)
-    cluster = LocalCluster(cfg, run_dir, resolved, resume)
+    cluster = LocalCluster(cfg, run_dir, resolved, deadline, resume)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         cluster.start()
@@ -341,7 +394,7 @@ def _summary_if_missing(cfg: Config, run_dir: Path, status: str, error: str) -> 
     write_durable(path, json.dumps(summary, indent=2).encode())
 
 
-def _run_in_process(cfg: Config, run_dir: Path, progress: bool) -> int:
+def _run_in_process(cfg: Config, run_dir: Path, progress: bool, deadline: Deadline) -> int:
     from vflnet.runner.loopback import LoopbackFailure, run_loopback
 
     print(
@@ -349,8 +402,13 @@ def _run_in_process(cfg: Config, run_dir: Path, progress: bool) -> int:
         file=sys.stderr,
     )
     bar = _Progress(run_dir, enabled=progress)
+
+    def tick() -> None:
+        bar.update()
+        deadline.check()  # past it the roles' threads (daemons) are left to end with the process
+
     try:
-        run_loopback(cfg, run_dir, on_tick=bar.update)
+        run_loopback(cfg, run_dir, on_tick=tick)
     except LoopbackFailure as exc:
         print(f"\nrun {cfg.run.id} FAILED: {exc}", file=sys.stderr)
         return 1
