@@ -81,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="continue from the checkpoint the coordinator names (all roles of a run restart with --resume)",
+        default=os.environ.get("VFLNET_RESUME", "") not in ("", "0"),
+        help="continue from the checkpoint the coordinator names; every role of the run restarts with it "
+        "(default: set when $VFLNET_RESUME is 1)",
     )
 
     p = sub.add_parser("config", help="config tools")
