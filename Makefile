@@ -11,6 +11,9 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The suite on both cores: two pytest workers, each test file on one worker (files keep their
+# module fixtures and never race each other's lab namespaces)
+PARALLEL := -n 2 --dist loadfile
 
 .PHONY: demo test test-fast test-loaded test-compose lint proto bench clean setup
 
@@ -29,7 +32,7 @@ test: lint
 	$(BIN)/python -m vflnet.wire.codegen --check
 	@mkdir -p runs
 	bash scripts/containers.sh prepare >runs/containers-prepare.log 2>&1 & prep=$$!; \
-	  $(BIN)/python -m pytest -q -ra; rc=$$?; \
+	  $(BIN)/python -m pytest -q -ra $(PARALLEL); rc=$$?; \
 	  wait $$prep || echo "note: background container preparation failed (runs/containers-prepare.log)"; \
 	  if [ $$rc != 0 ]; then bash scripts/containers.sh stop; exit $$rc; fi
 	$(MAKE) test-compose
@@ -45,7 +48,7 @@ test-fast: $(STAMP)
 
 # On a loaded machine timings change, results must not: no test may take a slow process for a dead one.
 test-loaded: $(STAMP)
-	bash scripts/with-cpu-hog.sh $(or $(HOGS),2) $(BIN)/python -m pytest -q -ra
+	bash scripts/with-cpu-hog.sh $(or $(HOGS),2) $(BIN)/python -m pytest -q -ra $(PARALLEL)
 
 lint: $(STAMP)
 	$(BIN)/ruff check vflnet tests scripts

@@ -120,7 +120,11 @@ def test_server_keeps_serving_after_bad_messages_and_rejects_stale_steps(active)
     # a replay of the finished step is refused
     code, details = _status(stub.ExchangeEmbeddings, _emb(step=1, ids=ids))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "step 1 is not current" in details
-    code, details = _status(party_stub.RunStep, _command(1, ids))
+    # the same step command again (a retry after a lost reply) gets the stored report; nothing runs twice
+    again = party_stub.RunStep(_command(1, ids), timeout=30)
+    assert again == report and party.local.version == 1
+    # any other command for a finished step is stale
+    code, details = _status(party_stub.RunStep, _command(1, ids, phase=messages_pb2.EVAL))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "stale" in details
     report, _ = _full_step(party_stub, stub, 2, ids)
     assert party.local.version == 2

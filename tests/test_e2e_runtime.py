@@ -195,3 +195,6 @@ def test_interrupt_tears_down_every_process(tmp_path, repo):
         proc.kill()
     assert proc.returncode == 130 and "interrupted" in err
     _wait_exited([p["pid"] for p in pids.values()], 15)
+    # the coordinator, stopped with SIGTERM, said so itself
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and "SIGTERM" in summary["error"]

@@ -39,7 +39,7 @@ KILLS = ("coordinator", "active", "passive-1")
 WAIT_S = 240  # generous bound for a loaded machine; a passing test waits seconds
 
 
-def _config(tmp_path: Path, protocol: str) -> Path:
+def _config(tmp_path: Path, protocol: str, bridge: str = "grpc") -> Path:
     sum_ = PROTOCOLS[protocol]["aggregation"] == "sum"
     data = base_config(n_passive=2, aggregation="sum" if sum_ else "concat", active_features=sum_)
     if sum_:
@@ -54,7 +54,8 @@ def _config(tmp_path: Path, protocol: str) -> Path:
         optimizer={"kind": "adam", "lr": 0.01},
         lr_schedule={"kind": "step", "step_size": 1, "gamma": 0.5},
     )
-    return write_config(tmp_path, data)
+    data["transport"] = {"bridge": bridge}
+    return write_config(tmp_path, data, f"{bridge}.yaml")
 
 
 def _steps(run_dir: Path) -> list[dict]:
@@ -106,10 +107,15 @@ def _final_params(run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_killed_in_each_role_and_resumed_ends_as_the_uninterrupted_run(tmp_path, protocol):
+    # the run left alone, on the loopback bridge: it ends bit-identical to a run over gRPC
+    # (tests/test_protocol_layer.py) and saves four process starts
     path = _config(tmp_path, protocol)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert run_local(path, run_dir=tmp_path / "alone", progress=False) == 0
+        assert (
+            run_local(_config(tmp_path, protocol, "loopback"), run_dir=tmp_path / "alone", progress=False)
+            == 0
+        )
     alone = json.loads((tmp_path / "alone/summary.json").read_text())
     total = alone["steps"]
 

@@ -410,7 +410,7 @@ class Schedule:
 
 
 def shutdown_all(
-    cfg: Config, stubs: dict[str, services_pb2_grpc.PartyStub], reason: str, save: bool
+    cfg: Config, stubs: dict[str, services_pb2_grpc.PartyStub], reason: str, save: bool, timeout: float = 30
 ) -> dict[str, str]:
     paths = {}
     for name, stub in stubs.items():
@@ -419,7 +419,7 @@ def shutdown_all(
                 messages_pb2.ShutdownRequest(
                     run_id=cfg.run.id, save_checkpoint=save, reason=reason, sender=cfg.coordinator.name
                 ),
-                timeout=30,
+                timeout=timeout,
             )
             paths[name] = reply.checkpoint
         except grpc.RpcError as exc:
@@ -514,10 +514,11 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
     stubs: dict[str, services_pb2_grpc.PartyStub] = {}
     watch = PartyWatch(cfg.transport, bridge, name)  # heartbeats to every party while the schedule runs
     start = time.perf_counter()
-    in_main = (
-        threading.current_thread() is threading.main_thread()
-    )  # the loopback bridge runs roles in threads
-    previous = signal.signal(signal.SIGTERM, _interrupt) if in_main else None
+    # SIGTERM (vflnet run's teardown, docker stop) and SIGINT (Ctrl-C reaches the whole process group);
+    # only a process's main thread may set handlers (the loopback bridge runs roles in threads)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if not admission.complete.wait(cfg.transport.join_timeout_s):
             missing = sorted({p.name for p in cfg.parties if p.role != "coordinator"} - set(admission.joined))
@@ -551,13 +552,15 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
     except Interrupted as exc:
         log.error("run interrupted: %s", exc)
         summary.update(status="interrupted", error=str(exc))
-        if in_main:  # a second SIGTERM must not cut summary.json short
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        summary["checkpoints"] = shutdown_all(cfg, stubs, f"run interrupted: {exc}", save=False)
+        for sig in previous:  # a second signal must not cut summary.json short
+            signal.signal(sig, signal.SIG_IGN)
+        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))  # before anything can hang
+        # brief: parties being stopped beside it (vflnet run, docker stop) must not hold it up
+        shutdown_all(cfg, stubs, f"run interrupted: {exc}", save=False, timeout=2)
         return 143
     finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         summary["wall_time_s"] = time.perf_counter() - start
         host.interception.finish(run_dir)
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))

@@ -155,6 +155,12 @@ class LocalCluster:
                 self.deadline.check()
                 for child in self.children.values():
                     if child is not coord and child.proc.poll() not in (None, 0):
+                        # the coordinator fails the run itself (the step's call fails, or heartbeats
+                        # stop): let it write summary.json naming the party before tearing down
+                        try:
+                            coord.proc.wait(timeout=self.cfg.transport.dead_after_s + 5)
+                        except subprocess.TimeoutExpired:
+                            pass
                         raise ClusterFailure(self._describe_exit(child))
                 bar.update()
                 time.sleep(0.1)
@@ -357,6 +363,7 @@ def _run(
     print(f"run {cfg.run.id}: {len(cfg.parties)} processes, run directory {run_dir}", file=sys.stderr)
     cluster = LocalCluster(cfg, run_dir, resolved, deadline, resume)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    ended: tuple[str, str] | None = None  # (status, error) if the run did not complete
     try:
         cluster.start()
         cluster.wait(progress)
@@ -365,14 +372,17 @@ def _run(
         return 0
     except ClusterFailure as exc:
         print(f"\nrun {cfg.run.id} FAILED: {exc}", file=sys.stderr)
-        _summary_if_missing(cfg, run_dir, "failed", str(exc))
+        ended = ("failed", str(exc))
         return 1
     except KeyboardInterrupt:
         print(f"\nrun {cfg.run.id} interrupted; stopping all processes", file=sys.stderr)
+        ended = ("interrupted", "vflnet run was interrupted")
         return 130
     finally:
-        cluster.teardown()
+        cluster.teardown()  # a coordinator still running writes summary.json on its SIGTERM
         signal.signal(signal.SIGTERM, previous)
+        if ended is not None:
+            _summary_if_missing(cfg, run_dir, *ended)
 
 
 def _summary_if_missing(cfg: Config, run_dir: Path, status: str, error: str) -> None:

@@ -10,6 +10,7 @@ and logs a warning, because everything on such a channel can be read and rewritt
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 from collections.abc import Iterable
 from concurrent import futures
@@ -32,6 +33,31 @@ def grpc_options(transport: TransportConfig) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", limit),
         ("grpc.so_reuseport", 0),
     ]
+
+
+# A step command is retried, with backoff, when the party was briefly unreachable (UNAVAILABLE: a
+# dropped connection, a proxy restarting): RunStep is idempotent, because a party answers a repeated
+# step header from its stored report of that step (vflnet/roles/party.py) instead of running it again.
+RETRIES = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": "vflnet.v1.Party", "method": "RunStep"}],
+                "retryPolicy": {
+                    "maxAttempts": 3,
+                    "initialBackoff": "0.1s",
+                    "maxBackoff": "1s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
+
+
+def channel_options(transport: TransportConfig) -> list[tuple[str, int | str]]:
+    return [*grpc_options(transport), ("grpc.service_config", RETRIES), ("grpc.enable_retries", 1)]
 
 
 def is_loopback(address: str) -> bool:
@@ -163,7 +189,7 @@ def open_channel(address: str, transport: TransportConfig, name: str, peer: str 
     if transport.tls.enabled:
         from vflnet.wire.tls import channel_credentials
 
-        options: list[tuple[str, int | str]] = list(grpc_options(transport))
+        options = channel_options(transport)
         if peer:
             options.append(("grpc.ssl_target_name_override", peer))
         channel = grpc.secure_channel(
@@ -172,7 +198,7 @@ def open_channel(address: str, transport: TransportConfig, name: str, peer: str 
     else:
         if not is_loopback(address):
             _check_plaintext_allowed(address, transport)
-        channel = grpc.insecure_channel(address, options=grpc_options(transport))
+        channel = grpc.insecure_channel(address, options=channel_options(transport))
     return ChunkingChannel(channel, Limits.of(transport))
 
 
