@@ -362,7 +362,9 @@ def _run(
         return _run_in_process(cfg, run_dir, progress, deadline)
     print(f"run {cfg.run.id}: {len(cfg.parties)} processes, run directory {run_dir}", file=sys.stderr)
     cluster = LocalCluster(cfg, run_dir, resolved, deadline, resume)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # Ctrl-C and SIGTERM stop the run; set explicitly: a process started with SIGINT ignored (a
+    # nohup, a CI runner, a pytest-xdist worker) would otherwise inherit the ignoring
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     ended: tuple[str, str] | None = None  # (status, error) if the run did not complete
     try:
         cluster.start()
@@ -380,7 +382,8 @@ def _run(
         return 130
     finally:
         cluster.teardown()  # a coordinator still running writes summary.json on its SIGTERM
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if ended is not None:
             _summary_if_missing(cfg, run_dir, *ended)
 
