@@ -104,13 +104,7 @@ class ParamServer:
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(
-            {
-                party: {n: p.detach().clone() for n, p in named.items()}
-                for party, named in self.params.items()
-            },
-            tmp,
-        )
+        torch.save(self.state_dict()["params"], tmp)
         os.replace(tmp, path)
 
 

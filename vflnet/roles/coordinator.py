@@ -159,7 +159,6 @@ class Schedule:
         self.cursor = cursor or Cursor()
         self.step = self.cursor.step
         self.timeout = cfg.transport.rpc_timeout_s
-        self.released_bytes = self.cursor.released_bytes
         self.checkpointed: list[int] = []  # steps with a manifest written by this process, oldest first
         self.abort = Abort()  # heartbeats end a wait on a dead party (vflnet/roles/heartbeat.py)
 
@@ -233,7 +232,7 @@ class Schedule:
         if missing:
             raise RunFailed(f"step {self.step}: no checkpoint digest from {', '.join(missing)}")
         c = self.cursor
-        c.step, c.released_bytes, c.metrics_bytes = self.step, self.released_bytes, self.metrics.offset()
+        c.step, c.metrics_bytes = self.step, self.metrics.offset()
         files = {n: r.checkpoint_sha256 for n, r in reports.items()}
         name = self.cfg.coordinator.name
         state = {
@@ -328,7 +327,7 @@ class Schedule:
             if last_epoch:
                 break
         totals_bytes = dict(c.bytes_sent)
-        for k, v in self.released_bytes.items():
+        for k, v in c.released_bytes.items():
             totals_bytes[k] = totals_bytes.get(k, 0) + v
         return {
             "final": final,
@@ -396,7 +395,8 @@ class Schedule:
                 f"model release to {r.recipient}",
             )[r.owner]
             for m, v in ack.bytes_sent.items():
-                self.released_bytes[f"{r.owner}/{m}"] = self.released_bytes.get(f"{r.owner}/{m}", 0) + v
+                released = self.cursor.released_bytes
+                released[f"{r.owner}/{m}"] = released.get(f"{r.owner}/{m}", 0) + v
             self.metrics.write(
                 {
                     "kind": "release",
