@@ -79,7 +79,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# `make test` runs pytest-xdist with --dist loadfile, which hands whole files to the two workers in
+# collection order: the longest files first (from CI's --durations), so the workers end together
+# instead of one of them running the last long file alone. The rest keep their order.
+LONGEST_FILES_FIRST = (
+    "test_resume.py",
+    "test_cafe_e2e.py",
+    "test_dcae_e2e.py",
+    "test_cafe.py",
+    "test_smoke_runs.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))

@@ -19,6 +19,7 @@ from vflnet.interceptors import Chain, ServerChainInterceptor, WireEvent, interc
 from vflnet.runner.local import run_local
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tensors, tls
+from vflnet.wire.bridge import allow_step_deadline
 from vflnet.wire.channels import bind, grpc_options, make_server, open_channel
 from vflnet.wire.chunking import CALL_METHOD, FETCH_METHOD, METHOD_KEY, TICKET_KEY
 
@@ -483,4 +484,25 @@ def test_a_chunked_stream_whose_sender_goes_quiet_is_dropped(active: Active) -> 
     finally:
         release.set()
         raw.close()
+        srv.stop(grace=0)
+
+
+def test_a_chunked_call_may_ask_for_the_runs_step_deadline_once_it_is_known(active: Active) -> None:
+    """A step deadline scaled with the work (vflnet/roles/deadlines.py) can exceed rpc_timeout_s and
+    join_timeout_s: once admission announces it, chunked calls may ask for it; before, they may not."""
+    transport = dataclasses.replace(SMALL, rpc_timeout_s=5, join_timeout_s=5)  # bound: 10 s
+    srv, address = serve(active, transport)
+    try:
+        with open_channel(address, transport, "passive-1") as channel:
+            stub = services_pb2_grpc.ActiveStub(channel)
+            msg = embeddings(n=30, dim=100)  # ~12 KB: two chunks
+            with pytest.raises(grpc.RpcError) as info:
+                stub.ExchangeEmbeddings(msg, timeout=60)
+            assert (
+                info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                and "needs a deadline of at most 10 s" in info.value.details()
+            )
+            allow_step_deadline(srv, 100.0)
+            assert stub.ExchangeEmbeddings(msg, timeout=60).values == msg.values
+    finally:
         srv.stop(grace=0)

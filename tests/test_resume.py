@@ -1,7 +1,7 @@
 """Crash and resume (issue 16): coordinated checkpoints, `vflnet run --resume`, checkpoint integrity.
 
 A seeded run is SIGKILLed three times, at a seeded random step each time and in a different role
-(coordinator, active, passive), and resumed after each kill; it must end with exactly the final
+(coordinator, active, passive), and resumed after each kill (secureboost: once); it must end with exactly the final
 parameters, metrics and step records of the same run left alone. Readiness is the run's public
 metrics.jsonl; every wait is bounded.
 """
@@ -34,21 +34,36 @@ PROTOCOLS = {
         "he": {"key_bits": 512, "allow_insecure_keys": True},
     },
     "param-server": {"kind": "param-server", "aggregation": "concat"},
+    # a forest, one tree per batch (a step): Paillier gh and histograms
+    "secureboost": {
+        "kind": "secureboost",
+        "aggregation": "sum",
+        "params": {"mode": "he", "ensemble": "forest", "max_depth": 3, "n_bins": 8},
+        "he": {"key_bits": 512, "allow_insecure_keys": True},
+    },
 }
 KILLS = ("coordinator", "active", "passive-1")
+# every resume restarts every process from the checkpoint, whichever was killed: one kill checks
+# secureboost's state (the three roles' failure paths are the same as the other protocols')
+KILLS_OF = {"secureboost": ("passive-1",)}
 WAIT_S = 240  # generous bound for a loaded machine; a passing test waits seconds
 
 
-def _config(tmp_path: Path, protocol: str, bridge: str = "grpc") -> Path:
+def _config(
+    tmp_path: Path, protocol: str, bridge: str = "grpc", epochs: int = 2, auto_resume: int = 0
+) -> Path:
     sum_ = PROTOCOLS[protocol]["aggregation"] == "sum"
     data = base_config(n_passive=2, aggregation="sum" if sum_ else "concat", active_features=sum_)
     if sum_:
         for p in data["parties"][1:]:
             p["bottom"] = {"kind": "mlp", "hidden": [6], "out": 10}
+    if protocol == "secureboost":
+        for p in data["parties"][1:]:
+            p["bottom"] = {"kind": "splits", "out": 10}
     data["protocol"] = PROTOCOLS[protocol]
-    data["run"]["id"] = f"resume-{protocol}"
+    data["run"].update(id=f"resume-{protocol}", auto_resume=auto_resume)
     data["train"].update(
-        epochs=2,
+        epochs=epochs,
         batch_size=128,
         checkpoint_every_steps=3,
         optimizer={"kind": "adam", "lr": 0.01},
@@ -121,10 +136,12 @@ def test_killed_in_each_role_and_resumed_ends_as_the_uninterrupted_run(tmp_path,
 
     run_dir, log = tmp_path / "killed", tmp_path / "killed.log"
     rng = random.Random(f"{protocol}-16")  # the kill points, seeded: a failure names them
-    points = sorted(rng.sample(range(2, total - 1), len(KILLS)))
+    kills = KILLS_OF.get(protocol, KILLS)
+    first = 2 if len(kills) > 1 else 4  # a single kill comes after the first checkpoint (step 3)
+    points = sorted(rng.sample(range(first, total - 1), len(kills)))
     proc = _launch([str(path), "--run-dir", str(run_dir)], log)
     history = []
-    for role, at in zip(KILLS, points, strict=True):
+    for role, at in zip(kills, points, strict=True):
         history.append((role, at, _kill_at(proc, run_dir, role, at, log)))
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["status"] == "failed", (
@@ -190,3 +207,39 @@ def test_an_older_checkpoint_is_used_when_the_newest_is_incomplete(tmp_path):
 def test_resume_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert resume_local(tmp_path, progress=False) == 2
     assert "has no config.yaml" in capsys.readouterr().err
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_run_auto_resume_resumes_by_itself_after_a_kill(tmp_path):
+    """`run.auto_resume`: the launcher itself restarts every process with --resume after a party is
+    SIGKILLed; the user sees one command that ends as the run left alone."""
+    path = _config(tmp_path, "split", epochs=1, auto_resume=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        alone_cfg = _config(tmp_path, "split", "loopback", epochs=1)
+        assert run_local(alone_cfg, run_dir=tmp_path / "alone", progress=False) == 0
+    alone = json.loads((tmp_path / "alone/summary.json").read_text())
+
+    run_dir, log = tmp_path / "auto", tmp_path / "auto.log"
+    proc = _launch([str(path), "--run-dir", str(run_dir)], log)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not (run_dir / "plan.json").exists() or len(_steps(run_dir)) < 5:
+            assert proc.poll() is None, f"the run ended before step 5: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"no step 5 within {WAIT_S} s"
+            time.sleep(0.05)
+        os.kill(json.loads((run_dir / "processes.json").read_text())["passive-1"]["pid"], signal.SIGKILL)
+        assert proc.wait(timeout=WAIT_S) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["status"] == "completed" and resumed["resumed_from_step"] > 0
+    step = resumed["resumed_from_step"]
+    assert f"resuming by itself from step {step} (run.auto_resume: attempt 1 of 1)" in log.read_text()
+    for key in ("train_loss", "train_accuracy", "test_loss", "test_accuracy"):
+        assert resumed["final"][key] == alone["final"][key], key
+    assert [(r["step"], r["loss"]) for r in _steps(run_dir)] == [
+        (r["step"], r["loss"]) for r in _steps(tmp_path / "alone")
+    ]

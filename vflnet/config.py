@@ -61,6 +61,11 @@ class RunConfig:
         "Required when parties are started one by one.",
     )
     dir: str = setting("runs", "parent folder of run directories")
+    auto_resume: int = setting(
+        0,
+        "times `vflnet run` resumes the run by itself, from its newest checkpoint, after a process died "
+        "or the run failed (docs/reliability.md); 0: stop and print the `vflnet run --resume` command",
+    )
     seed: int = setting(
         0,
         "seeds model initialisation (per party: `seed*1000 + roster index`), the train/test split "
@@ -286,7 +291,16 @@ class TransportConfig:
     max_concurrent_rpcs: int = setting(
         64, "calls one server handles at once; more get RESOURCE_EXHAUSTED instead of queueing without bound"
     )
-    rpc_timeout_s: float = setting(60.0, "deadline of every RPC and of waiting for peers within a step")
+    rpc_timeout_s: float = setting(
+        60.0,
+        "deadline of every RPC and of waiting for peers within a step, before the work: a step's deadline "
+        "is this plus work_slack x the parties' estimate of the step's compute (docs/reliability.md)",
+    )
+    work_slack: float = setting(
+        10.0,
+        "how many times slower than the reference core (docs/reliability.md) a step's work may run before "
+        "its deadline passes: the estimate scales with key size, batch, model and protocol",
+    )
     join_timeout_s: float = setting(120.0, "how long the coordinator waits for the whole roster")
     idle_timeout_s: float = setting(600.0, "a party exits if the coordinator is silent this long")
     heartbeat_s: float = setting(
@@ -592,6 +606,8 @@ def validate(cfg: Config) -> None:
     _positive(cfg.transport.rpc_timeout_s, "transport.rpc_timeout_s", src)
     _positive(cfg.transport.join_timeout_s, "transport.join_timeout_s", src)
     _positive(cfg.transport.idle_timeout_s, "transport.idle_timeout_s", src)
+    _positive(cfg.transport.work_slack, "transport.work_slack", src, allow_zero=True)
+    _positive(cfg.run.auto_resume, "run.auto_resume", src, allow_zero=True)
     _positive(cfg.transport.max_message_mb, "transport.max_message_mb", src)
     _positive(cfg.transport.max_payload_mb, "transport.max_payload_mb", src)
     _positive(cfg.transport.max_inflight_mb, "transport.max_inflight_mb", src)

@@ -251,6 +251,13 @@ class SplitTable(nn.Module):
         self.feature = torch.tensor(features, dtype=torch.float32)
         self.threshold = torch.tensor(thresholds, dtype=torch.float32)
 
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        # the table grows with every split: take the saved length (a resumed run's checkpoint)
+        for name in ("feature", "threshold"):
+            if prefix + name in state_dict:
+                setattr(self, name, torch.zeros_like(state_dict[prefix + name]))
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
 
 MODELS.register(
     ModelKind(

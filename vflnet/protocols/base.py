@@ -55,6 +55,11 @@ class CoordinatorSide:
     def start(self, joined: dict[str, messages_pb2.JoinRequest]) -> None:
         """The roster is complete; ``joined`` holds every party's join request."""
 
+    def waves(self, parties: list[str]) -> list[list[str]]:
+        """The order of a step's RunStep calls: each wave is sent at once, the next when every report
+        of it is in. By default one wave: every party at once."""
+        return [parties]
+
     def command(self, party: str, cmd: messages_pb2.StepCommand) -> messages_pb2.StepCommand:
         """The step command as it goes to ``party`` (param-server: with its parameters)."""
         return cmd
@@ -100,6 +105,20 @@ class PartySide:
 
     def joined(self, reply: messages_pb2.JoinReply) -> None:
         """Admission is done (roster, IDs, the protocol's fields of the reply): open channels to peers."""
+
+    def step_work_s(self) -> float:
+        """Seconds of compute of this party's heaviest step on the reference core, for the step deadline
+        (vflnet/roles/deadlines.py); by default a forward and backward pass of its modules over the
+        run's largest batch. A protocol with cryptography adds its cost."""
+        from vflnet.roles import deadlines
+
+        host = self.host
+        shape = tuple(host.data.x.shape[1:]) if host.data.x is not None else None
+        flops = sum(
+            deadlines.forward_flops(m, shape if k == "bottom" else None)
+            for k, m in host.local.modules.items()
+        )
+        return deadlines.training_s(flops, deadlines.largest_batch(self.cfg))
 
     def step(self, cmd: messages_pb2.StepCommand, rows: np.ndarray) -> dict[str, float]:
         """This party's work for one checked step command (train, eval or predict); returns its metrics.

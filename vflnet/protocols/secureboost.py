@@ -53,9 +53,10 @@ from vflnet.models.secureboost import (
     tree_gradients,
     unpack_histograms,
 )
-from vflnet.protocols.base import PROTOCOLS, PartySide, Protocol, register_messages
+from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, PartySide, Protocol, register_messages
 from vflnet.protocols.predictions import PredictionsKeeper
 from vflnet.registry import Param
+from vflnet.roles import deadlines
 from vflnet.roles.common import check_run, check_sender, wait_for
 from vflnet.v1 import messages_pb2, secureboost_pb2
 from vflnet.wire import tensors
@@ -95,8 +96,39 @@ def gh_slots(public_key: PublicKey, n_rows: int) -> int:
 
 
 # ------------------------------------------------------------------------------ passive
+def tree_work_s(cfg: Config, rows: int, features: int, encrypt_rows: bool) -> float:
+    """One tree's work for a party's features (vflnet/roles/deadlines.py): per level, every row's gh
+    added into a bucket of every feature, the open nodes' histograms decrypted by the label holder
+    (counted here, with the features they cover); the label holder's gh encryptions, one per row."""
+    p, bits = tree_params(cfg), cfg.protocol.he.key_bits
+    rows = min(rows, cfg.train.batch_size)
+    if cfg.protocol.params["mode"] != "he":
+        return p.max_depth * rows * features * deadlines.NUMPY_VALUE_S
+    buckets = 2**p.max_depth * features * p.n_bins
+    return (
+        deadlines.paillier_s("add", bits, p.max_depth * rows * features + buckets)
+        + deadlines.paillier_s("decrypt", bits, buckets)
+        + (deadlines.paillier_s("encrypt", bits, rows) if encrypt_rows else 0.0)
+    )
+
+
+class SecureBoostCoordinator(CoordinatorSide):
+    """The label holder's step first: it grows the tree through the passive parties' services. The
+    passive parties' own step commands follow, so a checkpoint they save after one holds every split
+    of the step's tree (sent at once, a passive party could save before the tree's last split)."""
+
+    def waves(self, parties: list[str]) -> list[list[str]]:
+        active = [self.cfg.active.name]
+        return [active, [p for p in parties if p not in active]]
+
+
 class SecureBoostPassive(PartySide):
     """Histograms over its own features from the label holder's gh; keeps its thresholds."""
+
+    def step_work_s(self) -> float:
+        x = self.host.data.x
+        assert x is not None
+        return tree_work_s(self.cfg, x.shape[0], int(np.prod(x.shape[1:])), encrypt_rows=False)
 
     def joined(self, reply: messages_pb2.JoinReply) -> None:
         host = self.host
@@ -117,7 +149,7 @@ class SecureBoostPassive(PartySide):
         )
 
     def _check(self, h: messages_pb2.Header, context: Any) -> None:
-        wait_for(self.host.ready, self.cfg.transport.rpc_timeout_s, f"{self.host.name} to finish joining")
+        wait_for(self.host.ready, self.host.step_deadline_s, f"{self.host.name} to finish joining")
         check_run(self.cfg, h.run_id)
         check_sender(self.cfg, h.sender, {"active"}, context)
 
@@ -189,6 +221,19 @@ class SecureBoostPassive(PartySide):
         self.host.meter.record("Histograms.reply", reply)
         return reply
 
+    def state_dict(self) -> dict[str, Any]:
+        """Its split table and the label holder's key it pinned (a checkpoint falls between trees)."""
+        return {
+            "features": list(self.party.features),
+            "cuts": list(self.party.cuts),
+            "public_key": self.public_key,
+            "tree_step": self.tree_step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.party.features, self.party.cuts = list(state["features"]), list(state["cuts"])
+        self.public_key, self.tree_step = state["public_key"], int(state["tree_step"])
+
     def split(self, req: secureboost_pb2.SplitRequest, context: Any) -> secureboost_pb2.SplitReply:
         self._check(req.header, context)
         with self.lock:
@@ -234,7 +279,7 @@ class RemoteParty:
 
     def _call(self, method: str, req: Any) -> Any:
         self.side.host.meter.record(method.rsplit("/", 1)[1], req)
-        return unary(self.channel, method).future(req, timeout=self.side.cfg.transport.rpc_timeout_s)
+        return unary(self.channel, method).future(req, timeout=self.side.host.step_deadline_s)
 
     def result(self, future: Any, what: str) -> Any:
         try:
@@ -312,6 +357,11 @@ class SecureBoostActive(PartySide):
         self.params = tree_params(self.cfg)
         self.keeper = PredictionsKeeper(host)
 
+    def step_work_s(self) -> float:
+        data = self.host.data
+        features = int(np.prod(data.x.shape[1:])) if data.x is not None else 0
+        return tree_work_s(self.cfg, len(data.ids), features, encrypt_rows=True)
+
     def joined(self, reply: messages_pb2.JoinReply) -> None:
         host, cfg = self.host, self.cfg
         address = {p.name: p.address for p in reply.roster}
@@ -328,7 +378,7 @@ class SecureBoostActive(PartySide):
         self.owner_names = ([host.name] if self.own is not None else []) + [r.name for r in self.remotes]
         self.ensemble = Ensemble(host.data.n_classes, self.params)
         self.scores = np.zeros((len(host.data.ids), host.data.n_classes))
-        self.private_key = None
+        self.public_key, self.private_key = None, None
         if cfg.protocol.params["mode"] == "he":
             he = cfg.protocol.he
             start = time.perf_counter()
@@ -427,6 +477,25 @@ class SecureBoostActive(PartySide):
             "own_splits": (self.own.features, self.own.cuts) if self.own is not None else ([], []),
         }
 
+    def state_dict(self) -> dict[str, Any]:
+        """The trees, every row's running scores, its split table, the predictions kept and its key
+        pair (the passive parties pinned its public key; the private key stays in its own file)."""
+        return {
+            "trees": self.ensemble.trees,
+            "scores": self.scores,
+            "own": (self.own.features, self.own.cuts) if self.own is not None else None,
+            "predictions": self.keeper.parts,
+            "keys": (self.public_key, self.private_key),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ensemble.trees = list(state["trees"])
+        self.scores = np.asarray(state["scores"])
+        if self.own is not None:
+            self.own.features, self.own.cuts = (list(v) for v in state["own"])
+        self.keeper.parts = state["predictions"]
+        self.public_key, self.private_key = state["keys"]
+
     def checkpoint(self, path: Path) -> None:
         """Its split table (the host's modules) and the trees, <name>.trees.npz beside the checkpoint."""
         super().checkpoint(path)
@@ -473,7 +542,6 @@ def _number(default: float, help_: str, lo: float, integer: bool = False) -> Par
 @PROTOCOLS.register
 class SecureBoost(Protocol):
     name = "secureboost"
-    resumable = False  # its trees in progress and histograms are not in a coordinated checkpoint yet
     description = "SecureBoost-style vertical trees: Paillier-packed (g, h) to every party, bucketed histograms back, splits kept by their owners"
     params = {
         "mode": Param(
@@ -496,6 +564,7 @@ class SecureBoost(Protocol):
         "min_child_weight": _number(1e-3, "least sum of hessians on each side of a split", 0.0),
         "learning_rate": _number(0.3, "shrinkage of each tree's leaf values (boost)", 0.0),
     }
+    coordinator = SecureBoostCoordinator
     active = SecureBoostActive
     passive = SecureBoostPassive
 

@@ -182,7 +182,7 @@ class SplitPassive(PartySide):
         check_message_size(msg, self.cfg.transport, f"{host.name}'s embeddings for step {h.step}")
         host.meter.record("ExchangeEmbeddings", msg)
         try:
-            reply = self.active.ExchangeEmbeddings(msg, timeout=self.cfg.transport.rpc_timeout_s)
+            reply = self.active.ExchangeEmbeddings(msg, timeout=self.host.step_deadline_s)
         except grpc.RpcError as exc:
             raise RpcFailure(
                 grpc.StatusCode.ABORTED, f"active party refused embeddings: {describe_rpc_error(exc)}"
@@ -294,7 +294,7 @@ class SplitActive(PartySide):
         check_run(cfg, h.run_id)
         check_sender(cfg, h.sender, {"passive"}, context)
         ids = np.asarray(msg.sample_ids, dtype=np.int64)
-        wait_for(self.host.ready, cfg.transport.rpc_timeout_s, f"{self.host.name} to finish joining")
+        wait_for(self.host.ready, self.host.step_deadline_s, f"{self.host.name} to finish joining")
         values = self.decode(msg, (len(ids), self.embedding_dims[h.sender]), f"embeddings from {h.sender}")
         with self.cond:
             slot = self._slot(h.step)
@@ -306,8 +306,8 @@ class SplitActive(PartySide):
                 raise invalid(f"{h.sender} sent embeddings for other sample ids than step {h.step} schedules")
             slot.embeddings[h.sender] = (ids, values)
             self.cond.notify_all()
-        if not slot.done.wait(cfg.transport.rpc_timeout_s):
-            raise TimeoutError(f"step {h.step} did not complete within {cfg.transport.rpc_timeout_s:.0f} s")
+        if not slot.done.wait(self.host.step_deadline_s):
+            raise TimeoutError(f"step {h.step} did not complete within {self.host.step_deadline_s:.0f} s")
         if slot.error is not None:
             raise RpcFailure(
                 grpc.StatusCode.ABORTED, f"step {h.step} failed at the active party: {slot.error}"
@@ -316,7 +316,7 @@ class SplitActive(PartySide):
 
     # -------------------------------------------------------------- coordinator -> active
     def step(self, cmd: messages_pb2.StepCommand, rows: np.ndarray) -> dict[str, float]:
-        host, step, timeout = self.host, cmd.header.step, self.cfg.transport.rpc_timeout_s
+        host, step, timeout = self.host, cmd.header.step, self.host.step_deadline_s
         deadline = time.monotonic() + timeout
         with self.cond:
             slot = self._slot(step)

@@ -39,6 +39,7 @@ from vflnet.protocols.he_backprop import (
     packed_param_grads,
 )
 from vflnet.protocols.split import SplitActive, SplitPassive, StepResult, label_loss, outcome
+from vflnet.roles import deadlines
 from vflnet.roles.common import check_run, check_sender, header
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.bridge import add_handlers
@@ -302,7 +303,7 @@ class Decryption:
         check_message_size(req, cfg.transport, f"{host.name}'s {purpose} decryption request")
         host.meter.record("Decrypt", req)
         try:
-            reply = self.stub.Decrypt(req, timeout=cfg.transport.rpc_timeout_s)
+            reply = self.stub.Decrypt(req, timeout=self.host.step_deadline_s)
         except grpc.RpcError as exc:
             raise RpcFailure(
                 grpc.StatusCode.ABORTED, f"coordinator refused decryption: {describe_rpc_error(exc)}"
@@ -312,6 +313,21 @@ class Decryption:
 
 class SplitHEPassive(SplitPassive):
     """Encrypted logits up; encrypted per-sample gradients down, backpropagated over ciphertexts."""
+
+    def step_work_s(self) -> float:
+        """Its model's work plus the step's Paillier work: logits encrypted, the gradient backpropagated
+        over ciphertexts (a product and an addition per sample and parameter), the masked gradient
+        decrypted (packed: a ciphertext holds at least bits / 64 of them)."""
+        bits, batch = self.cfg.protocol.he.key_bits, self.cfg.train.batch_size
+        params = sum(p.numel() for p in self.host.local.modules["bottom"].parameters())
+        out = self.host.me.bottom.out if self.host.me.bottom is not None else 0
+        return (
+            super().step_work_s()
+            + deadlines.paillier_s("encrypt", bits, deadlines.largest_batch(self.cfg) * out)
+            + deadlines.paillier_s("product", bits, batch * params)
+            + deadlines.paillier_s("add", bits, batch * params)
+            + deadlines.paillier_s("decrypt", bits, params * 64 / bits)
+        )
 
     def make_compute(self) -> PassiveHE:
         he = self.cfg.protocol.he
@@ -335,6 +351,17 @@ class SplitHEPassive(SplitPassive):
 
 class SplitHEActive(SplitActive):
     """Add the encrypted logits, have the masked sum decrypted, answer every passive party with [[g]]."""
+
+    def step_work_s(self) -> float:
+        """Its model's work plus [[g]] encrypted and the masked sum of logits decrypted (packed: a
+        ciphertext holds at least bits / 64 logits)."""
+        bits, batch = self.cfg.protocol.he.key_bits, deadlines.largest_batch(self.cfg)
+        width = max((p.bottom.out for p in self.cfg.passives if p.bottom is not None), default=0)
+        return (
+            super().step_work_s()
+            + deadlines.paillier_s("encrypt", bits, self.cfg.train.batch_size * width)
+            + deadlines.paillier_s("decrypt", bits, batch * width * 64 / bits)
+        )
 
     def make_compute(self) -> ActiveHE:
         he = self.cfg.protocol.he

@@ -23,14 +23,14 @@ from vflnet.config import Config
 from vflnet.data.alignment import epoch_batches, eval_batches, intersect, split_train_test
 from vflnet.interceptors.setup import party_interception
 from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, RunFailed
-from vflnet.roles import checkpoints
+from vflnet.roles import checkpoints, deadlines
 from vflnet.roles.common import check_run, check_sender, header, wait_for
 from vflnet.roles.heartbeat import Abort, PartyWatch
 from vflnet.roles.party import accept_release
 from vflnet.v1 import messages_pb2, services_pb2_grpc
-from vflnet.wire.bridge import Bridge, add_handlers
+from vflnet.wire.bridge import Bridge, add_handlers, allow_step_deadline
 from vflnet.wire.channels import stop_server
-from vflnet.wire.errors import RpcFailure, describe_rpc_error, permission_denied, shown
+from vflnet.wire.errors import RpcFailure, describe_rpc_error, invalid, permission_denied, shown
 
 log = logging.getLogger("vflnet.coordinator")
 
@@ -67,6 +67,10 @@ class Admission:
                 f"run {self.cfg.run.id!r} resumes from the checkpoint of step {self.resume_from.step}: "
                 f"start {req.name} with --resume",
             )
+        if not 0 <= req.step_work_s <= deadlines.MAX_ESTIMATE_S:  # NaN fails too
+            raise invalid(
+                f"step_work_s of {req.name!r} must lie in [0, {deadlines.MAX_ESTIMATE_S:g}] s, got {req.step_work_s}"
+            )
         with self.lock:
             if req.name in self.joined:
                 raise RpcFailure(grpc.StatusCode.ALREADY_EXISTS, f"party {req.name!r} has already joined")
@@ -95,6 +99,9 @@ class Admission:
             messages_pb2.PartyInfo(name=r.name, role=r.role, address=r.address) for r in self.joined.values()
         ]
         reply = messages_pb2.JoinReply(run_id=self.cfg.run.id, roster=roster, train_ids=train, test_ids=test)
+        t = self.cfg.transport
+        work = {r.name: r.step_work_s for r in self.joined.values()}
+        reply.step_deadline_s = deadlines.step_deadline_s(t.rpc_timeout_s, t.work_slack, work)
         if self.resume_from is not None:
             reply.resume_step = self.resume_from.step
             reply.resume_sha256.update(self.resume_from.files)
@@ -158,7 +165,7 @@ class Schedule:
         self.test_ids = np.asarray(reply.test_ids, dtype=np.int64)
         self.cursor = cursor or Cursor()
         self.step = self.cursor.step
-        self.timeout = cfg.transport.rpc_timeout_s
+        self.timeout = reply.step_deadline_s  # scaled with the parties' work (vflnet/roles/deadlines.py)
         self.checkpointed: list[int] = []  # steps with a manifest written by this process, oldest first
         self.abort = Abort()  # heartbeats end a wait on a dead party (vflnet/roles/heartbeat.py)
 
@@ -207,11 +214,13 @@ class Schedule:
         cmd = messages_pb2.StepCommand(
             header=self._header(phase, epoch, batch_id), sample_ids=ids, checkpoint_after=checkpoint
         )
-        calls = {
-            name: stub.RunStep.future(self.side.command(name, cmd), timeout=self.timeout)
-            for name, stub in self.stubs.items()
-        }
-        reports = self._all(calls, f"step {self.step} (epoch {epoch})")
+        reports: dict[str, messages_pb2.StepReport] = {}
+        for wave in self.side.waves(list(self.stubs)):
+            calls = {
+                name: self.stubs[name].RunStep.future(self.side.command(name, cmd), timeout=self.timeout)
+                for name in wave
+            }
+            reports.update(self._all(calls, f"step {self.step} (epoch {epoch})"))
         try:
             self.side.after_step(phase, reports)
         except RunFailed as exc:
@@ -526,6 +535,8 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
                 f"parties never joined within {cfg.transport.join_timeout_s:.0f} s: {', '.join(missing)}"
             )
         assert admission.reply is not None
+        summary["step_deadline_s"] = admission.reply.step_deadline_s
+        allow_step_deadline(server, admission.reply.step_deadline_s)
         for info in admission.reply.roster:
             stubs[info.name] = services_pb2_grpc.PartyStub(
                 bridge.open_channel(info.address, name, host.interception.chain, info.name)

@@ -8,7 +8,7 @@ stopped, its host gone) is dead:
 
 - a party stops (exit code 3, as when the coordinator goes silent for ``idle_timeout_s``);
 - the coordinator fails the run naming the party, at once rather than when the step's
-  ``rpc_timeout_s`` deadline runs out: :class:`Abort` cancels the calls the schedule waits on.
+  deadline runs out (vflnet/roles/deadlines.py): :class:`Abort` cancels the calls the schedule waits on.
 
 Heartbeats travel on their own channels with an empty mod chain: the same TLS identity checks as
 every channel of the process, but a trace tap or an attack never sees them. They run only on real

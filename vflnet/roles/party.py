@@ -29,7 +29,7 @@ from vflnet.roles import checkpoints
 from vflnet.roles.common import Liveness, check_run, check_sender, header, wait_for
 from vflnet.roles.heartbeat import watch_coordinator
 from vflnet.v1 import messages_pb2, services_pb2_grpc
-from vflnet.wire.bridge import Bridge, add_handlers
+from vflnet.wire.bridge import Bridge, add_handlers, allow_step_deadline
 from vflnet.wire.channels import stop_server
 from vflnet.wire.errors import RpcFailure, describe_rpc_error, shown
 from vflnet.wire.meter import Meter
@@ -81,6 +81,12 @@ class PartyHost:
         on it (under TLS the server must hold ``peer``'s certificate)."""
         return self.bridge.open_channel(address, self.name, self.interception.chain, peer)
 
+    @property
+    def step_deadline_s(self) -> float:
+        """The deadline of every RPC and wait within a step: the coordinator's, from the parties' work
+        estimates (vflnet/roles/deadlines.py); before admission, the config's floor."""
+        return self.join_reply.step_deadline_s or self.cfg.transport.rpc_timeout_s
+
     def header(self, h: messages_pb2.Header) -> messages_pb2.Header:
         """The header of a message this party sends within the step (or phase) of ``h``."""
         return header(self.cfg, self.name, h.step, h.epoch, h.batch_id, h.phase, self.local.version)
@@ -91,7 +97,7 @@ class PartyHost:
         shape = list(self.data.x.shape[1:]) if module == "bottom" and self.data.x is not None else None
         return {"config": dataclasses.asdict(cfg) if cfg is not None else None, "input_shape": shape}
 
-    def join(self, coordinator: str, advertise: str) -> messages_pb2.JoinReply:
+    def join(self, coordinator: str, advertise: str, server: Any = None) -> messages_pb2.JoinReply:
         self.coordinator_channel = self.channel(coordinator, self.cfg.coordinator.name)
         stub = services_pb2_grpc.CoordinatorStub(self.coordinator_channel)
         req = messages_pb2.JoinRequest(
@@ -101,6 +107,7 @@ class PartyHost:
             address=advertise,
             sample_ids=self.data.ids,
             resume=self.resume,
+            step_work_s=self.side.step_work_s(),
         )
         self.side.join_request(req)
         deadline = time.monotonic() + self.cfg.transport.join_timeout_s
@@ -114,6 +121,8 @@ class PartyHost:
                         f"{self.name}: join refused by coordinator at {coordinator}: {describe_rpc_error(exc)}"
                     ) from exc
                 time.sleep(0.5)
+        if server is not None:  # before anything can start the first step
+            allow_step_deadline(server, reply.step_deadline_s)
         self.prepare(reply)
         log.info(
             "%s joined run %s: %d train / %d test samples",
@@ -177,7 +186,7 @@ class PartyHost:
         then does the message count as a sign of life from the coordinator."""
         check_run(self.cfg, h.run_id)
         check_sender(self.cfg, h.sender, {"coordinator"}, context)
-        wait_for(self.ready, self.cfg.transport.rpc_timeout_s, f"{self.name} to finish joining")
+        wait_for(self.ready, self.step_deadline_s, f"{self.name} to finish joining")
         self.liveness.touch()
 
     def run_step(self, cmd: messages_pb2.StepCommand, context: Any = None) -> messages_pb2.StepReport:
@@ -243,7 +252,7 @@ class PartyHost:
             )
             stub = service(channel)
             try:
-                stub.ReceiveModel(msg, timeout=self.cfg.transport.rpc_timeout_s)
+                stub.ReceiveModel(msg, timeout=self.step_deadline_s)
             except grpc.RpcError as exc:
                 raise RpcFailure(
                     grpc.StatusCode.ABORTED,
@@ -358,7 +367,7 @@ def serve(host: PartyHost, listen: str, coordinator: str, advertise: str) -> int
     server.start()
     log.info("%s (%s) serving, advertised as %s", host.name, host.role, address)
     try:
-        host.join(coordinator, address)
+        host.join(coordinator, address, server)
     except RuntimeError as exc:
         log.error("%s", exc)
         server.stop(grace=0)

@@ -327,7 +327,7 @@ def run_local(
         resolved = run_dir / "config.yaml"
         dump(cfg, resolved)
         try:
-            return _run(cfg, run_dir, resolved, progress, deadline)
+            return _run_resuming(cfg, run_dir, resolved, progress, deadline)
         except RunTimeout:  # every process is stopped by now (the teardowns below)
             print(f"\nrun {cfg.run.id} exceeded --timeout {deadline.seconds:g} s", file=sys.stderr)
             return TIMEOUT_EXIT
@@ -346,13 +346,43 @@ def resume_local(run_dir: Path, *, progress: bool = True, timeout_s: float | Non
         return 2
     deadline = Deadline(timeout_s)
     with role_lock(run_dir, "launcher"):
-        for stale in ("coordinator.addr", "plan.json", "summary.json", "processes.json"):  # the old run's
-            (run_dir / stale).unlink(missing_ok=True)
         try:
-            return _run(cfg, run_dir, resolved, progress, deadline, resume=True)
+            return _run_resuming(cfg, run_dir, resolved, progress, deadline, resume=True)
         except RunTimeout:
             print(f"\nrun {cfg.run.id} exceeded --timeout {deadline.seconds:g} s", file=sys.stderr)
             return TIMEOUT_EXIT
+
+
+def _run_resuming(
+    cfg: Config, run_dir: Path, resolved: Path, progress: bool, deadline: Deadline, resume: bool = False
+) -> int:
+    """The run, resumed by this launcher up to ``run.auto_resume`` times after it failed (a process
+    died, a step failed): each time every process restarts with --resume from the newest checkpoint."""
+    from vflnet.protocols.base import PROTOCOLS
+    from vflnet.roles.checkpoints import latest_manifest
+
+    resumable = cfg.transport.bridge != "loopback" and PROTOCOLS.get(cfg.protocol.kind).resumable
+    attempt = 0
+    while True:
+        if resume:
+            for stale in (
+                "coordinator.addr",
+                "plan.json",
+                "summary.json",
+                "processes.json",
+            ):  # the last run's
+                (run_dir / stale).unlink(missing_ok=True)
+        rc = _run(cfg, run_dir, resolved, progress, deadline, resume)
+        if rc != 1 or not resumable or attempt >= cfg.run.auto_resume:
+            return rc
+        attempt += 1
+        manifest = latest_manifest(run_dir, cfg.run.id, cfg.coordinator.name)
+        print(
+            f"run {cfg.run.id}: resuming by itself from step {manifest.step if manifest else 0} "
+            f"(run.auto_resume: attempt {attempt} of {cfg.run.auto_resume})",
+            file=sys.stderr,
+        )
+        resume = True
 
 
 def _run(

@@ -38,7 +38,7 @@ class Header(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., batch_id: _Optional[int] = ..., sender: _Optional[str] = ..., model_version: _Optional[int] = ..., epoch: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("run_id", "name", "role", "address", "sample_ids", "initial_params", "resume")
+    __slots__ = ("run_id", "name", "role", "address", "sample_ids", "initial_params", "resume", "step_work_s")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class JoinRequest(_message.Message):
     SAMPLE_IDS_FIELD_NUMBER: _ClassVar[int]
     INITIAL_PARAMS_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
+    STEP_WORK_S_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     name: str
     role: str
@@ -53,7 +54,8 @@ class JoinRequest(_message.Message):
     sample_ids: _containers.RepeatedScalarFieldContainer[int]
     initial_params: _tensor_pb2.TensorMap
     resume: bool
-    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., sample_ids: _Optional[_Iterable[int]] = ..., initial_params: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., resume: _Optional[bool] = ...) -> None: ...
+    step_work_s: float
+    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., sample_ids: _Optional[_Iterable[int]] = ..., initial_params: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., resume: _Optional[bool] = ..., step_work_s: _Optional[float] = ...) -> None: ...
 
 class PartyInfo(_message.Message):
     __slots__ = ("name", "role", "address")
@@ -66,7 +68,7 @@ class PartyInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("run_id", "roster", "train_ids", "test_ids", "public_key", "resume_step", "resume_sha256")
+    __slots__ = ("run_id", "roster", "train_ids", "test_ids", "public_key", "resume_step", "resume_sha256", "step_deadline_s")
     class ResumeSha256Entry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +83,7 @@ class JoinReply(_message.Message):
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     RESUME_STEP_FIELD_NUMBER: _ClassVar[int]
     RESUME_SHA256_FIELD_NUMBER: _ClassVar[int]
+    STEP_DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     roster: _containers.RepeatedCompositeFieldContainer[PartyInfo]
     train_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -88,7 +91,8 @@ class JoinReply(_message.Message):
     public_key: bytes
     resume_step: int
     resume_sha256: _containers.ScalarMap[str, str]
-    def __init__(self, run_id: _Optional[str] = ..., roster: _Optional[_Iterable[_Union[PartyInfo, _Mapping]]] = ..., train_ids: _Optional[_Iterable[int]] = ..., test_ids: _Optional[_Iterable[int]] = ..., public_key: _Optional[bytes] = ..., resume_step: _Optional[int] = ..., resume_sha256: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    step_deadline_s: float
+    def __init__(self, run_id: _Optional[str] = ..., roster: _Optional[_Iterable[_Union[PartyInfo, _Mapping]]] = ..., train_ids: _Optional[_Iterable[int]] = ..., test_ids: _Optional[_Iterable[int]] = ..., public_key: _Optional[bytes] = ..., resume_step: _Optional[int] = ..., resume_sha256: _Optional[_Mapping[str, str]] = ..., step_deadline_s: _Optional[float] = ...) -> None: ...
 
 class StepCommand(_message.Message):
     __slots__ = ("header", "sample_ids", "checkpoint_after", "params")

@@ -73,6 +73,14 @@ def add_handlers(server: Server, handlers: dict[str, Handler]) -> None:
             server.served_services.add(service)
 
 
+def allow_step_deadline(server: Server, seconds: float) -> None:
+    """Let chunked calls to ``server`` ask for the run's step deadline (known on admission); a
+    loopback server chunks nothing."""
+    chunking = getattr(server, "chunking", None)
+    if chunking is not None:
+        chunking.allow_deadline(seconds)
+
+
 def unary(channel: grpc.Channel, method: str) -> grpc.UnaryUnaryMultiCallable:
     """A client callable for a unary method by full name, its message classes from the method table."""
     request_cls, response_cls = METHODS[method]

@@ -96,9 +96,8 @@ def make_server(
         chain.insert(0, authorizer)  # identity first, before any tap or attack
         authorize = authorizer.check
     # outermost: the rest sees whole messages; it runs the role check itself before reading a stream
-    chain.insert(
-        0, ChunkingInterceptor(Limits.of(transport), authorize, max_streams=max(1, max_workers // 4))
-    )
+    chunking = ChunkingInterceptor(Limits.of(transport), authorize, max_streams=max(1, max_workers // 4))
+    chain.insert(0, chunking)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{name}-rpc"),
         interceptors=chain,
@@ -108,6 +107,7 @@ def make_server(
         options=[*grpc_options(transport), ("grpc.so_reuseport", 0)],
     )
     server.health_servicer = add_standard_services(server)  # type: ignore[attr-defined]
+    server.chunking = chunking  # type: ignore[attr-defined]
     server.served_services = set()  # type: ignore[attr-defined]  # filled by add_handlers
     return server
 

@@ -253,6 +253,7 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
         max_streams: int = 1 << 30,
     ) -> None:
         self.limits = limits
+        self.stream_deadline_s = limits.stream_deadline_s  # raised to the run's step deadline on admission
         self.stash = _ReplyStash(limits.ticket_ttl_s)
         self.budget = _Budget(limits.inflight)
         self.authorize = authorize  # the role check (mutual TLS), run before a stream is read
@@ -260,6 +261,11 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
         # so they may take only part of the server's workers and control calls (RunStep) keep the rest
         self.streams = threading.BoundedSemaphore(max_streams)
         self.max_streams = max_streams
+
+    def allow_deadline(self, seconds: float) -> None:
+        """Chunked calls may ask for deadlines up to ``seconds`` + 5: the run's step deadline, known once
+        the roster is admitted (vflnet/roles/deadlines.py)."""
+        self.stream_deadline_s = max(self.stream_deadline_s, seconds + 5.0)
 
     def intercept_service(
         self,
@@ -328,12 +334,12 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
         if self.authorize is not None:
             self.authorize(method, context)  # aborts: a caller's role is known before any chunk is read
         remaining = context.time_remaining()
-        if remaining is None or remaining > self.limits.stream_deadline_s:
+        if remaining is None or remaining > self.stream_deadline_s:
             # the deadline bounds how long a stream may hold a worker and its buffer
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"a chunked {method} call needs a deadline of at most {self.limits.stream_deadline_s:g} s "
-                "(the larger of transport.rpc_timeout_s and join_timeout_s, + 5)",
+                f"a chunked {method} call needs a deadline of at most {self.stream_deadline_s:g} s "
+                "(the largest of transport.rpc_timeout_s, join_timeout_s and the run's step deadline, + 5)",
             )
         if not self.streams.acquire(blocking=False):
             context.abort(
