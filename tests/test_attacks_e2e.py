@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import write_config
+from tests.conftest import base_config, write_config
 from vflnet.attacks.base import AttackContext
 from vflnet.data.partition import party_view
 from vflnet.interceptors.trace import read_trace
@@ -183,6 +183,13 @@ def test_config_check_rejects_unknown_attacks_and_bad_params(tmp_path, repo):
         with pytest.raises(ConfigError) as info:
             config_from_dict(data, "x.yaml")
         assert info.value.key == key and text in info.value.message
+    # Lemma 1 needs summed logits: with a top model over concatenated embeddings the attack used to
+    # run and crash when its "labels" (embedding indices) were drawn as a confusion matrix
+    data = base_config(aggregation="concat")
+    data["attacks"] = [{"name": "direct-label-inference", "party": "passive-1"}]
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data, "x.yaml")
+    assert info.value.key == "protocol.aggregation" and "Lemma 1" in info.value.message
 
 
 @pytest.mark.e2e
