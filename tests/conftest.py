@@ -3,8 +3,10 @@ vflnet processes marked e2e."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +130,22 @@ def _vflnet_processes_need_the_e2e_mark(
         popen_init(self, args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", checked)
+
+
+@contextlib.contextmanager
+def served_coordinator(cfg: Any, run_dir: Path) -> Iterator[tuple[Any, Any, str]]:
+    """A coordinator host of ``cfg`` behind a real gRPC server on loopback (no schedule runs):
+    (host, bridge, address); the server stops on exit."""
+    from vflnet.roles.coordinator import CoordinatorHost
+    from vflnet.wire.bridge import GrpcBridge
+
+    bridge = GrpcBridge(cfg.transport)
+    host = CoordinatorHost(cfg, run_dir, bridge)
+    server = bridge.make_server("coordinator", host.interception.chain)
+    host.add_services(server)
+    address = bridge.bind(server, "coordinator", "127.0.0.1:0")
+    server.start()
+    try:
+        yield host, bridge, address
+    finally:
+        server.stop(0)

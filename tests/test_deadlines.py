@@ -8,9 +8,8 @@ import math
 import grpc
 import pytest
 
-from tests.conftest import base_config, write_config
+from tests.conftest import base_config, served_coordinator, write_config
 from vflnet.interceptors import Chain
-from vflnet.roles.coordinator import CoordinatorHost
 from vflnet.roles.party import PartyHost
 from vflnet.runner.local import run_local
 from vflnet.v1 import messages_pb2, services_pb2_grpc
@@ -44,13 +43,7 @@ def test_a_hostile_work_estimate_is_refused_and_the_coordinator_keeps_admitting(
     data["run"]["id"] = "deadlines"
     data["transport"]["join_timeout_s"] = 3  # how long the admitted party's Join waits for the roster
     cfg = config_from_dict(data)
-    bridge = GrpcBridge(cfg.transport)
-    host = CoordinatorHost(cfg, tmp_path, bridge)
-    server = bridge.make_server("coordinator", host.interception.chain)
-    host.add_services(server)
-    address = bridge.bind(server, "coordinator", "127.0.0.1:0")
-    server.start()
-    try:
+    with served_coordinator(cfg, tmp_path) as (host, bridge, address):
         stub = services_pb2_grpc.CoordinatorStub(bridge.open_channel(address, "passive-1", Chain()))
 
         def join(work: float) -> None:
@@ -74,8 +67,6 @@ def test_a_hostile_work_estimate_is_refused_and_the_coordinator_keeps_admitting(
             join(2.5)
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert host.admission.joined["passive-1"].step_work_s == 2.5
-    finally:
-        server.stop(0)
 
 
 @pytest.mark.e2e

@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import pytest
 
-from tests.conftest import base_config
+from tests.conftest import base_config, served_coordinator
 from vflnet.crypto.wire import cipher_to_proto
 from vflnet.interceptors.chain import Chain
 from vflnet.roles.coordinator import CoordinatorHost
@@ -47,14 +47,8 @@ def coordinator(tmp_path, pki):
         "key": str(pki / "{name}.key"),
     }
     cfg = config_from_dict(data)
-    bridge = GrpcBridge(cfg.transport)
-    host = CoordinatorHost(cfg, tmp_path, bridge)
-    server = bridge.make_server("coordinator", host.interception.chain)
-    host.add_services(server)
-    address = bridge.bind(server, "coordinator", "127.0.0.1:0")
-    server.start()
-    yield cfg, host, bridge, address
-    server.stop(0)
+    with served_coordinator(cfg, tmp_path) as (host, bridge, address):
+        yield cfg, host, bridge, address
 
 
 def _join(cfg, bridge, address, as_name, cert_name, role):

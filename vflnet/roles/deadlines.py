@@ -76,7 +76,7 @@ def training_s(flops_per_sample: float, batch: int) -> float:
 
 def step_deadline_s(rpc_timeout_s: float, work_slack: float, estimates: Mapping[str, float]) -> float:
     """The deadline of every RPC and wait within a step, from the parties' work estimates (by party)."""
-    work = sum(max(0.0, e) for e in estimates.values())
+    work = sum(estimates.values())  # each in [0, MAX_ESTIMATE_S]: checked on admission
     deadline = rpc_timeout_s + work_slack * work
     heaviest = max(estimates, key=lambda p: estimates[p], default="")
     log.info(

@@ -97,7 +97,7 @@ class PartyHost:
         shape = list(self.data.x.shape[1:]) if module == "bottom" and self.data.x is not None else None
         return {"config": dataclasses.asdict(cfg) if cfg is not None else None, "input_shape": shape}
 
-    def join(self, coordinator: str, advertise: str, server: Any = None) -> messages_pb2.JoinReply:
+    def join(self, coordinator: str, advertise: str, server: Any) -> messages_pb2.JoinReply:
         self.coordinator_channel = self.channel(coordinator, self.cfg.coordinator.name)
         stub = services_pb2_grpc.CoordinatorStub(self.coordinator_channel)
         req = messages_pb2.JoinRequest(
@@ -121,8 +121,7 @@ class PartyHost:
                         f"{self.name}: join refused by coordinator at {coordinator}: {describe_rpc_error(exc)}"
                     ) from exc
                 time.sleep(0.5)
-        if server is not None:  # before anything can start the first step
-            allow_step_deadline(server, reply.step_deadline_s)
+        allow_step_deadline(server, reply.step_deadline_s)  # before anything can start the first step
         self.prepare(reply)
         log.info(
             "%s joined run %s: %d train / %d test samples",

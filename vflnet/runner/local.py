@@ -353,6 +353,10 @@ def resume_local(run_dir: Path, *, progress: bool = True, timeout_s: float | Non
             return TIMEOUT_EXIT
 
 
+# what a resumed run writes afresh: left over from the last run they would mislead the launcher
+LAST_RUNS_FILES = ("coordinator.addr", "plan.json", "summary.json", "processes.json")
+
+
 def _run_resuming(
     cfg: Config, run_dir: Path, resolved: Path, progress: bool, deadline: Deadline, resume: bool = False
 ) -> int:
@@ -365,12 +369,7 @@ def _run_resuming(
     attempt = 0
     while True:
         if resume:
-            for stale in (
-                "coordinator.addr",
-                "plan.json",
-                "summary.json",
-                "processes.json",
-            ):  # the last run's
+            for stale in LAST_RUNS_FILES:
                 (run_dir / stale).unlink(missing_ok=True)
         rc = _run(cfg, run_dir, resolved, progress, deadline, resume)
         if rc != 1 or not resumable or attempt >= cfg.run.auto_resume:
