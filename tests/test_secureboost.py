@@ -5,17 +5,17 @@ algorithm, and bad input."""
 from __future__ import annotations
 
 import numpy as np
+import phe
 import pytest
 import torch
 from sklearn.tree import DecisionTreeClassifier
 
 from tests.conftest import write_config
-from vflnet.attacks.knowledge import run_split
+from vflnet.bench.secureboost_phe import PhePassive, PheRemote, PheWire, phe_tree
 from vflnet.crypto import generate_keypair
-from vflnet.data.datasets import load_dataset
-from vflnet.data.partition import normalize, party_view
 from vflnet.models.secureboost import (
     FRAC_BITS,
+    LocalParty,
     TreeParams,
     bucketize,
     candidate_thresholds,
@@ -29,6 +29,7 @@ from vflnet.models.secureboost import (
 )
 from vflnet.protocols.secureboost import gh_slots
 from vflnet.runner.local import run_local
+from vflnet.runner.reference import tree_views
 from vflnet.validation import config_from_dict
 
 PARTIES = ["active", "passive-1", "passive-2"]
@@ -66,17 +67,9 @@ def tree_config(mode: str = "he", n: int | None = None) -> dict:
 
 def one_process(cfg, params: TreeParams, trees: int = 1):
     """The same algorithm in this process, on the columns each party holds, normalised as it does."""
-    data = load_dataset(cfg.data.dataset, cfg.data.params)
-    train_ids, test_ids = run_split(cfg, data)
-    xs = []
-    for name in PARTIES:
-        view = party_view(cfg, name, data)
-        xs.append(normalize(view.x, view.rows(train_ids), cfg.data.normalize, data.is_image))
-        rows = view.rows
-    y = party_view(cfg, "active", data).y
-    train_rows, test_rows = rows(train_ids), rows(test_ids)
-    ensemble, parties = train_local(xs, y, data.n_classes, params, [train_rows] * trees, train_rows)
-    return ensemble, parties, xs, y, train_rows, test_rows, test_ids
+    v = tree_views(cfg)
+    ensemble, parties = train_local(v.xs, v.y, v.n_classes, params, [v.train_rows] * trees, v.train_rows)
+    return ensemble, parties, v.xs, v.y, v.train_rows, v.test_rows, v.test_ids
 
 
 def test_a_one_process_tree_is_within_a_point_of_sklearns_tree_of_the_same_depth() -> None:
@@ -103,6 +96,32 @@ def test_encrypted_histograms_decrypt_to_exactly_the_plaintext_ones() -> None:
     assert hist.shape == packed_shape(2, sum(m), 2 * c, slots) and hist.shape[1] < sum(m)  # packed
     got = unpack_histograms(np.asarray(private.decrypt_encoded(hist), dtype=np.int64), sum(m), 2 * c)
     np.testing.assert_array_equal(got, histograms_plain(buckets, m, node_of, [0, 2], gh))
+
+
+def test_the_phe_tree_of_the_bench_decrypts_to_the_plaintext_histograms_and_grows_the_same_tree() -> None:
+    """`vflnet bench secureboost`'s phe row is a real run: one EncryptedNumber per value, 512-bit keys
+    (small keys: this test is about the arithmetic, not security)."""
+    cfg = config_from_dict(tree_config("plain", n=240))
+    v = tree_views(cfg)
+    run = phe_tree(v.xs, v.y, v.n_classes, TreeParams(max_depth=3, n_bins=8), v.train_rows, 512)
+    assert run.same_tree and (run.tree.kind == 1).sum() >= 3
+    width = 2 * 512 // 8
+    gh_bytes = 2 * len(v.train_rows) * 2 * v.n_classes * width  # gh to both passive parties
+    assert run.bytes_sent > gh_bytes and run.bytes_sent % width == 0
+    # a passive party's phe histograms decrypt to exactly the plaintext ones
+    public, private = phe.generate_paillier_keypair(n_length=512)
+    gh = grad_hess(v.y[v.train_rows], np.zeros((len(v.train_rows), v.n_classes)))
+    local = LocalParty.fit(v.xs[1], v.train_rows, 8)
+    wire = PheWire(public)
+    numbers = np.empty(gh.shape, dtype=object)
+    numbers[:] = [[public.encrypt(int(x)) for x in row] for row in gh]
+    party = PhePassive(local, wire)
+    party.start_tree(v.train_rows, wire.send(numbers), gh.shape[1])
+    node_of = np.random.default_rng(0).integers(-1, 2, len(v.train_rows))
+    got = PheRemote(party, private, gh.shape[1]).histograms(node_of, [0, 1])
+    np.testing.assert_array_equal(
+        got, histograms_plain(local.buckets, local.n_candidates, node_of, [0, 1], gh)
+    )
 
 
 @pytest.mark.e2e

@@ -5,17 +5,18 @@ between the label holder and two passive parties), at `--bits`:
 
   engine     the real protocol in HE mode (vflnet/protocols/secureboost.py) over the loopback bridge,
              1 crypto worker, then `--workers` (both cores);
-  phe        the same tree's cryptographic work with python-paillier, one EncryptedNumber per value:
-             a cost model, as `vflnet bench he-step` does (the engine counts the work in per-value
-             operations while the real protocol runs, `vflnet.crypto.opcount`; python-paillier is
-             timed on each primitive under a key of the same size); its bytes are one ciphertext
-             (2 * bits / 8 bytes) per value sent: the gradient statistics to every passive party and
-             every histogram value;
+  phe        the same tree grown on python-paillier objects, one EncryptedNumber per value, every party
+             in this process (vflnet/bench/secureboost_phe.py: phe has no arrays or wire format to run
+             the protocol's messages on); checked to grow the same tree as the plaintext algorithm;
+  phe model  the cost model `vflnet bench he-step` uses (the engine counts per-value operations while
+             the real protocol runs, `vflnet.crypto.opcount`, times python-paillier's cost per operation
+             under a key of the same size): printed beside the phe run as a check of that model;
   plaintext  the same protocol in plain mode.
 
-Seconds per tree are the coordinator's step time (metrics.jsonl); bytes per tree are what every
-party sent in that step. Engine-only work (packing gh, packing histogram entries) has no per-value
-counterpart and costs phe nothing.
+Seconds per tree are the coordinator's step time (metrics.jsonl) for the protocol runs and the wall
+time from the gh encryption to the grown tree for phe; bytes per tree are what every party sent in
+that step (phe: the ciphertexts, 2 * bits / 8 bytes each). Engine-only work (packing gh, packing
+histogram entries) has no per-value counterpart and costs phe nothing.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from vflnet.bench.common import parse_args, write_json
+from vflnet.bench.secureboost_phe import phe_tree
 from vflnet.crypto import generate_keypair, opcount, shutdown_pools
+from vflnet.models.secureboost import TreeParams
 from vflnet.runner.loopback import LoopbackFailure, run_loopback
+from vflnet.runner.reference import tree_views
 from vflnet.validation import config_from_dict
 
 
@@ -128,12 +132,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"engine ({args.workers} workers): {s:.2f} s", flush=True)
     public, private = generate_keypair(args.bits, allow_insecure=args.bits < 1024)
     wall, _ = phe_costs(public.to_phe(), private.to_phe())
-    phe_s = sum(ops.get(k, 0.0) * wall.ops[k] for k in ("encrypt", "add", "obfuscate", "decrypt"))
+    model_s = sum(ops.get(k, 0.0) * wall.ops[k] for k in ("encrypt", "add", "obfuscate", "decrypt"))
     width = 2 * args.bits // 8
-    phe_b = (ops.get("encrypt", 0.0) * 2 + ops.get("obfuscate", 0.0)) * width  # gh to both passive parties
-    results.append(("phe (cost model)", phe_s, phe_b))
+    model_b = (ops.get("encrypt", 0.0) * 2 + ops.get("obfuscate", 0.0)) * width  # gh to both passive parties
     print(
-        f"phe: {phe_s:.1f} s (costs per value: { {k: f'{v * 1e6:.1f} us' for k, v in wall.ops.items()} })",
+        f"phe cost model: {model_s:.1f} s (per value: { {k: f'{v * 1e6:.1f} us' for k, v in wall.ops.items()} })"
+    )
+    views = tree_views(
+        config_from_dict(bench_config("he", args.bits, args.rows, args.features, args.depth, 1))
+    )
+    phe_run = phe_tree(
+        views.xs, views.y, views.n_classes, TreeParams(args.depth, n_bins=32), views.train_rows, args.bits
+    )
+    if not phe_run.same_tree:
+        raise SystemExit("the phe tree differs from the plaintext algorithm's: the phe run is wrong")
+    phe_s = phe_run.seconds
+    results.append(("phe (one EncryptedNumber per value, one process)", phe_s, phe_run.bytes_sent))
+    results.append(("phe cost model (he-step's method)", model_s, model_b))
+    print(
+        f"phe: {phe_s:.1f} s, {_bytes(phe_run.bytes_sent)}, the same tree as the plaintext algorithm",
         flush=True,
     )
     s, b, _ = run_tree(bench_config("plain", args.bits, args.rows, args.features, args.depth, 1))

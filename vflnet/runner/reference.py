@@ -126,3 +126,35 @@ def _evaluate(
             loss_sum += float(F.cross_entropy(logits, y)) * len(chunk)
             correct += int((logits.argmax(1) == y).sum())
     return {"test_loss": loss_sum / len(ids), "test_accuracy": correct / len(ids)}
+
+
+@dataclass
+class TreeViews:
+    """What the `secureboost` parties hold, in the protocol's party order (the label holder first when
+    it has features, then the passive parties): normalised features over the same rows, the labels,
+    and the run's train/test rows."""
+
+    xs: list[np.ndarray]
+    y: np.ndarray
+    n_classes: int
+    train_rows: np.ndarray
+    test_rows: np.ndarray
+    test_ids: np.ndarray
+
+
+def tree_views(cfg: Config) -> TreeViews:
+    """The parties' data as the run holds it, for the one-process tree (`train_local`)."""
+    dataset = load_dataset(cfg.data.dataset, cfg.data.params)
+    views = [party_view(cfg, p.name, dataset) for p in [cfg.active, *cfg.passives]]
+    common = intersect([v.ids for v in views])
+    train_ids, test_ids = split_train_test(common, cfg.data.test_fraction, cfg.run.seed)
+    if any(not np.array_equal(v.ids, views[0].ids) for v in views):
+        raise ValueError("the one-process tree needs every party's rows in the same order")
+    xs = [
+        normalize(v.x, v.rows(train_ids), cfg.data.normalize, dataset.is_image)
+        for v in views
+        if v.x is not None
+    ]
+    y = views[0].y
+    assert y is not None
+    return TreeViews(xs, y, dataset.n_classes, views[0].rows(train_ids), views[0].rows(test_ids), test_ids)
