@@ -117,3 +117,19 @@ def test_the_attacks_need_a_release_and_the_prediction_phase(tmp_path, attack) -
         with pytest.raises(ConfigError) as info:
             config_from_dict(data)
         assert kind in str(info.value)
+
+
+def test_the_reproductions_correlation_table_scores_grna_per_target_feature(tmp_path) -> None:
+    """`vflnet reproduce prediction-attacks --tables correlations`: one row per target feature (breast_cancer,
+    40% of 30 features), each a GRNA MSE and two correlations in [-1, 1] (Eqs. 16-17)."""
+    from vflnet.reproduce import prediction_attacks
+
+    assert prediction_attacks.main(["--quick", "--tables", "correlations", "--out-dir", str(tmp_path)]) == 0
+    report = (tmp_path / "report.md").read_text()
+    rows = [r.strip("|").split("|") for r in report.splitlines() if r.startswith("| ") and r[2].isdigit()]
+    assert sorted(int(r[0]) for r in rows) == list(range(12))
+    for _, mse, with_adv, with_v in rows:
+        assert 0 < float(mse) < 1 and abs(float(with_adv)) <= 1 and abs(float(with_v)) <= 1
+    assert "Pearson r between a feature's MSE" in report
+    with pytest.raises(SystemExit):
+        prediction_attacks.main(["--tables", "no-such-table", "--out-dir", str(tmp_path)])
