@@ -310,3 +310,27 @@ def test_hashvfl_config_checks_name_the_key():
     active_features["protocol"] = hash_config()["protocol"]
     with pytest.raises(ConfigError, match="give features to passive parties"):
         config_from_dict(active_features)
+
+
+def test_resnet_small_bottom_builds_with_batch_norm_and_gives_the_embedding_width():
+    """The MNIST reproduction's stand-in for ResNet18: BN inside, residual blocks, [n, out] from a half image;
+    its training-only shift augmentation keeps the shape and is off in eval mode."""
+    from vflnet.config import ModelConfig
+    from vflnet.models.zoo import SmallResNet, build_bottom, random_shift
+
+    torch.manual_seed(0)
+    model = build_bottom(ModelConfig(kind="resnet-small", channels=[8, 16, 32], out=16, shift=2), (1, 28, 14))
+    assert isinstance(model, SmallResNet)
+    n_bn = sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    assert n_bn == 1 + 2 * 3 + 2  # the stem, two per block, the two strided blocks' shortcuts
+    x = torch.rand(5, 1, 28, 14)
+    assert model(x).shape == (5, 16)
+    model.eval()
+    assert torch.equal(model(x), model(x))  # no augmentation outside training
+    shifted = random_shift(x, 2)
+    assert shifted.shape == x.shape and shifted.sum() <= x.sum() + 1e-4  # translated, zero filled
+    # a config names it like any other kind; its region is an image
+    cfg = hash_config()
+    cfg["parties"][2]["bottom"] = {"kind": "resnet-small", "channels": [4, 8], "out": 4}
+    cfg["parties"][3]["bottom"] = {"kind": "resnet-small", "channels": [4, 8], "out": 4}
+    config_from_dict(cfg)

@@ -142,6 +142,9 @@ class ModelConfig:
     channels: list[int] = setting(
         factory=lambda: [8, 16], help="conv widths (cnn; cafe-conv: its two conv layers)"
     )
+    shift: int = setting(
+        0, "resnet-small: in training only, shift each image by up to this many pixels (zero fill)"
+    )
     input_activation: Literal["none", "relu", "tanh", "sigmoid"] = setting(
         "none", "top only: nonlinearity applied to the aggregate first"
     )
@@ -570,6 +573,8 @@ def validate(cfg: Config) -> None:
                 raise ConfigError(
                     src, f"{key}.bottom.out", "expected the embedding size (a positive integer)"
                 )
+            if p.bottom.shift < 0:
+                raise ConfigError(src, f"{key}.bottom.shift", "expected pixels >= 0")
             if not 0.0 <= p.bottom.dropout < 1.0:
                 raise ConfigError(src, f"{key}.bottom.dropout", "expected a rate in [0, 1)")
         if not 0 < p.sample_fraction <= 1:

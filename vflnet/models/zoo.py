@@ -86,6 +86,59 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
+class _BasicBlock(nn.Module):
+    """ResNet's basic block: two 3x3 conv + BN, identity (or 1x1 conv + BN) shortcut, ReLU after the sum."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class SmallResNet(nn.Module):
+    """A small ResNet (He et al.; paper 001's ResNet18 scaled down for CPU runs): a 3x3 conv + BN + ReLU
+    stem of ``channels[0]`` maps, one basic block per ``channels`` width (stride 2 from the second on),
+    global average pooling, then a linear embedding, as ResNet18's ``fc``."""
+
+    def __init__(self, in_shape: tuple[int, int, int], channels: list[int], out: int, shift: int = 0) -> None:
+        super().__init__()
+        self.shift = shift
+        c = channels[0]
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_shape[0], c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU()
+        )
+        blocks: list[nn.Module] = []
+        for i, width in enumerate(channels):
+            blocks.append(_BasicBlock(c, width, 1 if i == 0 else 2))
+            c = width
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Linear(c, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and self.shift > 0:
+            x = random_shift(x, self.shift)
+        return self.head(self.blocks(self.stem(x)).mean((2, 3)))
+
+
+def random_shift(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Each image [n, c, h, w] translated by its own random (dy, dx) in [-s, s]^2, zero fill."""
+    n, _, h, w = x.shape
+    padded = nn.functional.pad(x, (s, s, s, s))
+    dy, dx = torch.randint(0, 2 * s + 1, (2, n)).tolist()
+    return torch.stack([padded[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(n)])
+
+
 def cafe_config(
     cfg: ModelConfig, input_shape: tuple[int, ...], n_workers: int = 1, n_classes: int = 10
 ) -> Any:
@@ -169,6 +222,14 @@ MODELS.register(
         "cnn",
         "3x3 conv + ReLU per `channels` width (2x2 max-pool while the region is >= 4 px), then a linear embedding",
         build_bottom=lambda cfg, shape: SmallCNN(shape, cfg.channels, cfg.out),  # type: ignore[arg-type]
+        image_input=True,
+    )
+)
+MODELS.register(
+    ModelKind(
+        "resnet-small",
+        "a small ResNet: 3x3 conv + BN stem, one residual basic block (two 3x3 conv + BN) per `channels` width, stride 2 from the second, global average pool, linear embedding; `shift`: random translation in training",
+        build_bottom=lambda cfg, shape: SmallResNet(shape, cfg.channels, cfg.out, cfg.shift),  # type: ignore[arg-type]
         image_input=True,
     )
 )

