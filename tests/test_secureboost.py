@@ -11,7 +11,7 @@ import torch
 from sklearn.tree import DecisionTreeClassifier
 
 from tests.conftest import write_config
-from vflnet.bench.secureboost_phe import PhePassive, PheRemote, PheWire, phe_tree
+from vflnet.bench.secureboost_phe import PhePassive, PheRemote, PheWire, encrypt_rows, phe_tree
 from vflnet.crypto import generate_keypair
 from vflnet.models.secureboost import (
     FRAC_BITS,
@@ -113,10 +113,8 @@ def test_the_phe_tree_of_the_bench_decrypts_to_the_plaintext_histograms_and_grow
     gh = grad_hess(v.y[v.train_rows], np.zeros((len(v.train_rows), v.n_classes)))
     local = LocalParty.fit(v.xs[1], v.train_rows, 8)
     wire = PheWire(public)
-    numbers = np.empty(gh.shape, dtype=object)
-    numbers[:] = [[public.encrypt(int(x)) for x in row] for row in gh]
     party = PhePassive(local, wire)
-    party.start_tree(v.train_rows, wire.send(numbers), gh.shape[1])
+    party.start_tree(v.train_rows, wire.send(encrypt_rows(public, gh)), gh.shape[1])
     node_of = np.random.default_rng(0).integers(-1, 2, len(v.train_rows))
     got = PheRemote(party, private, gh.shape[1]).histograms(node_of, [0, 1])
     np.testing.assert_array_equal(

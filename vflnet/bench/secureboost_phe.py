@@ -41,7 +41,8 @@ class PheWire:
         return (2 * self.public_key.n.bit_length() + 7) // 8
 
     def send(self, numbers: np.ndarray) -> bytes:
-        blob = b"".join(int(c.ciphertext(be_secure=False)).to_bytes(self.width, "big") for c in numbers.flat)
+        w = self.width
+        blob = b"".join(int(c.ciphertext(be_secure=False)).to_bytes(w, "big") for c in numbers.flat)
         self.sent += len(blob)
         return blob
 
@@ -107,6 +108,16 @@ class PheRemote:
         return self.party.local.split(node, candidate)
 
 
+def encrypt_rows(public: phe.PaillierPublicKey, gh: np.ndarray) -> np.ndarray:
+    """The label holder's gh (n, k) fixed-point integers as phe numbers, one per value."""
+    numbers = np.empty(gh.shape, dtype=object)
+    with runs("phe: encrypt gh", total=len(gh), unit="row"):
+        for i, row in enumerate(gh.tolist()):
+            numbers[i] = [public.encrypt(v) for v in row]
+            advance(str(i))
+    return numbers
+
+
 @dataclass
 class PheTree:
     seconds: float
@@ -133,11 +144,7 @@ def phe_tree(
     passives = [PhePassive(LocalParty.fit(x, train_rows, params.n_bins), PheWire(public)) for x in xs[1:]]
 
     start, start_cpu = time.perf_counter(), time.process_time()
-    numbers = np.empty(gh.shape, dtype=object)
-    with runs("phe: encrypt gh", total=len(gh), unit="row"):
-        for i, row in enumerate(gh.tolist()):
-            numbers[i] = [public.encrypt(v) for v in row]
-            advance(str(i))
+    numbers = encrypt_rows(public, gh)
     own.start_tree(train_rows, gh)
     for p in passives:
         p.start_tree(train_rows, p.wire.send(numbers), k)

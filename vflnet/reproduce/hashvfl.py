@@ -58,11 +58,7 @@ PAPER_X = {
 }
 
 DATASETS: dict[str, dict[str, Any]] = {
-    "mnist": {
-        "data": {"dataset": "mnist"},
-        "regions": ([0, 28, 0, 14], [0, 28, 14, 28]),
-        "hidden": [128],  # the MLP bottom 392 -> 128 -> d; `--mnist-bottom` picks from MNIST_BOTTOMS
-    },
+    "mnist": {"data": {"dataset": "mnist"}, "regions": ([0, 28, 0, 14], [0, 28, 14, 28])},  # MNIST_BOTTOMS
     "digits": {"data": {"dataset": "digits"}, "regions": ([0, 8, 0, 4], [0, 8, 4, 8]), "hidden": [64]},
     "cbpd": {"data": {"dataset": "breast_cancer"}, "columns": ([0, 15], [15, 30]), "hidden": [32]},
     "criteo": {
@@ -104,11 +100,9 @@ def run_config(
     attacks: list[dict[str, Any]] | None = None,
     releases: list[dict[str, Any]] | None = None,
     predict: dict[str, Any] | None = None,
-    mnist_bottom: str | None = None,
 ) -> dict[str, Any]:
     """One run: ``variant`` None is the no-defense baseline (plain split, real-valued d-wide embeddings);
-    ``mnist_bottom`` a key of MNIST_BOTTOMS (default: the one `main` was given, else `mlp`)."""
-    mnist_bottom = mnist_bottom or OPTIONS["mnist_bottom"]
+    MNIST runs take the bottom `main` was given (OPTIONS)."""
     spec = DATASETS[dataset]
     parties: list[dict[str, Any]] = [
         {"name": "coordinator", "role": "coordinator"},
@@ -121,7 +115,9 @@ def run_config(
             else {"columns": list(range(*spec["columns"][i]))}
         )
         base = (
-            MNIST_BOTTOMS[mnist_bottom] if dataset == "mnist" else {"kind": "mlp", "hidden": spec["hidden"]}
+            MNIST_BOTTOMS[OPTIONS["mnist_bottom"]]
+            if dataset == "mnist"
+            else {"kind": "mlp", "hidden": spec["hidden"]}
         )
         bottom = {**copy.deepcopy(base), "out": bits}
         parties.append(

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from vflnet.attacks.knowledge import run_split
 from vflnet.config import Config
 from vflnet.data.alignment import epoch_batches, eval_batches, intersect, split_train_test
 from vflnet.data.datasets import load_dataset
@@ -146,8 +147,7 @@ def tree_views(cfg: Config) -> TreeViews:
     """The parties' data as the run holds it, for the one-process tree (`train_local`)."""
     dataset = load_dataset(cfg.data.dataset, cfg.data.params)
     views = [party_view(cfg, p.name, dataset) for p in [cfg.active, *cfg.passives]]
-    common = intersect([v.ids for v in views])
-    train_ids, test_ids = split_train_test(common, cfg.data.test_fraction, cfg.run.seed)
+    train_ids, test_ids = run_split(cfg, dataset)
     if any(not np.array_equal(v.ids, views[0].ids) for v in views):
         raise ValueError("the one-process tree needs every party's rows in the same order")
     xs = [
