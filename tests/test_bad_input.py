@@ -219,6 +219,35 @@ def test_a_refused_shutdown_changes_nothing(active, request_, code, text):
     assert report.metrics["count"] == 4 and party.local.version == 1
 
 
+def test_a_step_command_that_overtakes_the_one_before_waits_for_its_turn(active):
+    """A pipelined schedule keeps two step commands out (vflnet/roles/step_order.py): step 2's may reach
+    the party first, and waits there until step 1 is done; one further ahead is refused."""
+    party, stub, party_stub, train = active
+    early = party_stub.RunStep.future(_command(2, train[4:8]), timeout=DEADLINE)
+    with party.turns.cond:
+        assert party.turns.cond.wait_for(lambda: 2 in party.turns.waiting, DEADLINE)
+    code, details = _status(party_stub.RunStep, _command(3, train[:4]))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "out of order" in details
+    assert not early.done() and party.local.version == 0
+    first, _ = _full_step(party_stub, stub, 1, train[:4])
+    assert first.header.step == 1 and first.metrics["count"] == 4
+    senders = [
+        threading.Thread(
+            target=stub.ExchangeEmbeddings,
+            args=(_emb(sender=n, step=2, ids=train[4:8]),),
+            kwargs={"timeout": DEADLINE},
+        )
+        for n in ("passive-1", "passive-2")
+    ]
+    for t in senders:
+        t.start()
+    second = early.result(timeout=DEADLINE)
+    for t in senders:
+        t.join(DEADLINE)
+    assert second.header.step == 2 and second.metrics["count"] == 4
+    assert party.local.version == 2 and party.last_step == 2
+
+
 def test_a_refused_run_step_has_no_effect(active):
     """Security finding 3: an unknown sender got UNKNOWN (a KeyError) after resetting the idle timer; a
     far-future step was accepted and parked the party."""

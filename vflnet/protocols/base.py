@@ -42,6 +42,13 @@ class RunFailed(RuntimeError):
 class CoordinatorSide:
     """The coordinator's half. The defaults do nothing: the generic schedule is the whole protocol."""
 
+    # Whether step n+1's command may go out before step n's reports are in (vflnet/roles/step_order.py).
+    # Safe when every party's part of a step happens in its own step, in order, and ``command`` and
+    # ``after_step`` keep no state that step n+1 would need from step n (split: yes; split-he's
+    # decryption is bound to the one step in flight, param-server's command carries the parameters
+    # step n updates, secureboost's passive parties work in their services).
+    pipelined: ClassVar[bool] = False
+
     def __init__(self, host: CoordinatorHost) -> None:
         self.host = host
         self.cfg = host.cfg

@@ -37,6 +37,7 @@ from vflnet.protocols.split import (
     ActiveSplit,
     PassiveSplit,
     SplitActive,
+    SplitCoordinator,
     SplitPassive,
     StepResult,
     label_loss,
@@ -217,6 +218,7 @@ class HashVFL(Protocol):
             "a number >= 0",
         ),
     }
+    coordinator = SplitCoordinator
     active = HashActive
     passive = HashPassive
 

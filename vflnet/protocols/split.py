@@ -31,7 +31,7 @@ from vflnet.data.partition import party_seed
 from vflnet.defenses.label_defenses import LabelDefense, soft_cross_entropy
 from vflnet.models.local import LocalModel
 from vflnet.models.zoo import TopModel, aggregate
-from vflnet.protocols.base import PROTOCOLS, PartySide, Protocol
+from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, PartySide, Protocol
 from vflnet.protocols.predictions import PredictionsKeeper
 from vflnet.registry import DEFENSES
 from vflnet.roles.common import check_run, check_sender, wait_for
@@ -407,11 +407,19 @@ class SplitActive(PartySide):
         self.keeper.parts = state["predictions"]
 
 
+class SplitCoordinator(CoordinatorSide):
+    """The generic schedule, pipelined: a passive party's whole part of a step is its step, and the
+    active party takes the next step's embeddings as soon as this step completes (``_slot``)."""
+
+    pipelined = True
+
+
 @PROTOCOLS.register
 class Split(Protocol):
     name = "split"
     description = (
         "plaintext split learning: embeddings up, gradients down (concat + top model, or sum of logits)"
     )
+    coordinator = SplitCoordinator
     active = SplitActive
     passive = SplitPassive

@@ -11,6 +11,8 @@ import os
 import signal
 import threading
 import time
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from vflnet.roles import checkpoints, deadlines
 from vflnet.roles.common import check_run, check_sender, header, wait_for
 from vflnet.roles.heartbeat import Abort, PartyWatch
 from vflnet.roles.party import accept_release
+from vflnet.roles.step_order import STEPS_IN_FLIGHT
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.bridge import Bridge, add_handlers, allow_step_deadline
 from vflnet.wire.channels import stop_server
@@ -133,7 +136,7 @@ class Cursor:
     """Where the schedule stands, kept in every coordinated checkpoint: a resumed run continues with
     the next training step of the same seeded schedule."""
 
-    step: int = 0  # the last step sent, in any phase
+    step: int = 0  # the last training step completed (a resumed run numbers on from it)
     epoch: int = 0
     batch: int = 0  # the next training batch of the epoch
     trained: int = 0
@@ -146,9 +149,31 @@ class Cursor:
     metrics_bytes: int = 0  # metrics.jsonl's length at the checkpoint
 
 
+@dataclass
+class Sent:
+    """A step whose RunStep calls are out: its command, the waves still to send, the calls in flight."""
+
+    cmd: messages_pb2.StepCommand
+    waves: list[list[str]]
+    calls: dict[str, Any] = field(default_factory=dict)
+    reports: dict[str, messages_pb2.StepReport] = field(default_factory=dict)
+    sent_at: float = field(default_factory=time.perf_counter)
+
+    @property
+    def step(self) -> int:
+        return self.cmd.header.step
+
+
 class Schedule:
     """Drives the parties through the run: epochs of training steps, evaluation passes, prediction
-    passes and model releases, each step a RunStep to every party at once."""
+    passes and model releases, each step a RunStep to every party at once.
+
+    Steps are pipelined where the protocol allows it (``CoordinatorSide.pipelined``): step n+1's
+    RunStep goes out before step n's reports are in, so its delivery overlaps step n's work; each
+    party still runs its steps one at a time and in order (vflnet/roles/step_order.py), and the
+    reports are taken in order. The messages are the same as without pipelining; only when they
+    travel changes. A step that ends in a coordinated checkpoint completes before the next is sent,
+    so a checkpoint is exactly the state after its step everywhere."""
 
     def __init__(
         self,
@@ -168,6 +193,7 @@ class Schedule:
         self.timeout = reply.step_deadline_s  # scaled with the parties' work (vflnet/roles/deadlines.py)
         self.checkpointed: list[int] = []  # steps with a manifest written by this process, oldest first
         self.abort = Abort()  # heartbeats end a wait on a dead party (vflnet/roles/heartbeat.py)
+        self.window: deque[Sent] = deque()  # steps sent and not yet completed, oldest first
 
     def plan(self) -> dict[str, int]:
         t = self.cfg.train
@@ -195,7 +221,8 @@ class Schedule:
         settled = threading.Semaphore(0)
         for call in calls.values():
             call.add_done_callback(lambda _c: settled.release())
-        self.abort.track(calls.values())
+        # a dead party also ends the calls of the pipelined step behind this one
+        self.abort.track([*calls.values(), *(c for s in self.window for c in s.calls.values())])
         for _ in calls:
             settled.acquire()
             self.abort.check()
@@ -207,41 +234,102 @@ class Schedule:
                 raise RunFailed(f"party {name!r} failed at {what}: {describe_rpc_error(call.exception())}")
         return {name: call.result() for name, call in calls.items()}
 
-    def _run_step(
-        self, phase: int, epoch: int, batch_id: int, ids: np.ndarray, checkpoint: bool
-    ) -> dict[str, messages_pb2.StepReport]:
+    def _send_wave(self, sent: Sent) -> None:
+        # a pipelined call also spans the step before it, which the party finishes first
+        timeout = self.timeout * STEPS_IN_FLIGHT if self.side.pipelined else self.timeout
+        sent.calls = {
+            name: self.stubs[name].RunStep.future(self.side.command(name, sent.cmd), timeout=timeout)
+            for name in sent.waves.pop(0)
+        }
+
+    def _send(self, phase: int, epoch: int, batch_id: int, ids: np.ndarray, checkpoint: bool) -> Sent:
         self.step += 1
         cmd = messages_pb2.StepCommand(
             header=self._header(phase, epoch, batch_id), sample_ids=ids, checkpoint_after=checkpoint
         )
-        reports: dict[str, messages_pb2.StepReport] = {}
-        for wave in self.side.waves(list(self.stubs)):
-            calls = {
-                name: self.stubs[name].RunStep.future(self.side.command(name, cmd), timeout=self.timeout)
-                for name in wave
-            }
-            reports.update(self._all(calls, f"step {self.step} (epoch {epoch})"))
-        try:
-            self.side.after_step(phase, reports)
-        except RunFailed as exc:
-            raise RunFailed(f"step {self.step}: {exc}") from exc
-        return reports
+        sent = Sent(cmd, self.side.waves(list(self.stubs)))
+        if self.side.pipelined and len(sent.waves) > 1:
+            raise RunFailed(f"protocol {self.cfg.protocol.kind!r}: a pipelined step runs in one wave")
+        self._send_wave(sent)
+        return sent
 
-    def _checkpoint_due(self, epoch: int, last_of_epoch: bool) -> bool:
-        t, c = self.cfg.train, self.cursor
+    def _complete(self, sent: Sent) -> dict[str, messages_pb2.StepReport]:
+        h = sent.cmd.header
+        while True:
+            sent.reports.update(self._all(sent.calls, f"step {h.step} (epoch {h.epoch})"))
+            if not sent.waves:
+                break
+            self._send_wave(sent)
+        try:
+            self.side.after_step(h.phase, sent.reports)
+        except RunFailed as exc:
+            raise RunFailed(f"step {h.step}: {exc}") from exc
+        return sent.reports
+
+    def _steps(
+        self, phase: int, epoch: int, batches: list[tuple[int, np.ndarray, bool]]
+    ) -> Iterator[tuple[Sent, float]]:
+        """Run ``batches`` (batch id, sample ids, checkpoint after it) as consecutive steps; yield each
+        step with its reports, in order, and its wall time: from when it was sent, or when the step
+        before it completed if that was later."""
+        depth = STEPS_IN_FLIGHT if self.side.pipelined else 1
+        last_done = 0.0
+        try:
+            for batch_id, ids, checkpoint in batches:
+                if self.window and self.window[-1].cmd.checkpoint_after:
+                    depth_now = 1  # a checkpoint is the state after its step: nothing runs beyond it
+                else:
+                    depth_now = depth
+                while len(self.window) >= depth_now:
+                    done = self.window.popleft()
+                    self._complete(done)
+                    end = time.perf_counter()
+                    yield done, end - max(done.sent_at, last_done)
+                    last_done = end
+                self.window.append(self._send(phase, epoch, batch_id, ids, checkpoint))
+            while self.window:
+                done = self.window.popleft()
+                self._complete(done)
+                end = time.perf_counter()
+                yield done, end - max(done.sent_at, last_done)
+                last_done = end
+        finally:  # a failed step (or a stopped run) ends the one pipelined behind it
+            for behind in self.window:
+                for call in behind.calls.values():
+                    call.cancel()
+            self.window.clear()
+
+    def _checkpoint_due(self, epoch: int, last_of_epoch: bool, trained: int) -> bool:
+        """Whether the training step after ``trained`` earlier ones ends in a coordinated checkpoint."""
+        t = self.cfg.train
         at_epoch_end = last_of_epoch and (epoch + 1) % t.checkpoint_every == 0
         return at_epoch_end or bool(
-            t.checkpoint_every_steps and (c.trained + 1) % t.checkpoint_every_steps == 0
+            t.checkpoint_every_steps and (trained + 1) % t.checkpoint_every_steps == 0
         )
+
+    def _epoch_plan(self, epoch: int) -> list[tuple[int, np.ndarray, bool]]:
+        """The training steps of ``epoch`` still to run: (batch id, sample ids, checkpoint after it)."""
+        t, c = self.cfg.train, self.cursor
+        batches = epoch_batches(self.train_ids, t.batch_size, epoch, self.cfg.run.seed, t.drop_last)
+        plan, trained = [], c.trained
+        for b in range(c.batch, len(batches)):
+            if t.max_steps and trained >= t.max_steps:
+                break  # resumed from the checkpoint of the run's last training step
+            last_of_run = bool(t.max_steps) and trained + 1 >= t.max_steps
+            plan.append(
+                (b, batches[b], self._checkpoint_due(epoch, b == len(batches) - 1 or last_of_run, trained))
+            )
+            trained += 1
+        return plan
 
     def save_point(self, reports: dict[str, messages_pb2.StepReport]) -> None:
         """Every party saved this step (its report names the file's digest): save the coordinator's
         own state, then write the manifest that makes the checkpoint usable."""
         missing = sorted(n for n, r in reports.items() if not r.checkpoint_sha256)
         if missing:
-            raise RunFailed(f"step {self.step}: no checkpoint digest from {', '.join(missing)}")
+            raise RunFailed(f"step {self.cursor.step}: no checkpoint digest from {', '.join(missing)}")
         c = self.cursor
-        c.step, c.metrics_bytes = self.step, self.metrics.offset()
+        c.metrics_bytes = self.metrics.offset()
         files = {n: r.checkpoint_sha256 for n, r in reports.items()}
         name = self.cfg.coordinator.name
         state = {
@@ -250,13 +338,11 @@ class Schedule:
             "interception": self.side.host.interception.state(),
             "rng": checkpoints.global_rng_state(),
         }
-        files[name] = checkpoints.save_state(
-            checkpoints.step_dir(self.run_dir, self.step) / f"{name}.pt", state
-        )
+        files[name] = checkpoints.save_state(checkpoints.step_dir(self.run_dir, c.step) / f"{name}.pt", state)
         checkpoints.write_manifest(
-            self.run_dir, checkpoints.Manifest(self.cfg.run.id, self.step, c.epoch, files)
+            self.run_dir, checkpoints.Manifest(self.cfg.run.id, c.step, c.epoch, files)
         )
-        self.checkpointed.append(self.step)
+        self.checkpointed.append(c.step)
         if len(self.checkpointed) > checkpoints.KEEP:
             checkpoints.prune(self.run_dir, self.checkpointed[-checkpoints.KEEP])
 
@@ -268,48 +354,38 @@ class Schedule:
         for epoch in range(c.epoch, t.epochs):
             c.epoch = epoch
             start = time.perf_counter()
-            batches = epoch_batches(self.train_ids, t.batch_size, epoch, self.cfg.run.seed, t.drop_last)
-            last_of_run = False
-            for b in range(c.batch, len(batches)):
-                if t.max_steps and c.trained >= t.max_steps:
-                    break  # resumed from the checkpoint of the run's last training step
-                ids = batches[b]
-                last_of_run = bool(t.max_steps) and c.trained + 1 >= t.max_steps
-                ckpt = self._checkpoint_due(epoch, b == len(batches) - 1 or last_of_run)
-                step_start = time.perf_counter()
-                reports = self._run_step(messages_pb2.TRAIN, epoch, b, ids, ckpt)
-                step_time = time.perf_counter() - step_start
+            for sent, step_time in self._steps(messages_pb2.TRAIN, epoch, self._epoch_plan(epoch)):
+                h, reports = sent.cmd.header, sent.reports
                 act = reports[self.cfg.active.name].metrics
-                c.trained, c.batch = c.trained + 1, b + 1
+                c.step, c.trained, c.batch = h.step, c.trained + 1, h.batch_id + 1
                 c.loss_sum, c.correct, c.count = (
                     c.loss_sum + act["loss_sum"],
                     c.correct + act["correct"],
                     c.count + act["count"],
                 )
-                sent = {f"{n}/{m}": v for n, r in reports.items() for m, v in r.bytes_sent.items()}
+                sent_bytes = {f"{n}/{m}": v for n, r in reports.items() for m, v in r.bytes_sent.items()}
                 payload = {f"{n}/{m}": v for n, r in reports.items() for m, v in r.payload_bytes.items()}
-                for k, v in sent.items():
+                for k, v in sent_bytes.items():
                     c.bytes_sent[k] = c.bytes_sent.get(k, 0) + v
                 for k, v in payload.items():
                     c.payload_bytes[k] = c.payload_bytes.get(k, 0) + v
                 self.metrics.write(
                     {
                         "kind": "step",
-                        "step": self.step,
+                        "step": h.step,
                         "epoch": epoch,
-                        "batch": b,
-                        "batch_size": len(ids),
+                        "batch": h.batch_id,
+                        "batch_size": len(sent.cmd.sample_ids),
                         "loss": act["loss_sum"] / act["count"],
                         "accuracy": act["correct"] / act["count"],
                         "step_time_s": step_time,
-                        "bytes_sent": sent,
+                        "checkpoint": sent.cmd.checkpoint_after,
+                        "bytes_sent": sent_bytes,
                         "payload_bytes": payload,
                     }
                 )
-                if ckpt:
+                if sent.cmd.checkpoint_after:
                     self.save_point(reports)
-                if last_of_run:
-                    break
             record = {
                 "kind": "epoch",
                 "epoch": epoch,
@@ -347,8 +423,12 @@ class Schedule:
 
     def evaluate(self, epoch: int) -> dict[str, float]:
         loss_sum = correct = count = 0.0
-        for b, ids in enumerate(eval_batches(self.test_ids, self.cfg.train.eval_batch_size)):
-            act = self._run_step(messages_pb2.EVAL, epoch, b, ids, False)[self.cfg.active.name].metrics
+        batches = [
+            (b, ids, False)
+            for b, ids in enumerate(eval_batches(self.test_ids, self.cfg.train.eval_batch_size))
+        ]
+        for sent, _ in self._steps(messages_pb2.EVAL, epoch, batches):
+            act = sent.reports[self.cfg.active.name].metrics
             loss_sum, correct, count = (
                 loss_sum + act["loss_sum"],
                 correct + act["correct"],
@@ -370,12 +450,11 @@ class Schedule:
         if len(ids) == 0:
             return
         start, served = time.perf_counter(), 0
-        for b, batch in enumerate(eval_batches(ids, self.cfg.predict.batch_size)):
-            served += int(
-                self._run_step(messages_pb2.PREDICT, epoch, b, batch, False)[self.cfg.active.name].metrics[
-                    "count"
-                ]
-            )
+        batches = [
+            (b, batch, False) for b, batch in enumerate(eval_batches(ids, self.cfg.predict.batch_size))
+        ]
+        for sent, _ in self._steps(messages_pb2.PREDICT, epoch, batches):
+            served += int(sent.reports[self.cfg.active.name].metrics["count"])
         self.metrics.write(
             {
                 "kind": "predict",

@@ -28,6 +28,7 @@ from vflnet.protocols.base import PROTOCOLS, PartySide
 from vflnet.roles import checkpoints
 from vflnet.roles.common import Liveness, check_run, check_sender, header, wait_for
 from vflnet.roles.heartbeat import watch_coordinator
+from vflnet.roles.step_order import STEPS_IN_FLIGHT, StepTurns
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.bridge import Bridge, add_handlers, allow_step_deadline
 from vflnet.wire.channels import stop_server
@@ -62,8 +63,8 @@ class PartyHost:
         self.data: PartyData = party_view(cfg, name, dataset)
         self.join_reply: messages_pb2.JoinReply = messages_pb2.JoinReply()
         self.step_lock = threading.Lock()  # one step at a time per party
-        self.last_step = 0
-        self.last_reply: tuple[bytes, messages_pb2.StepReport] | None = None  # answers a retried step
+        self.turns = StepTurns()  # steps in order, also when the next command arrives early
+        self.replies: dict[bytes, messages_pb2.StepReport] = {}  # the latest steps' reports: answer a retry
         self.saved_steps: list[int] = []  # this party's coordinated checkpoints, oldest first
         self.current: messages_pb2.Header = messages_pb2.Header()
         self.interception = party_interception(cfg, name, run_dir)
@@ -159,6 +160,11 @@ class PartyHost:
         self.side.add_services(server)
 
     # ---------------------------------------------------------------------------- per step
+    @property
+    def last_step(self) -> int:
+        """The last step this party completed."""
+        return self.turns.done
+
     def begin_step(self, cmd: messages_pb2.StepCommand) -> np.ndarray:
         """Checks shared by every protocol at the start of a step, all before any effect; returns this
         party's rows. Steps are numbered 1, 2, ... across phases, so only the next one is accepted: a
@@ -190,16 +196,20 @@ class PartyHost:
 
     def run_step(self, cmd: messages_pb2.StepCommand, context: Any = None) -> messages_pb2.StepReport:
         self._from_coordinator(cmd.header, context)
+        self.turns.wait(cmd.header.step, self.step_deadline_s)  # the step before it may still run
         with self.step_lock:
             # the step id (its whole header) again: a retry after a lost reply; the step is done, so it
             # is answered from the stored report instead of being refused as stale
             wire = cmd.header.SerializeToString(deterministic=True)
-            if self.last_reply is not None and self.last_reply[0] == wire:
+            if wire in self.replies:
                 log.info("%s: step %d retried; answering from the stored report", self.name, cmd.header.step)
-                return self.last_reply[1]
+                return self.replies[wire]
             rows = self.begin_step(cmd)
-            metrics = self.side.step(cmd, rows)
-            self.last_step = cmd.header.step
+            try:
+                metrics = self.side.step(cmd, rows)
+            except BaseException:
+                self.turns.fail()
+                raise
             report = messages_pb2.StepReport(header=self.header(cmd.header), metrics=metrics)
             if cmd.checkpoint_after:
                 report.checkpoint_sha256 = self.save_resume_point(cmd.header)
@@ -207,8 +217,12 @@ class PartyHost:
             sent, payload = self.meter.take()
             report.bytes_sent.update(sent)
             report.payload_bytes.update(payload)
-            self.last_reply = (wire, report)
-            return report
+            self.replies[wire] = report
+            while len(self.replies) > STEPS_IN_FLIGHT:
+                del self.replies[next(iter(self.replies))]
+        # after the lock is free: the next step's command, if waiting, takes it at once
+        self.turns.complete(cmd.header.step)
+        return report
 
     # ----------------------------------------------------------------------- model release
     def release_model(self, cmd: messages_pb2.ReleaseCommand, context: Any) -> messages_pb2.ReleaseAck:
@@ -308,7 +322,7 @@ class PartyHost:
         checkpoints.restore_generators(self.side, state["generators"])
         self.interception.load_state(state["interception"])
         checkpoints.restore_global_rng(state["rng"])  # last: nothing may draw from them before step 1
-        self.last_step = int(state["step"])
+        self.turns.complete(int(state["step"]))
         self.saved_steps = [self.last_step]
         checkpoints.drop_after(self.run_dir, self.last_step)
         log.info("%s resumes after step %d (epoch %d)", self.name, self.last_step, state["epoch"])
@@ -323,6 +337,7 @@ class PartyHost:
         check_run(self.cfg, req.run_id)
         check_sender(self.cfg, req.sender, {"coordinator"}, context)
         log.info("%s: shutdown requested (%s)", self.name, req.reason)
+        self.turns.stop(req.reason)
         self.side.stop(req.reason)
         with self.step_lock:  # never save a half-applied update
             self.side.finish()
@@ -377,6 +392,7 @@ def serve(host: PartyHost, listen: str, coordinator: str, advertise: str) -> int
         heartbeat.stop()
     if why != "shutdown":
         log.error("%s: stopping: %s", host.name, why)
+        host.turns.stop(why)
         host.side.stop(why)  # a step waiting on a peer must not hold the process up
     stop_server(server, grace=2)
     return 0 if why == "shutdown" else 3

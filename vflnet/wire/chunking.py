@@ -510,7 +510,7 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
             wait_for_ready,
             compression,
         )
-        return self._invoke(request, options, lambda call: None)
+        return self._invoke(request, options, None)
 
     def future(
         self,
@@ -531,20 +531,24 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
         return _ThreadedCall(functools.partial(self._invoke, request, options))
 
     def _invoke(
-        self, request: Any, options: _CallOptions, track: Callable[[Any], None]
+        self, request: Any, options: _CallOptions, track: Callable[[Any], None] | None
     ) -> tuple[Any, grpc.Call]:
-        """The whole call; ``track`` is told each underlying gRPC call so a future can cancel it."""
+        """The whole call; ``track`` is told each underlying gRPC call so a future can cancel it (None:
+        a blocking call, which nothing cancels)."""
         data = self._serialize(request)
         error = payload_error(len(data), self.limits, f"the {self.method} request")
         if error:
             raise FailedCall(grpc.StatusCode.RESOURCE_EXHAUSTED, error)
         if len(data) <= self.limits.message:
-            call = self._unary.future(data, **options.kwargs())
-            track(call)
             try:
+                if track is None:  # gRPC's own blocking call: no thread hand-off through a future
+                    reply, call = self._unary.with_call(data, **options.kwargs())
+                    return self._decode(reply), call
+                call = self._unary.future(data, **options.kwargs())
+                track(call)
                 return self._decode(call.result()), call
-            except grpc.RpcError:
-                ticket = _ticket(call)
+            except grpc.RpcError as exc:  # a failed call raises itself: its trailer may name a parked reply
+                ticket = _ticket(exc) if isinstance(exc, grpc.Call) else None
                 if ticket is None:
                     raise
             responses = self._fetch(messages_pb2.ReplyTicket(token=ticket), **options.kwargs())
@@ -552,7 +556,8 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
             kwargs = options.kwargs()
             kwargs["metadata"] = (*(kwargs["metadata"] or ()), *self._method_metadata)
             responses = self._stream(split(data, self.limits), **kwargs)
-        track(responses)
+        if track is not None:
+            track(responses)
         try:
             reply = join(responses, self.limits, f"the chunked {self.method} reply")
         except ChunkError as exc:
