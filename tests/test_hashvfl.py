@@ -252,6 +252,56 @@ def test_pgd_rewrite_cannot_flip_a_code_bit_below_a_total_perturbation_of_one():
     assert set(np.unique(moved)) <= {-1.0, 1.0}
 
 
+def test_pgd_rewrite_of_a_real_valued_submission_moves_it_within_omega():
+    """Under base_bn (Table V's Base) the submission is float32: PGD sends x0 + phi, |phi| <= omega."""
+    from vflnet.attacks.base import AttackContext
+    from vflnet.attacks.hashvfl import PgdCodeRewrite
+    from vflnet.config import ModelConfig
+    from vflnet.interceptors.events import WireEvent
+    from vflnet.models.zoo import TopModel
+
+    torch.manual_seed(0)
+    top = TopModel(ModelConfig(kind="mlp", hidden=[16]), 32, 10)
+    x0 = torch.randn(64, 16).numpy()
+    context = AttackContext("passive-2", "passive", "r", {"released_model": {"active": _released_top(top)}})
+    attack = PgdCodeRewrite(context, omega=0.5, eta=0.1, iterations=5)
+    msg = messages_pb2.Embeddings(
+        header=messages_pb2.Header(run_id="r", step=9, sender="passive-2", phase=messages_pb2.PREDICT),
+        sample_ids=list(range(len(x0))),
+        values=tensors.to_proto(x0),
+    )
+    event = WireEvent("request", "client", "/vflnet.v1.Active/ExchangeEmbeddings", "passive-2", "active", msg)
+    out = attack(event)
+    assert out.values.dtype == "float32"
+    phi = tensors.from_proto(out.values) - x0
+    assert np.abs(phi).max() <= 0.5 + 1e-6 and np.abs(phi).max() > 0.4  # five steps of 0.1 reach 0.5
+
+
+@pytest.mark.e2e
+def test_base_bn_sends_real_valued_batch_normalised_embeddings(tmp_path):
+    """base_bn, the no-hash ablation (HashVFL's bottom -> BN without the Sign, CE only): the active party
+    receives float32 BN outputs, per dimension mean 0 and standard deviation 1 in training (the scale
+    of the +/-1 codes), not codes; Laplace re-signing has nothing to act on and is refused."""
+    data = hash_config(variant="base_bn", code_len=16)
+    data["trace"] = {"parties": ["passive-1", "passive-2"]}
+    data["train"].update(epochs=1, max_steps=3, batch_size=128)
+    _run(tmp_path, data, "base_bn")
+    seen = 0
+    for party in ("passive-1", "passive-2"):
+        for event in read_trace(tmp_path / f"base_bn/traces/{party}.trace"):
+            if event.short_method != "ExchangeEmbeddings" or event.direction != "request":
+                continue
+            assert event.message.values.dtype == "float32"
+            v = event.tensors()["values"]
+            assert v.shape[1] == 16 and len(np.unique(v)) > 100  # real-valued, not +/-1
+            if event.phase == messages_pb2.TRAIN:
+                seen += 1
+                assert np.abs(v.mean(0)).max() < 0.06 and np.abs(v.std(0) - 1).max() < 0.06
+    assert seen == 2 * 3
+    with pytest.raises(Exception, match="dp_epsilon"):
+        config_from_dict(hash_config(variant="base_bn", dp_epsilon=1))
+
+
 @pytest.mark.e2e
 def test_hashvfl_run_with_its_attacks_over_loopback(tmp_path):
     """One digits run under hashvfl: inversion from a released bottom, model completion, a PGD rewrite

@@ -8,7 +8,9 @@ and consistency loss of the label holder, and the paper's baselines' pieces.
   (Algorithm 1's ``CE + 1 - Cos`` without the constant).
 - Variants (the baselines of Table X and Fig. 6): ``hashvfl`` (BN + Sign + class codes), ``no_bn``
   (Sign + class codes), ``greedy_hash`` (Sign, no BN, CE plus the party-local penalty ||V - H||_3),
-  ``bsl`` (binarised split learning: BN + Sign, CE only, no class codes).
+  ``bsl`` (binarised split learning: BN + Sign, CE only, no class codes), and ``base_bn`` (BN, no Sign,
+  CE only: the paper's structure without the hash, so each party sends its real-valued BN output, one
+  standard deviation per dimension like the +/-1 codes; the comparably scaled "Base" of Table V).
 - Laplace noise on the codes (Table VII): ``Sign(H + Lap(2/eps))``, re-signed so the wire stays +/-1.
 """
 
@@ -20,9 +22,11 @@ import numpy as np
 import torch
 from torch import nn
 
-VARIANTS = ("hashvfl", "no_bn", "greedy_hash", "bsl")
-USES_BN = {"hashvfl": True, "no_bn": False, "greedy_hash": False, "bsl": True}
-USES_CLASS_CODES = {"hashvfl": True, "no_bn": True, "greedy_hash": False, "bsl": False}
+VARIANTS = ("hashvfl", "no_bn", "greedy_hash", "bsl", "base_bn")
+USES_BN = {"hashvfl": True, "no_bn": False, "greedy_hash": False, "bsl": True, "base_bn": True}
+USES_CLASS_CODES = {"hashvfl": True, "no_bn": True, "greedy_hash": False, "bsl": False, "base_bn": False}
+# base_bn sends the real-valued BN output (float32 on the wire); every other variant sends +/-1 codes
+USES_SIGN = {"hashvfl": True, "no_bn": True, "greedy_hash": True, "bsl": True, "base_bn": False}
 
 
 def hard_sign(v: torch.Tensor) -> torch.Tensor:

