@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 import grpc
 import numpy as np
@@ -219,7 +220,9 @@ def _released_top(top: torch.nn.Module) -> dict:
     return {"parameters": params, "spec": {"top": {"config": asdict(ModelConfig(kind="mlp", hidden=[16]))}}}
 
 
-def _pgd_rewrite(codes: np.ndarray, top: torch.nn.Module, omega: float, eta: float, iterations: int):
+def _pgd_rewrite(values: Any, n: int, top: torch.nn.Module, omega: float, eta: float, iterations: int) -> Any:
+    """passive-2's PGD rewrite of one prediction-time submission of ``n`` samples (``values``: its
+    tensor message, as it goes on the wire)."""
     from vflnet.attacks.base import AttackContext
     from vflnet.attacks.hashvfl import PgdCodeRewrite
     from vflnet.interceptors.events import WireEvent
@@ -228,13 +231,17 @@ def _pgd_rewrite(codes: np.ndarray, top: torch.nn.Module, omega: float, eta: flo
     attack = PgdCodeRewrite(context, omega=omega, eta=eta, iterations=iterations)
     msg = messages_pb2.Embeddings(
         header=messages_pb2.Header(run_id="r", step=9, sender="passive-2", phase=messages_pb2.PREDICT),
-        sample_ids=list(range(len(codes))),
-        values=tensors.to_pm1_proto(codes),
+        sample_ids=list(range(n)),
+        values=values,
     )
     event = WireEvent("request", "client", "/vflnet.v1.Active/ExchangeEmbeddings", "passive-2", "active", msg)
-    out = attack(event)
-    assert out.values.dtype == "pm1"  # the rewritten submission still passes the receiver's validation
-    return tensors.from_proto(out.values)
+    return attack(event).values
+
+
+def _pgd_rewrite_codes(codes: np.ndarray, top: torch.nn.Module, omega: float, eta: float, iterations: int):
+    out = _pgd_rewrite(tensors.to_pm1_proto(codes), len(codes), top, omega, eta, iterations)
+    assert out.dtype == "pm1"  # the rewritten submission still passes the receiver's validation
+    return tensors.from_proto(out)
 
 
 def test_pgd_rewrite_cannot_flip_a_code_bit_below_a_total_perturbation_of_one():
@@ -245,35 +252,26 @@ def test_pgd_rewrite_cannot_flip_a_code_bit_below_a_total_perturbation_of_one():
 
     top = TopModel(ModelConfig(kind="mlp", hidden=[16]), 32, 10)
     codes = hashing.hard_sign(torch.randn(64, 16)).numpy()
-    same = _pgd_rewrite(codes, top, omega=1.0, eta=0.1, iterations=5)  # |phi| <= 0.5
+    same = _pgd_rewrite_codes(codes, top, omega=1.0, eta=0.1, iterations=5)  # |phi| <= 0.5
     assert np.array_equal(same, codes)
-    moved = _pgd_rewrite(codes, top, omega=2.0, eta=1.0, iterations=5)  # steps of 1 reach Sign's threshold
+    moved = _pgd_rewrite_codes(
+        codes, top, omega=2.0, eta=1.0, iterations=5
+    )  # steps of 1 reach Sign's threshold
     assert (moved != codes).sum() > 0
     assert set(np.unique(moved)) <= {-1.0, 1.0}
 
 
 def test_pgd_rewrite_of_a_real_valued_submission_moves_it_within_omega():
     """Under base_bn (Table V's Base) the submission is float32: PGD sends x0 + phi, |phi| <= omega."""
-    from vflnet.attacks.base import AttackContext
-    from vflnet.attacks.hashvfl import PgdCodeRewrite
     from vflnet.config import ModelConfig
-    from vflnet.interceptors.events import WireEvent
     from vflnet.models.zoo import TopModel
 
     torch.manual_seed(0)
     top = TopModel(ModelConfig(kind="mlp", hidden=[16]), 32, 10)
     x0 = torch.randn(64, 16).numpy()
-    context = AttackContext("passive-2", "passive", "r", {"released_model": {"active": _released_top(top)}})
-    attack = PgdCodeRewrite(context, omega=0.5, eta=0.1, iterations=5)
-    msg = messages_pb2.Embeddings(
-        header=messages_pb2.Header(run_id="r", step=9, sender="passive-2", phase=messages_pb2.PREDICT),
-        sample_ids=list(range(len(x0))),
-        values=tensors.to_proto(x0),
-    )
-    event = WireEvent("request", "client", "/vflnet.v1.Active/ExchangeEmbeddings", "passive-2", "active", msg)
-    out = attack(event)
-    assert out.values.dtype == "float32"
-    phi = tensors.from_proto(out.values) - x0
+    out = _pgd_rewrite(tensors.to_proto(x0), len(x0), top, omega=0.5, eta=0.1, iterations=5)
+    assert out.dtype == "float32"
+    phi = tensors.from_proto(out) - x0
     assert np.abs(phi).max() <= 0.5 + 1e-6 and np.abs(phi).max() > 0.4  # five steps of 0.1 reach 0.5
 
 
