@@ -159,10 +159,6 @@ class Sent:
     reports: dict[str, messages_pb2.StepReport] = field(default_factory=dict)
     sent_at: float = field(default_factory=time.perf_counter)
 
-    @property
-    def step(self) -> int:
-        return self.cmd.header.step
-
 
 class Schedule:
     """Drives the parties through the run: epochs of training steps, evaluation passes, prediction
@@ -273,21 +269,16 @@ class Schedule:
         step with its reports, in order, and its wall time: from when it was sent, or when the step
         before it completed if that was later."""
         depth = STEPS_IN_FLIGHT if self.side.pipelined else 1
-        last_done = 0.0
+        todo, last_done = iter(batches), 0.0
         try:
-            for batch_id, ids, checkpoint in batches:
-                if self.window and self.window[-1].cmd.checkpoint_after:
-                    depth_now = 1  # a checkpoint is the state after its step: nothing runs beyond it
-                else:
-                    depth_now = depth
-                while len(self.window) >= depth_now:
-                    done = self.window.popleft()
-                    self._complete(done)
-                    end = time.perf_counter()
-                    yield done, end - max(done.sent_at, last_done)
-                    last_done = end
-                self.window.append(self._send(phase, epoch, batch_id, ids, checkpoint))
-            while self.window:
+            while True:
+                # a checkpoint is the state after its step: nothing is sent beyond it until it is done
+                limit = 1 if self.window and self.window[-1].cmd.checkpoint_after else depth
+                if len(self.window) < limit and (batch := next(todo, None)) is not None:
+                    self.window.append(self._send(phase, epoch, *batch))
+                    continue
+                if not self.window:
+                    return
                 done = self.window.popleft()
                 self._complete(done)
                 end = time.perf_counter()
