@@ -99,10 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, (_, help_text) in _LISTS.items():
         sub.add_parser(name, help=help_text)
-    for name, (module, help_text) in _MODULE_COMMANDS.items():
-        sub.add_parser(
-            name, parents=[importlib.import_module(module).build_parser()], add_help=False, help=help_text
-        )
+    for name, (_, help_text) in _MODULE_COMMANDS.items():
+        # listed only: main() hands these their arguments before this parser runs, so their modules
+        # (matplotlib, scipy, ...) are not imported by every party process at start
+        sub.add_parser(name, add_help=False, help=help_text)
 
     p = sub.add_parser(
         "bench",

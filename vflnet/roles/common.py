@@ -28,7 +28,10 @@ def setup_torch(cfg: Config) -> None:
     # One thread per process: parties share the machine, and a fixed thread count keeps float
     # reductions identical to the in-process reference.
     torch.set_num_threads(cfg.runtime.torch_threads)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    # the flag torch.use_deterministic_algorithms sets for eager ops; that wrapper also imports
+    # torch._inductor to set torch.compile's copy of it (~2 s of every process's start; nothing here
+    # compiles)
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
 
 
 def header(

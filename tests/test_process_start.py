@@ -1,0 +1,48 @@
+"""A role process's start: torch set up as the reference trainer needs it, without the imports that
+only other subcommands use (each e2e run starts four of these processes on two cores)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import torch
+
+from vflnet.config import Config
+from vflnet.roles.common import setup_torch
+
+
+def test_setup_torch_turns_on_deterministic_algorithms_in_warn_only_mode() -> None:
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    threads = torch.get_num_threads()
+    try:
+        torch._C._set_deterministic_algorithms(False)
+        setup_torch(Config())
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.get_num_threads() == Config().runtime.torch_threads
+    finally:
+        torch._C._set_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.set_num_threads(threads)
+
+
+def test_a_party_process_start_imports_neither_plotting_nor_the_compiler() -> None:
+    # what `vflnet party` runs before it serves: the whole command line parser, then torch's set-up
+    code = (
+        "import json, sys\n"
+        "from vflnet.cli import build_parser\n"
+        "from vflnet.config import Config\n"
+        "from vflnet.roles.common import setup_torch\n"
+        "build_parser().parse_args(['party', '--role', 'passive', '--config', 'c.yaml', '--name', 'p'])\n"
+        "setup_torch(Config())\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    loaded = set(json.loads(out))
+    assert "torch" in loaded  # the check itself ran
+    heavy = sorted(m for m in loaded if m.split(".")[0] == "matplotlib" or m.startswith("torch._inductor"))
+    assert heavy == []
