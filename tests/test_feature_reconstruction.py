@@ -184,6 +184,7 @@ def _train_stream(
         z = passive.forward(x_a[rows], train=True)
         stream.append(z)
         result = active.step(x_b[rows], [z], y[rows], train=True)
+        active.update()
         passive.backward(result.grads[0])
     stream.append(passive.forward(x_a, train=False))
     return stream

@@ -137,7 +137,6 @@ class ActiveHash(ActiveSplit):
                 assert loss is not None and y is not None
                 loss.backward()
                 grads = [self._outgoing(t.grad, torch.from_numpy(y)) for t in inputs]
-                self.local.apply_update()
         return outcome(logits, loss, y, self.defense, grads)
 
 

@@ -2,9 +2,9 @@
 
 Per step the coordinator sends every party the batch IDs. Each passive party runs its bottom model and
 sends its embeddings to the active party (``Active/ExchangeEmbeddings``); the active party waits for
-all of them, aggregates them with its own embedding (if any), runs the top model and the loss, steps
-its optimizer and answers each passive party with the gradient of the loss w.r.t. that party's
-embeddings; each passive party backpropagates it and steps its own optimizer. Evaluation and
+all of them, aggregates them with its own embedding (if any), runs the top model and the loss,
+answers each passive party with the gradient of the loss w.r.t. that party's embeddings, then steps its
+own optimizer while each passive party backpropagates its gradient and steps its own. Evaluation and
 prediction steps run the same exchange forward only (prediction without labels: the active party
 keeps the model output, the confidence vector, per sample).
 
@@ -112,7 +112,8 @@ class ActiveSplit:
     def step(
         self, x_own: np.ndarray | None, received: list[np.ndarray], y: np.ndarray | None, train: bool
     ) -> StepResult:
-        """One step; ``y`` is None in a prediction step (no loss, no update)."""
+        """One step up to the gradients it sends; ``y`` is None in a prediction step (no loss, no
+        gradients). A training step's own update is ``update``, once those gradients are out."""
         train = train and y is not None
         self.local.train(train)
         with torch.set_grad_enabled(train):
@@ -128,8 +129,11 @@ class ActiveSplit:
                 assert loss is not None and y is not None
                 loss.backward()
                 grads = [self._outgoing(t.grad, torch.from_numpy(y)) for t in inputs]
-                self.local.apply_update()
         return outcome(logits, loss, y, self.defense, grads)
+
+    def update(self) -> None:
+        """The optimizer step of a training step's gradients."""
+        self.local.apply_update()
 
     def _outgoing(self, grad: torch.Tensor | None, target: torch.Tensor) -> np.ndarray:
         """The gradient as it leaves this party: after the defense's transform, if any."""
@@ -349,6 +353,10 @@ class SplitActive(PartySide):
             self.completed_step = step
             del self.slots[step]
             slot.done.set()
+        if phase == messages_pb2.TRAIN:
+            # after the replies are out: this update runs while the passive parties backpropagate
+            # (the next step's top model waits for their next embeddings anyway)
+            self.compute.update()
         r = slot.result
         if phase != messages_pb2.TRAIN:
             self._record_predictions(cmd, r, rows)

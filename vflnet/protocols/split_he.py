@@ -123,7 +123,8 @@ class ActiveHE:
     def step(
         self, x_own: np.ndarray | None, received: list[CipherArray], y: np.ndarray | None, train: bool
     ) -> tuple[CipherArray | None, StepResult]:
-        """One step; ``y`` is None in a prediction step (no loss, no update, no gradient)."""
+        """One step up to the encrypted gradient it sends; ``y`` is None in a prediction step (no loss,
+        no gradient). A training step's own update is ``update``, once that gradient is out."""
         train = train and y is not None
         total = received[0]
         for c in received[1:]:
@@ -148,8 +149,11 @@ class ActiveHE:
                 encrypted_grad = self.public_key.encrypt(
                     g.double().numpy(), self.frac_bits, workers=self.workers
                 )
-                self.local.apply_update()
         return encrypted_grad, outcome(logits, loss, y, self.defense, [])
+
+    def update(self) -> None:
+        """The optimizer step of a training step's gradients (after ``step``, as in split)."""
+        self.local.apply_update()
 
 
 # --------------------------------------------------------------------------------- sides
