@@ -8,6 +8,7 @@ party started under the wrong role fails here rather than in a container.
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
 import shlex
 import subprocess
@@ -19,7 +20,6 @@ import yaml
 
 from vflnet import cli, validation
 from vflnet.config import Config
-from vflnet.wire import certs_cli, healthcheck
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "docker-compose.yml"
@@ -49,13 +49,12 @@ def parse_vflnet(argv: list[str]) -> argparse.Namespace:
     real = cli.build_parser()
     known = next(a for a in real._actions if isinstance(a, argparse._SubParsersAction)).choices  # noqa: SLF001
     command = argv[1] if len(argv) > 1 else ""
-    if command in known:
+    if command in cli._MODULE_COMMANDS:  # noqa: SLF001  # main() hands these to their module's own parser
+        parser = importlib.import_module(cli._MODULE_COMMANDS[command][0]).build_parser()  # noqa: SLF001
+        rest = argv[2:]
+    elif command in known:
         parser = real
         rest = argv[1:]
-    elif command == "certs":
-        parser, rest = certs_cli.build_parser(), argv[2:]
-    elif command == "health":
-        parser, rest = healthcheck.build_parser(), argv[2:]
     else:
         parser, rest = contract_parser(), argv[1:]
     try:
