@@ -8,7 +8,6 @@ party started under the wrong role fails here rather than in a container.
 from __future__ import annotations
 
 import argparse
-import importlib
 import re
 import shlex
 import subprocess
@@ -49,8 +48,9 @@ def parse_vflnet(argv: list[str]) -> argparse.Namespace:
     real = cli.build_parser()
     known = next(a for a in real._actions if isinstance(a, argparse._SubParsersAction)).choices  # noqa: SLF001
     command = argv[1] if len(argv) > 1 else ""
-    if command in cli._MODULE_COMMANDS:  # noqa: SLF001  # main() hands these to their module's own parser
-        parser = importlib.import_module(cli._MODULE_COMMANDS[command][0]).build_parser()  # noqa: SLF001
+    module = cli.command_module(command)
+    if module is not None:  # main() hands these to their module's own parser
+        parser = module.build_parser()
         rest = argv[2:]
     elif command in known:
         parser = real

@@ -7,6 +7,7 @@ import importlib
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -35,6 +36,12 @@ _LISTS = {
     "attacks": ("ATTACKS", "list the registered attacks and their parameters"),
     "defenses": ("DEFENSES", "list the registered defenses and their parameters"),
 }
+
+
+def command_module(name: str) -> ModuleType | None:
+    """The module that parses and runs subcommand ``name`` itself (its ``build_parser`` and ``main``),
+    or None for a subcommand of this module's parser."""
+    return importlib.import_module(_MODULE_COMMANDS[name][0]) if name in _MODULE_COMMANDS else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
 
     die_with_parent_if_asked()  # a launcher's child never outlives it
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in _MODULE_COMMANDS:  # these parse their own arguments (some pass extras through)
-        rc = importlib.import_module(_MODULE_COMMANDS[argv[0]][0]).main(argv[1:])
+    module = command_module(argv[0]) if argv else None
+    if module is not None:  # these parse their own arguments (some pass extras through)
+        rc = module.main(argv[1:])
         return 0 if rc is None else int(rc)
     if argv[:1] == ["bench"] and (
         len(argv) == 1 or argv[1].startswith("-") and argv[1] not in ("-h", "--help")
