@@ -3,8 +3,9 @@
 Format (``proto/vflnet/v1/trace.proto``): a sequence of ``TraceEntry`` messages, each preceded by its
 byte length as a varint (protobuf's length-delimited framing). The first entry is a ``TraceHeader``
 (format version, run id, writing party); then one ``TraceRecord`` per message; a ``TraceTruncated``
-marker when the size cap was hit. The file is append-only and flushed after every entry, so a
-reader can follow it while a run is still writing: a reader stops cleanly at a partial last entry.
+marker when the size cap was hit. The file is append-only and every entry reaches the kernel as it is
+written (one system call, no buffer in this process), so a reader can follow it while a run is still
+writing: a reader stops cleanly at a partial last entry.
 A writer reopening an existing file drops such a partial tail first (a crash mid-write) and appends
 a new header, so one file can hold several sessions of the same party (e.g. a resumed run).
 """
@@ -70,6 +71,21 @@ def _read_varint(f: BinaryIO) -> int | None:
             return value
         shift += 7
     raise TraceError(f"{getattr(f, 'name', 'trace')}: entry length is not a valid varint")
+
+
+def _open_append(path: Path) -> int:
+    """A raw append-only descriptor: each entry is one write system call, with no buffer in between."""
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+
+
+def _write_all(fd: int, prefix: bytes, data: bytes) -> None:
+    """Write ``prefix`` then ``data`` (one ``writev`` in the common case; a short write is finished)."""
+    written = os.writev(fd, [prefix, data])
+    total = len(prefix) + len(data)
+    if written < total:
+        rest = memoryview(prefix + data)[written:]
+        while rest:
+            rest = rest[os.write(fd, rest) :]
 
 
 def _scan(path: Path) -> Iterator[tuple[int, trace_pb2.TraceEntry]]:
@@ -186,7 +202,7 @@ class TraceWriter:
 
     ``max_bytes`` caps the file: the record that would cross it is dropped, a ``TraceTruncated``
     marker is written (the file may exceed the cap by at most that marker), a warning is logged
-    once, and later records are only counted (``dropped``). ``close()`` flushes and fsyncs.
+    once, and later records are only counted (``dropped``). ``close()`` fsyncs.
     """
 
     def __init__(
@@ -213,7 +229,7 @@ class TraceWriter:
             if complete < size:
                 log.warning("%s: dropping a partial last entry before appending", self.path)
                 os.truncate(self.path, complete)
-        self._file: BinaryIO | None = open(self.path, "ab")  # noqa: SIM115 - closed by close()
+        self._fd: int | None = _open_append(self.path)
         self.size = complete
         header = trace_pb2.TraceHeader(
             format_version=FORMAT_VERSION, run_id=run_id, party=party, created=time.time()
@@ -221,12 +237,15 @@ class TraceWriter:
         self._append(trace_pb2.TraceEntry(header=header))
 
     def _append(self, entry: trace_pb2.TraceEntry) -> None:
-        assert self._file is not None
-        data = entry.SerializeToString()
-        framed = _varint(len(data)) + data
-        self._file.write(framed)
-        self._file.flush()  # readers following the file see whole entries
-        self.size += len(framed)
+        self._append_bytes(entry.SerializeToString())
+
+    def _append_bytes(self, data: bytes) -> None:
+        """One framed entry, handed to the kernel before this returns (readers following the file
+        see whole entries; a crash of this process loses nothing written)."""
+        assert self._fd is not None
+        prefix = _varint(len(data))
+        _write_all(self._fd, prefix, data)
+        self.size += len(prefix) + len(data)
 
     def __call__(self, event: WireEvent) -> None:
         self.write(event)
@@ -234,19 +253,21 @@ class TraceWriter:
 
     def write(self, event: WireEvent) -> bool:
         """Append one event; False when it was dropped (cap reached or writer closed)."""
-        record = trace_pb2.TraceRecord(
-            time=event.time,
-            party=event.party,
-            side=event.side,
-            direction=event.direction,
-            method=event.method,
-            peer=event.peer,
-            message_type=event.message.DESCRIPTOR.full_name,
-            message=event.message.SerializeToString(),
-        )
-        entry = trace_pb2.TraceEntry(record=record)
+        # built in place and serialized once: a record holds a whole message (tens of KB), and every
+        # copy of it is paid on the hot path of the call being traced
+        entry = trace_pb2.TraceEntry()
+        record = entry.record
+        record.time = event.time
+        record.party = event.party
+        record.side = event.side
+        record.direction = event.direction
+        record.method = event.method
+        record.peer = event.peer
+        record.message_type = event.message.DESCRIPTOR.full_name
+        record.message = event.message.SerializeToString()
+        data = entry.SerializeToString()
         with self._lock:
-            if self._file is None:
+            if self._fd is None:
                 self.dropped += 1
                 if not self._closed_warned:
                     self._closed_warned = True
@@ -256,7 +277,7 @@ class TraceWriter:
                 self.dropped += 1
                 return False
             # framed size <= payload + 10-byte varint
-            if self.size + entry.ByteSize() + _MAX_VARINT_BYTES + _MARKER_RESERVE > self.max_bytes:
+            if self.size + len(data) + _MAX_VARINT_BYTES + _MARKER_RESERVE > self.max_bytes:
                 self.truncated = True
                 self.dropped += 1
                 marker = trace_pb2.TraceTruncated(
@@ -270,7 +291,7 @@ class TraceWriter:
                     self.records,
                 )
                 return False
-            self._append(entry)
+            self._append_bytes(data)
             self.records += 1
             return True
 
@@ -278,21 +299,18 @@ class TraceWriter:
         """Go back to an earlier length of this trace (``size`` bytes holding ``records`` records): a
         resumed run repeats the steps after its checkpoint, and each message must appear once."""
         with self._lock:
-            assert self._file is not None
-            self._file.close()
-            os.truncate(self.path, size)
-            self._file = open(self.path, "ab")  # noqa: SIM115 - closed by close()
+            assert self._fd is not None
+            os.ftruncate(self._fd, size)  # appends (O_APPEND) continue at the new end
             self.size, self.records, self.truncated = size, records, False
 
     def close(self) -> None:
         """Flush and fsync: the trace survives a crash of the host once this returns. Idempotent."""
         with self._lock:
-            if self._file is None:
+            if self._fd is None:
                 return
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-            self._file = None
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
         if self.dropped:
             log.info("%s: %d records, %d dropped", self.path, self.records, self.dropped)
 
