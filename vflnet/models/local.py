@@ -97,6 +97,7 @@ class LocalModel:
             "schedule": self.schedule.state_dict() if self.schedule else None,
             "version": self.version,
             "epoch": self.epoch,
+            "generators": {name: g.get_state() for name, g in self.generators().items()},
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -108,6 +109,17 @@ class LocalModel:
         if self.schedule is not None:
             self.schedule.load_state_dict(state["schedule"])
         self.version, self.epoch = int(state["version"]), int(state["epoch"])
+        for name, generator in self.generators().items():
+            generator.set_state(state["generators"][name])
+
+    def generators(self) -> dict[str, torch.Generator]:
+        """The model parts' own generators (dropout, random shifts: vflnet/models/zoo.py), by path."""
+        return {
+            f"{key}.{name}" if name else key: part.generator
+            for key, module in self.modules.items()
+            for name, part in module.named_modules()
+            if isinstance(getattr(part, "generator", None), torch.Generator)
+        }
 
     def save(self, path: Path) -> None:
         """Atomic: a crash mid-write never leaves a truncated checkpoint."""

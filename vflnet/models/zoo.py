@@ -53,6 +53,29 @@ class ModelKind:
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 
 
+def own_generator() -> torch.Generator:
+    """A model part's own source of randomness (dropout masks, random shifts), seeded with a draw from
+    the generator it is built under (``build_party_modules``: the party's seed). Its draws then do not
+    depend on what else draws in the same process, or in which thread order: the loopback bridge and
+    the reference trainer run every party in one process, and a run is bit-identical on every bridge.
+    ``LocalModel.state`` keeps it, so a resumed run continues it."""
+    return torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,))))
+
+
+class SeededDropout(nn.Dropout):
+    """``nn.Dropout`` drawing its masks from its own generator (``own_generator``)."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__(p)
+        self.generator = own_generator()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        keep = torch.empty_like(x).bernoulli_(1 - self.p, generator=self.generator)
+        return x * keep / (1 - self.p)
+
+
 def _mlp(
     in_dim: int, hidden: list[int], out: int, activation: str, bias: bool = True, dropout: float = 0.0
 ) -> nn.Sequential:
@@ -60,7 +83,7 @@ def _mlp(
     for width in hidden:
         layers += [nn.Linear(in_dim, width), _ACTIVATIONS[activation]()]
         if dropout > 0:  # only then: the layer indices (parameter names) stay those of a plain MLP
-            layers.append(nn.Dropout(dropout))
+            layers.append(SeededDropout(dropout))
         in_dim = width
     layers.append(nn.Linear(in_dim, out, bias=bias))
     return nn.Sequential(*layers)
@@ -114,6 +137,7 @@ class SmallResNet(nn.Module):
     def __init__(self, in_shape: tuple[int, int, int], channels: list[int], out: int, shift: int = 0) -> None:
         super().__init__()
         self.shift = shift
+        self.generator = own_generator() if shift > 0 else None
         c = channels[0]
         self.stem = nn.Sequential(
             nn.Conv2d(in_shape[0], c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU()
@@ -126,16 +150,16 @@ class SmallResNet(nn.Module):
         self.head = nn.Linear(c, out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and self.shift > 0:
-            x = random_shift(x, self.shift)
+        if self.training and self.generator is not None:
+            x = random_shift(x, self.shift, self.generator)
         return self.head(self.blocks(self.stem(x)).mean((2, 3)))
 
 
-def random_shift(x: torch.Tensor, s: int) -> torch.Tensor:
+def random_shift(x: torch.Tensor, s: int, generator: torch.Generator) -> torch.Tensor:
     """Each image [n, c, h, w] translated by its own random (dy, dx) in [-s, s]^2, zero fill."""
     n, _, h, w = x.shape
     padded = nn.functional.pad(x, (s, s, s, s))
-    dy, dx = torch.randint(0, 2 * s + 1, (2, n)).tolist()
+    dy, dx = torch.randint(0, 2 * s + 1, (2, n), generator=generator).tolist()
     return torch.stack([padded[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(n)])
 
 
