@@ -58,6 +58,9 @@ def test_a_restored_model_continues_its_generators_where_the_checkpoint_left_the
     resumed = local()
     resumed.load_state(state)
     assert torch.equal(resumed.modules["bottom"](x), expected)
+    # a checkpoint without them (an older vflnet's) says so instead of continuing with other draws
+    with pytest.raises(ValueError, match=r"bottom\.2's generator"):
+        local().load_state({k: v for k, v in state.items() if k != "generators"})
 
 
 @pytest.mark.e2e

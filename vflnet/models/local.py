@@ -109,8 +109,13 @@ class LocalModel:
         if self.schedule is not None:
             self.schedule.load_state_dict(state["schedule"])
         self.version, self.epoch = int(state["version"]), int(state["epoch"])
+        saved = state.get("generators", {})
         for name, generator in self.generators().items():
-            generator.set_state(state["generators"][name])
+            if name not in saved:
+                raise ValueError(
+                    f"the checkpoint holds no state of {name}'s generator (written by an older vflnet)"
+                )
+            generator.set_state(saved[name])
 
     def generators(self) -> dict[str, torch.Generator]:
         """The model parts' own generators (dropout, random shifts: vflnet/models/zoo.py), by path."""
