@@ -52,6 +52,20 @@ def base_config(
     }
 
 
+def max_difference_from_reference(run_dir: Path, reference: Any) -> float:
+    """The largest absolute difference between any parameter of the run's final party checkpoints
+    (``run_dir/checkpoints/<party>.pt``) and the in-process reference's (``train_reference``)."""
+    import torch
+
+    worst = 0.0
+    for party, modules in reference.states.items():
+        saved = torch.load(run_dir / "checkpoints" / f"{party}.pt")["modules"]
+        for module, state in modules.items():
+            for name, expected in state.items():
+                worst = max(worst, (saved[module][name] - expected).abs().max().item())
+    return worst
+
+
 def write_config(tmp_path: Path, data: dict[str, Any], name: str = "run.yaml") -> Path:
     """``data`` as ``tmp_path/name``, with runs under ``tmp_path`` and DEADLINES where it sets none."""
     data = copy.deepcopy(data)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import base_config, write_config
+from tests.conftest import base_config, max_difference_from_reference, write_config
 from vflnet.config import LRScheduleConfig, ModelConfig, OptimizerConfig
 from vflnet.models.local import LocalModel
 from vflnet.models.zoo import SeededDropout, build_bottom
@@ -76,10 +76,5 @@ def test_a_dropout_run_on_the_loopback_bridge_ends_where_the_reference_ends(tmp_
     path = write_config(tmp_path, data)
     assert run_local(path, run_dir=tmp_path / "run", progress=False) == 0
     reference = train_reference(config_from_dict(data), evaluate=False)
-    worst = 0.0
-    for party, modules in reference.states.items():
-        ckpt = torch.load(tmp_path / "run/checkpoints" / f"{party}.pt")
-        for module, state in modules.items():
-            for name, expected in state.items():
-                worst = max(worst, (ckpt["modules"][module][name] - expected).abs().max().item())
+    worst = max_difference_from_reference(tmp_path / "run", reference)
     assert worst <= 1e-5, f"max parameter difference {worst}"

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import base_config, write_config
+from tests.conftest import base_config, max_difference_from_reference, write_config
 from vflnet.crypto import generate_keypair
 from vflnet.crypto.masking import ints_from_bytes, ints_to_bytes, mask, unmask
 from vflnet.crypto.wire import cipher_to_proto
@@ -122,10 +122,4 @@ def test_split_he_run_ends_with_the_split_parameters(tmp_path):
 
     plain = dict(data, protocol={"kind": "split", "aggregation": "sum"})
     reference = train_reference(config_from_dict(plain), evaluate=False)
-    worst = 0.0
-    for party, modules in reference.states.items():
-        ckpt = torch.load(tmp_path / "run/checkpoints" / f"{party}.pt")
-        for module, state in modules.items():
-            for name, expected in state.items():
-                worst = max(worst, (ckpt["modules"][module][name] - expected).abs().max().item())
-    assert worst < 1e-4
+    assert max_difference_from_reference(tmp_path / "run", reference) < 1e-4

@@ -75,7 +75,7 @@ def _read_varint(f: BinaryIO) -> int | None:
 
 def _open_append(path: Path) -> int:
     """A raw append-only descriptor: each entry is one write system call, with no buffer in between."""
-    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # the umask applies, as for open()
 
 
 def _write_all(fd: int, prefix: bytes, data: bytes) -> None:
@@ -304,7 +304,7 @@ class TraceWriter:
             self.size, self.records, self.truncated = size, records, False
 
     def close(self) -> None:
-        """Flush and fsync: the trace survives a crash of the host once this returns. Idempotent."""
+        """Fsync and close: the trace survives a crash of the host once this returns. Idempotent."""
         with self._lock:
             if self._fd is None:
                 return
