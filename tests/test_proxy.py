@@ -383,8 +383,41 @@ def test_proxy_command_serves_until_terminated_and_keeps_its_trace(tmp_path: Pat
         reply = call_exchange(grpc.insecure_channel(f"127.0.0.1:{port}"))
     finally:
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=20) == 0
+        assert exit_code_or_stacks(process) == 0
     np.testing.assert_array_equal(values_of(reply), values_of(embeddings(seed=7)))
     back = list(read_trace(trace))
     assert [(e.party, e.direction) for e in back] == [("mitm", "request"), ("mitm", "response")]
     assert next(iter_entries(trace)).header.run_id == "r9"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", ["grpc", "tcp"])
+def test_proxy_command_stops_cleanly_on_a_signal_sent_as_soon_as_it_serves(mode: str, upstream: str) -> None:
+    """The signal handling is in place before the ready line: SIGTERM right after it is a clean stop."""
+    cmd = [sys.executable, "-m", "vflnet.roles.proxy", "--mode", mode, "--listen", "127.0.0.1:0"]
+    process = subprocess.Popen(
+        [*cmd, "--upstream", upstream], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        assert line.startswith(f"proxy proxy ({mode}) on port "), line
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert exit_code_or_stacks(process) == 0
+    if mode == "tcp":
+        assert process.stdout.read().startswith("relayed 0 connections")  # type: ignore[union-attr]
+
+
+def exit_code_or_stacks(process: subprocess.Popen[str], timeout: float = 60.0) -> int:
+    """The process's exit code; if it has not exited in ``timeout`` s, fail with every thread's stack
+    (the proxy prints them on SIGUSR1) and its log."""
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGUSR1)
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        _, err = process.communicate()
+        pytest.fail(f"the proxy did not exit within {timeout:.0f} s of SIGTERM:\n{err[-6000:]}")

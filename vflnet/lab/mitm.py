@@ -25,7 +25,7 @@ from vflnet.config import TransportConfig
 from vflnet.interceptors.chain import Chain, Filter, Mod
 from vflnet.interceptors.events import WireEvent
 from vflnet.interceptors.trace import TraceWriter
-from vflnet.roles.proxy import ByteMod, TcpRelay, run_proxy, serve_until_signal, wait_for_signal
+from vflnet.roles.proxy import ByteMod, StopSignals, TcpRelay, run_proxy, serve_until_signal
 from vflnet.validation import load_config
 from vflnet.wire import tensors
 
@@ -86,11 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s mitm %(levelname)s %(name)s: %(message)s")
+    stop = StopSignals()
     if args.mode == "tcp":
         relay = TcpRelay(args.listen, args.upstream, rewrite=bit_flipper(args.flip_after))
         port = relay.start()
         print(f"tampering tcp relay on port {port} -> {args.upstream}", flush=True)
-        wait_for_signal()
+        stop.wait()
         relay.stop()
         s = relay.stats
         print(
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     mods.append(Filter(zero_embeddings, methods=["ExchangeEmbeddings"], directions=["request"]))
     server, port = run_proxy(args.listen, args.upstream, Chain(mods), transport, name="proxy")
     print(f"tampering grpc proxy on port {port} -> {args.upstream}", flush=True)
-    serve_until_signal(server, writer)
+    serve_until_signal(server, writer, stop)
     return 0
 
 

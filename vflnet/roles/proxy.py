@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import functools
 import logging
+import os
 import signal
 import socket
 import sys
@@ -451,22 +453,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def wait_for_signal() -> None:
-    """Block until SIGINT or SIGTERM (how the proxy and the lab's tampering relay are stopped)."""
-    stop = threading.Event()
+class StopSignals:
+    """SIGINT and SIGTERM, caught from construction on: construct it before announcing readiness, so a
+    signal sent as soon as the process says it serves is never lost nor fatal.
 
-    def handle(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+    The handler does nothing in Python; the interpreter writes each signal's number to a pipe
+    (``signal.set_wakeup_fd``) and :meth:`wait` reads it. A handler that set a ``threading.Event``
+    could deadlock: ``Event.wait`` holds the event's lock for a few bytecodes, and a signal handled
+    there blocked forever on that same lock.
+    """
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, handle)
-    stop.wait()
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self._read, write = os.pipe()
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        for sig in self.SIGNALS:
+            signal.signal(sig, _ignore_signal)
+        # `kill -USR1 <pid>` prints every thread's stack to stderr: how a stuck proxy is diagnosed
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+    def wait(self) -> int:
+        """Block until SIGINT or SIGTERM has arrived (at any time since construction); return it."""
+        while True:
+            signum = os.read(self._read, 1)[0]
+            if signum in self.SIGNALS:
+                return signum
 
 
-def serve_until_signal(server: grpc.Server, writer: TraceWriter | None) -> None:
+def _ignore_signal(signum: int, frame: FrameType | None) -> None:
+    """Replaces the default action (exit at once); :class:`StopSignals` sees the signal on its pipe."""
+
+
+def serve_until_signal(server: grpc.Server, writer: TraceWriter | None, stop: StopSignals) -> None:
     """Serve until SIGINT/SIGTERM, then stop the server and close the trace (durable on close)."""
-    wait_for_signal()
+    signum = stop.wait()
+    log.info("%s: stopping", signal.Signals(signum).name)
     stop_server(server, grace=2)
+    server.forwarding.channel.close()  # type: ignore[attr-defined]
     if writer is not None:
         writer.close()
 
@@ -490,11 +515,12 @@ def main(argv: list[str] | None = None) -> int:
         transport, run_id = cfg.transport, run_id or cfg.run.id
     if args.allow_plaintext_remote:
         transport = dataclasses.replace(transport, allow_plaintext_remote=True)
+    stop = StopSignals()
     if args.mode == "tcp":
         relay = TcpRelay(args.listen, args.upstream, max_connections=args.max_connections)
         port = relay.start()
         print(f"proxy {args.name} (tcp) on port {port} -> {args.upstream}", flush=True)
-        wait_for_signal()
+        stop.wait()
         relay.stop()
         s = relay.stats
         print(
@@ -506,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     chain = Chain([writer] if writer is not None else [])
     server, port = run_proxy(args.listen, args.upstream, chain, transport, name=args.name)
     print(f"proxy {args.name} (grpc) on port {port} -> {args.upstream}", flush=True)
-    serve_until_signal(server, writer)
+    serve_until_signal(server, writer, stop)
     return 0
 
 
