@@ -77,6 +77,7 @@ def test_reproduce_smoke_writes_paper_numbers_substitute_and_time(name: str, tmp
 POSITIVE = {
     "transport": ["grpc_steps_per_s", "loopback_steps_per_s", "reference_steps_per_s", "wire_bytes_per_step"],
     "paillier": ["engine_per_s", "phe_per_s"],
+    "grpc-floor": ["steps_per_s", "ratio_to_reference"],
     "he-step": ["split_s_per_step", "split_he_s_per_step", "engine_s_per_step", "phe_s_per_step"],
     "feature-reconstruction": ["mitm_s", "brute_s"],
     "secureboost": ["seconds_per_tree", "bytes_per_tree"],

@@ -1,0 +1,362 @@
+"""`vflnet bench grpc-floor`: the fastest a distributed digits-MLP step can be in Python gRPC here.
+
+The step of `vflnet bench transport`'s digits-mlp-b256 case (two passive parties, each a 32 -> 64 ->
+32 MLP bottom on half of the 1,797 x 64 inputs; the active party's 64 -> 64 -> 10 top model; batch
+256; Adam, lr 3e-3; one torch thread per process) in separate processes that share nothing of vflnet:
+no validation, metering, interceptors, trace or checkpoints, raw float32 bytes as messages, one call
+per passive party per step (embeddings up, gradient back). Three ways:
+
+- ``unary``: each passive party runs the steps by itself, one unary call per step;
+- ``stream``: the same over one bidirectional stream per passive party for the whole run;
+- ``coordinated``: a coordinator (this process) sends every party a unary RunStep per step, two steps
+  in flight, and each party runs its steps in order: the message pattern of vflnet's pipelined
+  schedule, without the rest of vflnet.
+
+Next to them, the same steps in one process (the reference). What this says: a design with these
+messages cannot beat these figures on this machine; the gap between ``coordinated`` and `vflnet
+bench transport`'s grpc column is what the rest of the platform costs. The inputs are random numbers
+of the digits shapes: a step's time does not depend on their values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+import numpy as np
+import torch
+from torch import nn
+
+from vflnet.bench.common import Row, parse_args, write_json
+
+BATCH, FEATURES, EMBEDDING, CLASSES, SAMPLES = 256, 32, 32, 10, 1797
+SERVICE = "vflnetfloor.Active"
+PASSIVE_SERVICE = "vflnetfloor.Passive"
+WARMUP = 20  # steps before the clock starts (connection set-up, first allocations)
+MODES = ("unary", "stream", "coordinated")
+JOIN_S = 120.0  # a process importing torch on a loaded 2-core machine: start-up is not the measure
+
+
+def _bottom(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, EMBEDDING))
+
+
+def _top() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(2 * EMBEDDING, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+
+
+def _inputs(seed: int) -> torch.Tensor:
+    return torch.randn(SAMPLES, FEATURES, generator=torch.Generator().manual_seed(seed))
+
+
+def _labels() -> torch.Tensor:
+    return torch.randint(0, CLASSES, (SAMPLES,), generator=torch.Generator().manual_seed(3))
+
+
+def _batch(step: int) -> torch.Tensor:
+    return torch.arange(step * BATCH, (step + 1) * BATCH) % SAMPLES
+
+
+def reference(steps: int) -> float:
+    """Steps per second of the same steps in one process."""
+    torch.set_num_threads(1)
+    bottoms, top, labels = [_bottom(1), _bottom(2)], _top(), _labels()
+    inputs = [_inputs(1), _inputs(2)]
+    optimizers = [torch.optim.Adam(m.parameters(), 3e-3) for m in (*bottoms, top)]
+    for step in range(WARMUP + steps):
+        if step == WARMUP:
+            start = time.perf_counter()
+        rows = _batch(step)
+        for opt in optimizers:
+            opt.zero_grad()
+        embeddings = [b(x[rows]) for b, x in zip(bottoms, inputs, strict=True)]
+        nn.functional.cross_entropy(top(torch.cat(embeddings, 1)), labels[rows]).backward()
+        for opt in optimizers:
+            opt.step()
+    return steps / (time.perf_counter() - start)
+
+
+class _Turns:
+    """Steps in order, one at a time: a step's command waits until the step before it is done."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.done = -1  # the last step completed
+
+    def wait(self, step: int) -> None:
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.done >= step - 1, timeout=JOIN_S):
+                raise TimeoutError(f"step {step} waited for step {step - 1}")
+
+    def complete(self, step: int) -> None:
+        with self.cond:
+            self.done = step
+            self.cond.notify_all()
+
+
+class _Active:
+    """The top model: waits for both passive parties' embeddings of a step, then answers both."""
+
+    def __init__(self) -> None:
+        self.top, self.labels = _top(), _labels()
+        self.optimizer = torch.optim.Adam(self.top.parameters(), 3e-3)
+        self.turns = _Turns()
+        self.embeddings: dict[int, torch.Tensor] = {}
+        self.gradients: dict[int, bytes] = {}
+
+    def exchange(self, request: bytes, context: Any = None) -> bytes:
+        party, step = request[0], int.from_bytes(request[1:5], "little")
+        values = np.frombuffer(request, np.float32, offset=5).reshape(BATCH, EMBEDDING)
+        with self.turns.cond:
+            self.embeddings[party] = torch.from_numpy(values.copy()).requires_grad_()
+            if len(self.embeddings) == 2:
+                h = [self.embeddings[0], self.embeddings[1]]
+                self.optimizer.zero_grad()
+                loss = nn.functional.cross_entropy(self.top(torch.cat(h, 1)), self.labels[_batch(step)])
+                loss.backward()
+                self.optimizer.step()
+                self.gradients = {p: h[p].grad.numpy().tobytes() for p in (0, 1)}  # type: ignore[union-attr]
+                self.embeddings = {}
+                self.turns.complete(step)
+            elif not self.turns.cond.wait_for(lambda: self.turns.done >= step, timeout=JOIN_S):
+                raise TimeoutError(f"step {step}: the other passive party never sent")
+            return self.gradients[party]
+
+    def stream(self, requests: Iterator[bytes], context: Any = None) -> Iterator[bytes]:
+        for request in requests:
+            yield self.exchange(request)
+
+    def run_step(self, request: bytes, context: Any = None) -> bytes:
+        """The coordinator's command: answered once this party's part of the step is done."""
+        step = int.from_bytes(request, "little")
+        with self.turns.cond:
+            if not self.turns.cond.wait_for(lambda: self.turns.done >= step, timeout=JOIN_S):
+                raise TimeoutError(f"step {step} never completed")
+        return request
+
+
+class _Passive:
+    """A bottom model and its connection to the active party."""
+
+    def __init__(self, active_port: int, party: int, mode: str) -> None:
+        torch.set_num_threads(1)
+        self.party, self.mode = party, mode
+        self.bottom, self.inputs = _bottom(party + 1), _inputs(party + 1)
+        self.optimizer = torch.optim.Adam(self.bottom.parameters(), 3e-3)
+        self.turns = _Turns()
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{active_port}")
+        grpc.channel_ready_future(self.channel).result(timeout=JOIN_S)
+        if mode == "stream":
+            self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+            stream = self.channel.stream_stream(f"/{SERVICE}/Stream")
+            self.replies = stream(iter(self.outbox.get, None), timeout=JOIN_S * 10)
+        else:
+            self.unary = self.channel.unary_unary(f"/{SERVICE}/Exchange")
+
+    def call(self, request: bytes) -> bytes:
+        if self.mode == "stream":
+            self.outbox.put(request)
+            return next(self.replies)
+        return self.unary(request, timeout=JOIN_S)
+
+    def step(self, step: int) -> None:
+        self.optimizer.zero_grad()
+        h = self.bottom(self.inputs[_batch(step)])
+        reply = self.call(bytes([self.party]) + step.to_bytes(4, "little") + h.detach().numpy().tobytes())
+        gradient = np.frombuffer(reply, np.float32).reshape(BATCH, EMBEDDING)
+        h.backward(torch.from_numpy(gradient.copy()))
+        self.optimizer.step()
+
+    def run_step(self, request: bytes, context: Any = None) -> bytes:
+        """The coordinator's command: this party's part of the step, in order."""
+        step = int.from_bytes(request, "little")
+        self.turns.wait(step)
+        self.step(step)
+        self.turns.complete(step)
+        return request
+
+    def close(self) -> None:
+        if self.mode == "stream":
+            self.outbox.put(None)  # ends the requests; the server then ends the call
+            for _ in self.replies:
+                pass
+        self.channel.close()
+
+
+def _serve(service: str, methods: dict[str, grpc.RpcMethodHandler]) -> None:
+    """Serve until the parent closes stdin (or dies); the port goes to stdout."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, methods),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(port, flush=True)
+    sys.stdin.read()
+    server.stop(grace=5).wait()
+
+
+def serve_active() -> None:
+    torch.set_num_threads(1)
+    active = _Active()
+    _serve(
+        SERVICE,
+        {
+            "Exchange": grpc.unary_unary_rpc_method_handler(active.exchange),
+            "Stream": grpc.stream_stream_rpc_method_handler(active.stream),
+            "RunStep": grpc.unary_unary_rpc_method_handler(active.run_step),
+        },
+    )
+
+
+def serve_passive(active_port: int, party: int) -> None:
+    passive = _Passive(active_port, party, "unary")
+    _serve(PASSIVE_SERVICE, {"RunStep": grpc.unary_unary_rpc_method_handler(passive.run_step)})
+    passive.close()
+
+
+def run_passive(active_port: int, party: int, steps: int, mode: str) -> None:
+    """A self-paced passive party: runs the steps, prints its steps per second (after the warm-up)."""
+    passive = _Passive(active_port, party, mode)
+    for step in range(WARMUP + steps):
+        if step == WARMUP:
+            start = time.perf_counter()
+        passive.step(step)
+    elapsed = time.perf_counter() - start
+    passive.close()
+    print(json.dumps({"steps_per_s": steps / elapsed}), flush=True)
+
+
+def _coordinate(ports: dict[str, int], steps: int) -> float:
+    """Send every party a RunStep per step, two steps in flight (as vflnet's pipelined schedule)."""
+    channels = {name: grpc.insecure_channel(f"127.0.0.1:{port}") for name, port in ports.items()}
+    calls = {
+        name: ch.unary_unary(f"/{SERVICE if name == 'active' else PASSIVE_SERVICE}/RunStep")
+        for name, ch in channels.items()
+    }
+    for ch in channels.values():
+        grpc.channel_ready_future(ch).result(timeout=JOIN_S)
+    window: deque[list[grpc.Future]] = deque()
+    sent = 0
+    for step in range(WARMUP + steps):
+        if step == WARMUP:
+            start = time.perf_counter()
+        while sent <= step + 1 and sent < WARMUP + steps:  # this step and the next are out
+            window.append([c.future(sent.to_bytes(4, "little"), timeout=JOIN_S) for c in calls.values()])
+            sent += 1
+        for future in window.popleft():
+            future.result()
+    elapsed = time.perf_counter() - start
+    for ch in channels.values():
+        ch.close()
+    return steps / elapsed
+
+
+def distributed(steps: int, mode: str) -> float:
+    """Steps per second of the run: the slower passive party's, or the coordinator's."""
+    me = [sys.executable, "-m", "vflnet.bench.grpc_floor"]
+    servers: list[subprocess.Popen[str]] = []
+
+    def serve(*args: str) -> int:
+        servers.append(
+            subprocess.Popen([*me, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        )
+        return int(servers[-1].stdout.readline())  # type: ignore[union-attr]
+
+    try:
+        port = serve("--serve-active")
+        if mode == "coordinated":
+            passives = {
+                f"passive-{p}": serve("--serve-passive", "--port", str(port), "--party", str(p))
+                for p in (0, 1)
+            }
+            return _coordinate({"active": port, **passives}, steps)
+        args = ["--port", str(port), "--steps", str(steps), "--mode", mode]
+        runs = [
+            subprocess.Popen([*me, "--party", str(p), *args], stdout=subprocess.PIPE, text=True)
+            for p in (0, 1)
+        ]
+        rates = []
+        for p in runs:
+            out, _ = p.communicate(timeout=JOIN_S + steps)  # far above any step time: a hang, not slowness
+            if p.returncode != 0:
+                raise RuntimeError(f"a passive party of the {mode} floor failed (exit {p.returncode})")
+            rates.append(json.loads(out.splitlines()[-1])["steps_per_s"])
+        return min(rates)
+    finally:
+        for server in reversed(servers):  # the passive parties first: they close their streams
+            server.stdin.close()  # type: ignore[union-attr]
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vflnet bench grpc-floor", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--steps", type=int, default=1500, help="timed steps per run (after 20 warm-up steps)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs of each mode, alternating; the best is kept"
+    )
+    parser.add_argument("--serve-active", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-passive", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--party", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=MODES, default="unary", help=argparse.SUPPRESS)
+    args = parse_args(parser, argv, smoke={"steps": 30, "repeat": 1})
+    if args.serve_active:
+        serve_active()
+        return 0
+    if args.serve_passive:
+        serve_passive(args.port, args.party)
+        return 0
+    if args.party is not None:
+        run_passive(args.port, args.party, args.steps, args.mode)
+        return 0
+    best: dict[str, float] = {}
+    for i in range(args.repeat):
+        for mode in ("reference", *MODES):
+            rate = reference(args.steps) if mode == "reference" else distributed(args.steps, mode)
+            best[mode] = max(best.get(mode, 0.0), rate)
+        print(
+            f"  run {i + 1}: " + ", ".join(f"{m} {r:.1f}" for m, r in best.items()) + " steps/s", flush=True
+        )
+    ref = best["reference"]
+    rows: list[Row] = [
+        {
+            "mode": mode,
+            "steps_per_s": round(best[mode], 1),
+            "ratio_to_reference": round(best[mode] / ref, 3),
+            "overhead_ms": round(1000 / best[mode] - 1000 / ref, 2),
+        }
+        for mode in ("reference", *MODES)
+    ]
+    print(f"\n{'mode':10s} {'steps/s':>8s} {'/ref':>6s} {'+ms/step':>9s}")
+    for r in rows:
+        print(
+            f"{r['mode']:10s} {r['steps_per_s']:8.1f} {r['ratio_to_reference']:6.2f} {r['overhead_ms']:9.2f}"
+        )
+    print(
+        "\nbare Python gRPC: unary and stream = 3 self-paced processes, 2 calls per step or 2 streams per"
+        " run; coordinated = + a RunStep to every party per step, 2 steps in flight. Best of --repeat"
+        " runs; compare with `vflnet bench transport --case digits-mlp-b256`"
+    )
+    write_json(args.json, rows, steps=args.steps, repeat=args.repeat)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
