@@ -37,7 +37,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from vflnet.bench.common import Row, parse_args, write_json
+from vflnet import progress
+from vflnet.bench.common import Row, markdown_table, parse_args, write_json
 
 BATCH, FEATURES, EMBEDDING, CLASSES, SAMPLES = 256, 32, 32, 10, 1797
 SERVICE = "vflnetfloor.Active"
@@ -327,13 +328,12 @@ def main(argv: list[str] | None = None) -> int:
         run_passive(args.port, args.party, args.steps, args.mode)
         return 0
     best: dict[str, float] = {}
-    for i in range(args.repeat):
-        for mode in ("reference", *MODES):
-            rate = reference(args.steps) if mode == "reference" else distributed(args.steps, mode)
-            best[mode] = max(best.get(mode, 0.0), rate)
-        print(
-            f"  run {i + 1}: " + ", ".join(f"{m} {r:.1f}" for m, r in best.items()) + " steps/s", flush=True
-        )
+    with progress.runs("bench grpc-floor", total=args.repeat * (1 + len(MODES))):
+        for i in range(args.repeat):
+            for mode in ("reference", *MODES):
+                rate = reference(args.steps) if mode == "reference" else distributed(args.steps, mode)
+                best[mode] = max(best.get(mode, 0.0), rate)
+                progress.advance(f"run {i + 1} {mode}")
     ref = best["reference"]
     rows: list[Row] = [
         {
@@ -344,11 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         for mode in ("reference", *MODES)
     ]
-    print(f"\n{'mode':10s} {'steps/s':>8s} {'/ref':>6s} {'+ms/step':>9s}")
-    for r in rows:
-        print(
-            f"{r['mode']:10s} {r['steps_per_s']:8.1f} {r['ratio_to_reference']:6.2f} {r['overhead_ms']:9.2f}"
-        )
+    print()
+    print(markdown_table(rows))
     print(
         "\nbare Python gRPC: unary and stream = 3 self-paced processes, 2 calls per step or 2 streams per"
         " run; coordinated = + a RunStep to every party per step, 2 steps in flight. Best of --repeat"
