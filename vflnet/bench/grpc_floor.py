@@ -90,16 +90,17 @@ def reference(steps: int) -> float:
 
 
 class _Turns:
-    """Steps in order, one at a time: a step's command waits until the step before it is done."""
+    """Steps in order, one at a time: a step waits until the step before it is done."""
 
     def __init__(self) -> None:
-        self.cond = threading.Condition()
+        self.cond = threading.Condition()  # reentrant: waited on with the lock held, too
         self.done = -1  # the last step completed
 
-    def wait(self, step: int) -> None:
+    def wait_done(self, step: int) -> None:
+        """Return once ``step`` is done."""
         with self.cond:
-            if not self.cond.wait_for(lambda: self.done >= step - 1, timeout=JOIN_S):
-                raise TimeoutError(f"step {step} waited for step {step - 1}")
+            if not self.cond.wait_for(lambda: self.done >= step, timeout=JOIN_S):
+                raise TimeoutError(f"step {step} did not complete within {JOIN_S:.0f} s")
 
     def complete(self, step: int) -> None:
         with self.cond:
@@ -131,8 +132,8 @@ class _Active:
                 self.gradients = {p: h[p].grad.numpy().tobytes() for p in (0, 1)}  # type: ignore[union-attr]
                 self.embeddings = {}
                 self.turns.complete(step)
-            elif not self.turns.cond.wait_for(lambda: self.turns.done >= step, timeout=JOIN_S):
-                raise TimeoutError(f"step {step}: the other passive party never sent")
+            else:
+                self.turns.wait_done(step)  # the other passive party's embeddings complete it
             return self.gradients[party]
 
     def stream(self, requests: Iterator[bytes], context: Any = None) -> Iterator[bytes]:
@@ -141,10 +142,7 @@ class _Active:
 
     def run_step(self, request: bytes, context: Any = None) -> bytes:
         """The coordinator's command: answered once this party's part of the step is done."""
-        step = int.from_bytes(request, "little")
-        with self.turns.cond:
-            if not self.turns.cond.wait_for(lambda: self.turns.done >= step, timeout=JOIN_S):
-                raise TimeoutError(f"step {step} never completed")
+        self.turns.wait_done(int.from_bytes(request, "little"))
         return request
 
 
@@ -183,7 +181,7 @@ class _Passive:
     def run_step(self, request: bytes, context: Any = None) -> bytes:
         """The coordinator's command: this party's part of the step, in order."""
         step = int.from_bytes(request, "little")
-        self.turns.wait(step)
+        self.turns.wait_done(step - 1)
         self.step(step)
         self.turns.complete(step)
         return request
