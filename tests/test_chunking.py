@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,11 +47,17 @@ class Active(services_pb2_grpc.ActiveServicer):
     def __init__(self) -> None:
         self.received: list[messages_pb2.Embeddings] = []
         self.repeat = 1
+        self.gate: threading.Event | None = None  # set: the reply waits for it (at most DEADLINE)
+        self.refuse = False  # answer INVALID_ARGUMENT
 
     def ExchangeEmbeddings(  # noqa: N802 - gRPC's name
         self, request: messages_pb2.Embeddings, context: grpc.ServicerContext
     ) -> messages_pb2.EmbeddingGradients:
         self.received.append(request)
+        if self.gate is not None:
+            self.gate.wait(DEADLINE)
+        if self.refuse:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "refused by the test")
         grads = np.repeat(tensors.from_proto(request.values), self.repeat, axis=0)
         return messages_pb2.EmbeddingGradients(header=request.header, values=tensors.to_proto(grads))
 
@@ -176,6 +183,53 @@ def test_a_large_reply_to_a_small_request_is_fetched_once_by_ticket(active: Acti
             tensors.from_proto(stub.ExchangeEmbeddings.future(msg, timeout=DEADLINE).result().values),
             expected,
         )
+
+
+@pytest.mark.parametrize(
+    ("rows", "repeat"),
+    [(4, 1), (100, 1), (20, 20)],
+    ids=["one message", "chunked request", "parked reply"],
+)
+def test_a_future_settles_once_with_its_reply_status_or_cancellation(
+    active: Active, server: str, rows: int, repeat: int
+) -> None:
+    """future() through the chunking channel, in each of its three paths (gRPC's own future, a
+    chunked call on a thread, a parked reply fetched on a thread): callbacks see the settled future
+    once, a refused call carries the server's status, and cancel() ends a call in flight."""
+    msg = embeddings(n=rows, dim=50)
+    expected = np.repeat(tensors.from_proto(msg.values), repeat, axis=0)
+    active.repeat = repeat
+    with open_channel(server, SMALL, "passive-1") as channel:
+        stub = services_pb2_grpc.ActiveStub(channel)
+        seen: list[grpc.Future] = []
+        settled = threading.Event()
+        future = stub.ExchangeEmbeddings.future(msg, timeout=DEADLINE)
+        future.add_done_callback(lambda f: (seen.append(f), settled.set()))
+        np.testing.assert_array_equal(tensors.from_proto(future.result().values), expected)
+        assert settled.wait(DEADLINE) and seen == [future]
+        assert future.done() and not future.cancelled() and future.code() == grpc.StatusCode.OK
+        future.add_done_callback(seen.append)  # on a settled future: at once
+        assert seen == [future, future]
+
+        active.refuse = True
+        refused = stub.ExchangeEmbeddings.future(msg, timeout=DEADLINE)
+        assert refused.exception(timeout=DEADLINE).code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.details() == "refused by the test"
+        with pytest.raises(grpc.RpcError):
+            refused.result()
+
+        active.refuse, active.gate = False, threading.Event()
+        waiting = stub.ExchangeEmbeddings.future(msg, timeout=DEADLINE)
+        assert waiting.cancel() and waiting.cancelled()
+        with pytest.raises(grpc.FutureCancelledError):
+            waiting.result(timeout=DEADLINE)
+        assert not waiting.cancel()  # settled: nothing left to cancel
+        active.gate.set()
+        active.gate = None
+        # the server keeps serving
+        again = stub.ExchangeEmbeddings.future(msg, timeout=DEADLINE)
+        np.testing.assert_array_equal(tensors.from_proto(again.result().values), expected)
 
 
 def test_malformed_chunk_streams_get_an_error_status_and_the_server_keeps_serving(

@@ -510,7 +510,7 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
             wait_for_ready,
             compression,
         )
-        return self._invoke(request, options, None)
+        return self._invoke(request, options)
 
     def future(
         self,
@@ -528,34 +528,79 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
             wait_for_ready,
             compression,
         )
-        return _ThreadedCall(functools.partial(self._invoke, request, options))
+        future = _ChunkingFuture()
+        try:
+            data = self._encode(request)
+        except Exception as exc:  # kept for result(), as a failed call would be
+            future.finish(error=exc)
+            return future
+        if len(data) > self.limits.message:  # several gRPC calls in a row: they run on a thread
+            future.run_on_thread(functools.partial(self._call_chunked, data, options))
+            return future
+        # the common case: gRPC's own future, settled by its callback, with no thread of ours (the
+        # coordinator sends every party a RunStep per step this way)
+        call = self._unary.future(data, **options.kwargs())
+        future.track(call)
+        call.add_done_callback(functools.partial(self._settle, future, options))
+        return future
 
-    def _invoke(
-        self, request: Any, options: _CallOptions, track: Callable[[Any], None] | None
-    ) -> tuple[Any, grpc.Call]:
-        """The whole call; ``track`` is told each underlying gRPC call so a future can cancel it (None:
-        a blocking call, which nothing cancels)."""
+    def _settle(self, future: _ChunkingFuture, options: _CallOptions, call: Any) -> None:
+        """The one gRPC call of ``future`` ended (on gRPC's callback thread: nothing here may block)."""
+        try:
+            reply = call.result()
+        except grpc.RpcError as exc:  # a failed call raises itself: its trailer may name a parked reply
+            ticket = _ticket(exc) if isinstance(exc, grpc.Call) else None
+            if ticket is None:
+                future.finish(error=exc)
+            else:
+                future.run_on_thread(functools.partial(self._fetch_parked, ticket, options))
+            return
+        except Exception as exc:  # cancelled
+            future.finish(error=exc)
+            return
+        try:
+            future.finish(response=self._decode(reply), call=call)
+        except FailedCall as exc:
+            future.finish(error=exc)
+
+    def _invoke(self, request: Any, options: _CallOptions) -> tuple[Any, grpc.Call]:
+        """The whole call, blocking."""
+        data = self._encode(request)
+        if len(data) > self.limits.message:
+            return self._call_chunked(data, options, None)
+        try:  # gRPC's own blocking call: no thread hand-off through a future
+            reply, call = self._unary.with_call(data, **options.kwargs())
+            return self._decode(reply), call
+        except grpc.RpcError as exc:  # a failed call raises itself: its trailer may name a parked reply
+            ticket = _ticket(exc) if isinstance(exc, grpc.Call) else None
+            if ticket is None:
+                raise
+        return self._fetch_parked(ticket, options, None)
+
+    def _encode(self, request: Any) -> bytes:
         data = self._serialize(request)
         error = payload_error(len(data), self.limits, f"the {self.method} request")
         if error:
             raise FailedCall(grpc.StatusCode.RESOURCE_EXHAUSTED, error)
-        if len(data) <= self.limits.message:
-            try:
-                if track is None:  # gRPC's own blocking call: no thread hand-off through a future
-                    reply, call = self._unary.with_call(data, **options.kwargs())
-                    return self._decode(reply), call
-                call = self._unary.future(data, **options.kwargs())
-                track(call)
-                return self._decode(call.result()), call
-            except grpc.RpcError as exc:  # a failed call raises itself: its trailer may name a parked reply
-                ticket = _ticket(exc) if isinstance(exc, grpc.Call) else None
-                if ticket is None:
-                    raise
-            responses = self._fetch(messages_pb2.ReplyTicket(token=ticket), **options.kwargs())
-        else:
-            kwargs = options.kwargs()
-            kwargs["metadata"] = (*(kwargs["metadata"] or ()), *self._method_metadata)
-            responses = self._stream(split(data, self.limits), **kwargs)
+        return data
+
+    def _call_chunked(
+        self, data: bytes, options: _CallOptions, track: Callable[[Any], None] | None
+    ) -> tuple[Any, grpc.Call]:
+        """A request over the message limit: ``Chunks/Call``, whose reply comes back in chunks too."""
+        kwargs = options.kwargs()
+        kwargs["metadata"] = (*(kwargs["metadata"] or ()), *self._method_metadata)
+        return self._join(self._stream(split(data, self.limits), **kwargs), track)
+
+    def _fetch_parked(
+        self, ticket: str, options: _CallOptions, track: Callable[[Any], None] | None
+    ) -> tuple[Any, grpc.Call]:
+        """The reply the server parked under ``ticket`` (it was over the message limit)."""
+        return self._join(self._fetch(messages_pb2.ReplyTicket(token=ticket), **options.kwargs()), track)
+
+    def _join(self, responses: Any, track: Callable[[Any], None] | None) -> tuple[Any, grpc.Call]:
+        """``track`` is told the call so a future can cancel it (None: a blocking call, which nothing
+        cancels)."""
         if track is not None:
             track(responses)
         try:
@@ -573,11 +618,12 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
             ) from exc
 
 
-class _ThreadedCall(grpc.Call, grpc.Future):
-    """``future()`` of a chunking call: the call runs on its own thread (a chunked call is several
-    gRPC calls in a row); cancel() cancels whichever of them is in flight."""
+class _ChunkingFuture(grpc.Call, grpc.Future):
+    """``future()`` of a chunking call. A request that fits one message is gRPC's own future, settled
+    from its callback; a chunked request, or the fetch of a parked reply, runs on a thread of its own
+    (several gRPC calls in a row). cancel() cancels whichever gRPC call is in flight."""
 
-    def __init__(self, invoke: Callable[[Callable[[Any], None]], tuple[Any, grpc.Call]]) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._finished = threading.Event()
         self._callbacks: list[Callable[[Any], None]] = []
@@ -586,20 +632,28 @@ class _ThreadedCall(grpc.Call, grpc.Future):
         self._response: Any = None
         self._call: Any = None  # the last underlying call, once it succeeded
         self._error: BaseException | None = None
-        threading.Thread(target=self._run, args=(invoke,), daemon=True).start()
 
-    def _track(self, call: Any) -> None:
+    def track(self, call: Any) -> None:
+        """``call`` is the gRPC call in flight now (cancelled at once if this future already was)."""
         with self._lock:
             self._current = call
             cancel = self._cancelled
         if cancel:
             call.cancel()
 
+    def run_on_thread(self, invoke: Callable[[Callable[[Any], None]], tuple[Any, grpc.Call]]) -> None:
+        threading.Thread(target=self._run, args=(invoke,), daemon=True).start()
+
     def _run(self, invoke: Callable[[Callable[[Any], None]], tuple[Any, grpc.Call]]) -> None:
         try:
-            self._response, self._call = invoke(self._track)
+            response, call = invoke(self.track)
         except Exception as exc:  # an RpcError is the failed call itself; anything else is kept for result()
-            self._error = exc
+            self.finish(error=exc)
+        else:
+            self.finish(response=response, call=call)
+
+    def finish(self, response: Any = None, call: Any = None, error: BaseException | None = None) -> None:
+        self._response, self._call, self._error = response, call, error
         with self._lock:
             self._finished.set()
             callbacks, self._callbacks = self._callbacks, []
