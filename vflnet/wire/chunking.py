@@ -621,7 +621,9 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
 class _ChunkingFuture(grpc.Call, grpc.Future):
     """``future()`` of a chunking call. A request that fits one message is gRPC's own future, settled
     from its callback; a chunked request, or the fetch of a parked reply, runs on a thread of its own
-    (several gRPC calls in a row). cancel() cancels whichever gRPC call is in flight."""
+    (several gRPC calls in a row). cancel() cancels whichever gRPC call is in flight. Done-callbacks
+    (and so a client interceptor's response chain) run on the thread that settles it: gRPC's
+    callback thread of this channel for a one-message call."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
