@@ -448,10 +448,11 @@ class _CallOptions:
         }
 
 
-def _ticket(call: grpc.Call) -> str | None:
-    if call.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+def _ticket(error: grpc.RpcError) -> str | None:
+    """The ticket a failed call's trailer names for a reply the server parked, if any."""
+    if not isinstance(error, grpc.Call) or error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
         return None
-    return next((value for key, value in call.trailing_metadata() or () if key == TICKET_KEY), None)
+    return next((value for key, value in error.trailing_metadata() or () if key == TICKET_KEY), None)
 
 
 class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
@@ -549,7 +550,7 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
         try:
             reply = call.result()
         except grpc.RpcError as exc:  # a failed call raises itself: its trailer may name a parked reply
-            ticket = _ticket(exc) if isinstance(exc, grpc.Call) else None
+            ticket = _ticket(exc)
             if ticket is None:
                 future.finish(error=exc)
             else:
@@ -559,9 +560,11 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
             future.finish(error=exc)
             return
         try:
-            future.finish(response=self._decode(reply), call=call)
+            response = self._decode(reply)
         except FailedCall as exc:
             future.finish(error=exc)
+            return
+        future.finish(response=response, call=call)
 
     def _invoke(self, request: Any, options: _CallOptions) -> tuple[Any, grpc.Call]:
         """The whole call, blocking."""
@@ -572,7 +575,7 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
             reply, call = self._unary.with_call(data, **options.kwargs())
             return self._decode(reply), call
         except grpc.RpcError as exc:  # a failed call raises itself: its trailer may name a parked reply
-            ticket = _ticket(exc) if isinstance(exc, grpc.Call) else None
+            ticket = _ticket(exc)
             if ticket is None:
                 raise
         return self._fetch_parked(ticket, options, None)
