@@ -16,7 +16,8 @@ import torch
 
 from tests.conftest import base_config, write_config
 from vflnet.config import TLSConfig, TransportConfig
-from vflnet.interceptors import Chain, ServerChainInterceptor, WireEvent, intercept_channel, read_trace
+from vflnet.interceptors import Chain, WireEvent, read_trace
+from vflnet.interceptors.grpc_adapters import ClientChainHook, ServerChainHook
 from vflnet.runner.local import run_local
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tensors, tls
@@ -83,9 +84,8 @@ def double_gradients(event: WireEvent) -> messages_pb2.EmbeddingGradients | None
 def serve(
     active: Active, transport: TransportConfig, name: str = "active", chain: Chain | None = None
 ) -> tuple[grpc.Server, str]:
-    server = make_server(
-        transport, name, [ServerChainInterceptor(chain, name)] if chain else [], max_workers=8
-    )
+    hook = ServerChainHook(chain, name) if chain else None  # as a party's server carries its chain
+    server = make_server(transport, name, max_workers=8, hook=hook)
     services_pb2_grpc.add_ActiveServicer_to_server(active, server)
     port = bind(server, "127.0.0.1:0", transport, name)
     server.start()
@@ -126,9 +126,8 @@ def test_an_oversized_exchange_travels_in_chunks_and_mods_see_whole_messages(act
         with raw_channel(address) as raw:  # as one gRPC message it cannot travel
             code, details = status(services_pb2_grpc.ActiveStub(raw).ExchangeEmbeddings, msg)
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
-        channel = intercept_channel(
-            open_channel(address, SMALL, "passive-1"), Chain([client_rec]), "passive-1", address
-        )
+        hook = ClientChainHook(Chain([client_rec]), "passive-1", address)
+        channel = open_channel(address, SMALL, "passive-1", hook=hook)
         stub = services_pb2_grpc.ActiveStub(channel)
         expected = tensors.from_proto(msg.values) * 2
         np.testing.assert_array_equal(
@@ -174,7 +173,9 @@ def test_a_large_reply_to_a_small_request_is_fetched_once_by_ticket(active: Acti
         np.testing.assert_array_equal(tensors.from_proto(reply.values), expected)
         code, _ = status(lambda **kw: list(fetch(messages_pb2.ReplyTicket(token=ticket), **kw)))
         assert code == grpc.StatusCode.NOT_FOUND  # one fetch per ticket
-    with open_channel(server, SMALL, "passive-1") as channel:  # the chunking channel fetches on its own
+    client_rec = Recorder()  # the chunking channel fetches on its own; its tap sees each whole reply once
+    hook = ClientChainHook(Chain([client_rec]), "passive-1", server)
+    with open_channel(server, SMALL, "passive-1", hook=hook) as channel:
         stub = services_pb2_grpc.ActiveStub(channel)
         np.testing.assert_array_equal(
             tensors.from_proto(stub.ExchangeEmbeddings(msg, timeout=DEADLINE).values), expected
@@ -183,6 +184,9 @@ def test_a_large_reply_to_a_small_request_is_fetched_once_by_ticket(active: Acti
             tensors.from_proto(stub.ExchangeEmbeddings.future(msg, timeout=DEADLINE).result().values),
             expected,
         )
+    assert [e.direction for e in client_rec.events] == ["request", "response"] * 2
+    for event in client_rec.events[1::2]:
+        np.testing.assert_array_equal(event.tensors()["values"], expected)
 
 
 @pytest.mark.parametrize(
@@ -295,7 +299,10 @@ def test_malformed_chunk_streams_get_an_error_status_and_the_server_keeps_servin
     assert len(active.received) == 2
 
 
-def test_a_chunked_call_is_authorized_as_the_method_it_carries(tmp_path: Path, active: Active) -> None:
+@pytest.mark.parametrize("rows", [100, 4], ids=["chunked", "one message"])
+def test_a_call_is_authorized_as_the_method_it_carries_before_a_mod_sees_it(
+    tmp_path: Path, active: Active, rows: int
+) -> None:
     tls.make_ca(tmp_path)
     for name, role in (("active", "active"), ("passive-1", "passive"), ("coordinator", "coordinator")):
         tls.issue_party_cert(tmp_path, name, role)
@@ -310,7 +317,8 @@ def test_a_chunked_call_is_authorized_as_the_method_it_carries(tmp_path: Path, a
     )
     rec = Recorder()
     srv, address = serve(active, transport, chain=Chain([rec]))
-    msg = embeddings(n=100, dim=100)
+    msg = embeddings(n=rows, dim=100)
+    assert (msg.ByteSize() > LIMIT) == (rows == 100)
     try:
         with open_channel(address, transport, "coordinator") as channel:
             code, details = status(services_pb2_grpc.ActiveStub(channel).ExchangeEmbeddings, msg)

@@ -1,4 +1,8 @@
-"""Mods, chains and their gRPC adapters on real servers bound to 127.0.0.1 (ephemeral ports)."""
+"""Mods, chains and their gRPC bindings on real servers bound to 127.0.0.1 (ephemeral ports).
+
+Each server-side and client-side test runs with both bindings of a chain: the hooks the chunking
+layer runs (``hook``, how a party's own servers and channels carry its chain) and the interceptors
+for any gRPC server or channel (``interceptor``)."""
 
 from __future__ import annotations
 
@@ -20,8 +24,10 @@ from vflnet.interceptors import (
     WireEvent,
     intercept_channel,
 )
+from vflnet.interceptors.grpc_adapters import ClientChainHook, ServerChainHook
 from vflnet.v1 import messages_pb2, services_pb2_grpc, tensor_pb2
 from vflnet.wire import tensors
+from vflnet.wire.channels import TransportConfig, bind, make_server, open_channel
 
 DEADLINE = 5.0
 EXCHANGE = "/vflnet.v1.Active/ExchangeEmbeddings"
@@ -87,13 +93,23 @@ class EchoParty(services_pb2_grpc.PartyServicer):
         )
 
 
+BINDINGS = ("hook", "interceptor")
+
+
 def start_server(
-    active: EchoActive, interceptors: list[grpc.ServerInterceptor] | None = None
+    active: EchoActive, chain: Chain | None = None, binding: str = "interceptor"
 ) -> tuple[grpc.Server, str]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=interceptors or [])
+    """A plain gRPC server with ``chain`` as an interceptor, or a party's server (chunking layer)
+    with ``chain`` as its hook."""
+    if binding == "hook":
+        hook = ServerChainHook(chain, "active") if chain is not None else None
+        server = make_server(TransportConfig(), "active", max_workers=4, hook=hook)
+    else:
+        interceptors = [ServerChainInterceptor(chain, "active")] if chain is not None else []
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=interceptors)
     services_pb2_grpc.add_ActiveServicer_to_server(active, server)
     services_pb2_grpc.add_PartyServicer_to_server(EchoParty(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = bind(server, "127.0.0.1:0", TransportConfig(), "active")
     server.start()
     return server, f"127.0.0.1:{port}"
 
@@ -258,10 +274,11 @@ def test_filter_limits_a_mod_to_methods_directions_and_sides() -> None:
 
 
 # ---------------------------------------------------------------------------------------- server side
-def test_server_tap_and_rewrite_change_what_the_servicer_receives(active: EchoActive) -> None:
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_server_tap_and_rewrite_change_what_the_servicer_receives(active: EchoActive, binding: str) -> None:
     before, after = Recorder(), Recorder()
     chain = Chain([before, scale_values(3.0, messages_pb2.Embeddings), after])
-    server, address = start_server(active, [ServerChainInterceptor(chain, "active")])
+    server, address = start_server(active, chain, binding)
     try:
         with grpc.insecure_channel(address) as channel:
             msg = embeddings(step=4)
@@ -280,9 +297,10 @@ def test_server_tap_and_rewrite_change_what_the_servicer_receives(active: EchoAc
     assert before.events[1].sender == "active"
 
 
-def test_server_response_rewrite_changes_what_the_client_gets(active: EchoActive) -> None:
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_server_response_rewrite_changes_what_the_client_gets(active: EchoActive, binding: str) -> None:
     chain = Chain([scale_values(-1.0, messages_pb2.EmbeddingGradients)])
-    server, address = start_server(active, [ServerChainInterceptor(chain, "active")])
+    server, address = start_server(active, chain, binding)
     try:
         with grpc.insecure_channel(address) as channel:
             msg = embeddings()
@@ -293,12 +311,13 @@ def test_server_response_rewrite_changes_what_the_client_gets(active: EchoActive
     np.testing.assert_array_equal(values_of(reply), -values_of(msg))
 
 
-def test_server_refusal_fails_one_call_and_the_server_keeps_serving(active: EchoActive) -> None:
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_server_refusal_fails_one_call_and_the_server_keeps_serving(active: EchoActive, binding: str) -> None:
     def refuse_step_two(event: WireEvent) -> None:
         if event.direction == "request" and event.step == 2:
             raise Refused("step 2 looks replayed", grpc.StatusCode.INVALID_ARGUMENT)
 
-    server, address = start_server(active, [ServerChainInterceptor(Chain([refuse_step_two]), "active")])
+    server, address = start_server(active, Chain([refuse_step_two]), binding)
     try:
         with grpc.insecure_channel(address) as channel:
             stub = services_pb2_grpc.ActiveStub(channel)
@@ -312,9 +331,10 @@ def test_server_refusal_fails_one_call_and_the_server_keeps_serving(active: Echo
     assert [m.header.step for m in active.received] == [3]
 
 
-def test_server_errors_pass_through_unchanged(active: EchoActive) -> None:
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_server_errors_pass_through_unchanged(active: EchoActive, binding: str) -> None:
     rec = Recorder()
-    server, address = start_server(active, [ServerChainInterceptor(Chain([rec]), "active")])
+    server, address = start_server(active, Chain([rec]), binding)
     try:
         with grpc.insecure_channel(address) as channel:
             with pytest.raises(grpc.RpcError) as info:
@@ -329,13 +349,23 @@ def test_server_errors_pass_through_unchanged(active: EchoActive) -> None:
 
 
 # ---------------------------------------------------------------------------------------- client side
-def client_stub(address: str, chain: Chain) -> tuple[grpc.Channel, services_pb2_grpc.ActiveStub]:
+def client_stub(
+    address: str, chain: Chain, binding: str
+) -> tuple[grpc.Channel, services_pb2_grpc.ActiveStub]:
+    """A party's channel (chunking layer) with ``chain`` as its hook, or a plain gRPC channel with
+    ``chain`` as an interceptor."""
+    if binding == "hook":
+        channel = open_channel(
+            address, TransportConfig(), "passive-1", hook=ClientChainHook(chain, "passive-1", address)
+        )
+        return channel, services_pb2_grpc.ActiveStub(channel)
     channel = grpc.insecure_channel(address)
     return channel, services_pb2_grpc.ActiveStub(intercept_channel(channel, chain, "passive-1", address))
 
 
+@pytest.mark.parametrize("binding", BINDINGS)
 def test_client_tap_and_rewrites_on_blocking_with_call_and_future(
-    active: EchoActive, plain_server: str
+    active: EchoActive, plain_server: str, binding: str
 ) -> None:
     rec = Recorder()
     chain = Chain(
@@ -345,7 +375,7 @@ def test_client_tap_and_rewrites_on_blocking_with_call_and_future(
             scale_values(5.0, messages_pb2.EmbeddingGradients),  # what the caller's stub returns
         ]
     )
-    channel, stub = client_stub(plain_server, chain)
+    channel, stub = client_stub(plain_server, chain, binding)
     msg = embeddings()
     with channel:
         blocking = stub.ExchangeEmbeddings(msg, timeout=DEADLINE)
@@ -363,10 +393,11 @@ def test_client_tap_and_rewrites_on_blocking_with_call_and_future(
     np.testing.assert_allclose(rec.events[1].tensors()["values"], values_of(msg) * 2, rtol=1e-6)
 
 
-def test_client_futures_stay_concurrent(active: EchoActive, plain_server: str) -> None:
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_client_futures_stay_concurrent(active: EchoActive, plain_server: str, binding: str) -> None:
     """The coordinator fans RunStep out with .future(): the interceptor must not wait for a reply first."""
     rec = Recorder()
-    channel, stub = client_stub(plain_server, Chain([rec]))
+    channel, stub = client_stub(plain_server, Chain([rec]), binding)
     with channel:
         waiting = stub.ExchangeEmbeddings.future(embeddings(batch_id=1), timeout=DEADLINE)
         opener = stub.ExchangeEmbeddings.future(embeddings(batch_id=2), timeout=DEADLINE)
@@ -383,9 +414,10 @@ def test_client_futures_stay_concurrent(active: EchoActive, plain_server: str) -
     ]
 
 
-def test_client_errors_pass_through_unchanged(plain_server: str) -> None:
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_client_errors_pass_through_unchanged(plain_server: str, binding: str) -> None:
     rec = Recorder()
-    channel, stub = client_stub(plain_server, Chain([rec]))
+    channel, stub = client_stub(plain_server, Chain([rec]), binding)
     with channel:
         with pytest.raises(grpc.RpcError) as info:
             stub.ExchangeEmbeddings(embeddings(step=-1), timeout=DEADLINE)
@@ -399,7 +431,8 @@ def test_client_errors_pass_through_unchanged(plain_server: str) -> None:
     assert [e.direction for e in rec.events] == ["request", "request"]
 
 
-def test_client_refusals_become_rpc_errors(active: EchoActive, plain_server: str) -> None:
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_client_refusals_become_rpc_errors(active: EchoActive, plain_server: str, binding: str) -> None:
     def refuse(direction: str) -> object:
         def mod(event: WireEvent) -> None:
             if event.direction == direction:
@@ -407,7 +440,7 @@ def test_client_refusals_become_rpc_errors(active: EchoActive, plain_server: str
 
         return mod
 
-    channel, stub = client_stub(plain_server, Chain([refuse("request")]))
+    channel, stub = client_stub(plain_server, Chain([refuse("request")]), binding)
     with channel, pytest.raises(grpc.RpcError) as info:
         stub.ExchangeEmbeddings(embeddings(), timeout=DEADLINE)
     assert (
@@ -416,7 +449,7 @@ def test_client_refusals_become_rpc_errors(active: EchoActive, plain_server: str
     )
     assert active.received == []  # never sent
 
-    channel, stub = client_stub(plain_server, Chain([refuse("response")]))
+    channel, stub = client_stub(plain_server, Chain([refuse("response")]), binding)
     with channel:
         with pytest.raises(grpc.RpcError) as info:
             stub.ExchangeEmbeddings(embeddings(), timeout=DEADLINE)
@@ -457,12 +490,13 @@ def test_event_decodes_ciphertexts_with_the_receivers_public_key() -> None:
         event.ciphertexts(other)
 
 
-def test_a_buggy_response_mod_surfaces_its_own_exception(plain_server: str) -> None:
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_a_buggy_response_mod_surfaces_its_own_exception(plain_server: str, binding: str) -> None:
     def buggy(event: WireEvent) -> None:
         if event.direction == "response":
             raise ZeroDivisionError("bug in a tap")
 
-    channel, stub = client_stub(plain_server, Chain([buggy]))
+    channel, stub = client_stub(plain_server, Chain([buggy]), binding)
     with channel:
         with pytest.raises(ZeroDivisionError, match="bug in a tap"):
             stub.ExchangeEmbeddings(embeddings(), timeout=DEADLINE)

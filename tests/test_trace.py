@@ -14,7 +14,6 @@ from test_interceptors import DEADLINE, EXCHANGE, RUN_STEP, EchoActive, embeddin
 
 from vflnet.interceptors import (
     Chain,
-    ServerChainInterceptor,
     TraceError,
     TraceWriter,
     WireEvent,
@@ -179,7 +178,7 @@ def test_foreign_and_newer_files_are_refused(tmp_path: Path) -> None:
 def test_writer_is_a_tap_on_a_real_server(tmp_path: Path) -> None:
     path = trace_mod.trace_path(tmp_path / "run", "active")
     writer = TraceWriter(path, party="active", run_id="r1")
-    server, address = start_server(EchoActive(), [ServerChainInterceptor(Chain([writer]), "active")])
+    server, address = start_server(EchoActive(), Chain([writer]), "hook")  # as a party's server carries it
     try:
         with grpc.insecure_channel(address) as channel:
             stub = services_pb2_grpc.ActiveStub(channel)

@@ -20,7 +20,12 @@ from grpc_health.v1 import health_pb2
 from vflnet.config import TransportConfig
 from vflnet.interceptors.chain import Chain
 from vflnet.interceptors.events import METHODS
-from vflnet.interceptors.grpc_adapters import ServerChainInterceptor, intercept_channel
+from vflnet.interceptors.grpc_adapters import (
+    ClientChainHook,
+    ServerChainHook,
+    ServerChainInterceptor,
+    intercept_channel,
+)
 from vflnet.wire.channels import bind as grpc_bind
 from vflnet.wire.channels import enable_reflection
 from vflnet.wire.channels import make_server as grpc_server
@@ -96,7 +101,8 @@ class GrpcBridge:
         self.transport = transport
 
     def make_server(self, name: str, chain: Chain) -> grpc.Server:
-        return grpc_server(self.transport, name, [ServerChainInterceptor(chain, name)] if len(chain) else [])
+        # the chain runs inside the chunking layer that wraps every call anyway (no layer of its own)
+        return grpc_server(self.transport, name, hook=ServerChainHook(chain, name) if len(chain) else None)
 
     def bind(self, server: grpc.Server, name: str, listen: str, advertise: str = "") -> str:
         if self.transport.reflection:  # every service is registered by now, and the server not started
@@ -110,7 +116,8 @@ class GrpcBridge:
         return f"{host}:{port}"
 
     def open_channel(self, address: str, name: str, chain: Chain, peer: str = "") -> grpc.Channel:
-        return intercept_channel(grpc_channel(address, self.transport, name, peer), chain, name, address)
+        hook = ClientChainHook(chain, name, address) if len(chain) else None
+        return grpc_channel(address, self.transport, name, peer, hook)
 
 
 class LoopbackBridge:

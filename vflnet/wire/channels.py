@@ -21,7 +21,14 @@ import grpc
 from google.protobuf.message import Message
 
 from vflnet.config import TransportConfig
-from vflnet.wire.chunking import ChunkingChannel, ChunkingInterceptor, Limits, payload_error
+from vflnet.wire.chunking import (
+    ChunkingChannel,
+    ChunkingInterceptor,
+    ClientHook,
+    Limits,
+    ServerHook,
+    payload_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +93,10 @@ def make_server(
     name: str,
     interceptors: list[grpc.ServerInterceptor] | None = None,
     max_workers: int = 32,
+    hook: ServerHook | None = None,
 ) -> grpc.Server:
+    """``hook`` (a party's mod chain) runs in the chunking layer on every vflnet call, after the role
+    check: no interceptor layer of its own."""
     chain = list(interceptors or [])
     authorize = None
     if transport.tls.enabled:
@@ -96,7 +106,9 @@ def make_server(
         chain.insert(0, authorizer)  # identity first, before any tap or attack
         authorize = authorizer.check
     # outermost: the rest sees whole messages; it runs the role check itself before reading a stream
-    chunking = ChunkingInterceptor(Limits.of(transport), authorize, max_streams=max(1, max_workers // 4))
+    chunking = ChunkingInterceptor(
+        Limits.of(transport), authorize, max_streams=max(1, max_workers // 4), hook=hook
+    )
     chain.insert(0, chunking)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{name}-rpc"),
@@ -182,10 +194,13 @@ def _check_plaintext_allowed(address: str, transport: TransportConfig) -> None:
     log.warning("PLAINTEXT gRPC on %s: anyone on the network path can read and alter this traffic", address)
 
 
-def open_channel(address: str, transport: TransportConfig, name: str, peer: str = "") -> grpc.Channel:
-    """A channel from party ``name`` to ``address``. Under TLS with ``peer`` (a roster name) the server
-    must present that party's certificate: every party certificate names its party in its SANs, and
-    all of them also hold localhost, so checking the dialled host alone would accept any party."""
+def open_channel(
+    address: str, transport: TransportConfig, name: str, peer: str = "", hook: ClientHook | None = None
+) -> grpc.Channel:
+    """A channel from party ``name`` to ``address``, with ``hook`` (its mod chain) on every vflnet call.
+    Under TLS with ``peer`` (a roster name) the server must present that party's certificate: every
+    party certificate names its party in its SANs, and all of them also hold localhost, so checking
+    the dialled host alone would accept any party."""
     if transport.tls.enabled:
         from vflnet.wire.tls import channel_credentials
 
@@ -199,7 +214,7 @@ def open_channel(address: str, transport: TransportConfig, name: str, peer: str 
         if not is_loopback(address):
             _check_plaintext_allowed(address, transport)
         channel = grpc.insecure_channel(address, options=channel_options(transport))
-    return ChunkingChannel(channel, Limits.of(transport))
+    return ChunkingChannel(channel, Limits.of(transport), hook)
 
 
 def check_message_size(msg: Message, transport: TransportConfig, what: str) -> None:

@@ -1,16 +1,18 @@
 """Messages over ``transport.max_message_mb`` travel in chunks, unseen by the code above the channel.
 
-Client (:class:`ChunkingChannel`, under the mod chain's interceptor, so taps see whole messages):
-a call whose serialized request is over the limit goes over the ``Chunks/Call`` stream as ``Chunk``
+Client (:class:`ChunkingChannel`, with the party's mod chain as its ``hook``, run on whole
+messages before they are split and after they are joined, so taps see whole messages): a call whose serialized request is over the limit goes over the ``Chunks/Call`` stream as ``Chunk``
 messages, with the real method in the ``vflnet-method`` metadata; the reply comes back on that
 stream. A plain unary call whose *reply* is over the limit fails on the server with
 RESOURCE_EXHAUSTED and a ``vflnet-reply-ticket`` trailer; the channel then fetches the parked reply
 once with ``Chunks/FetchReply``. Messages that fit travel as plain unary calls, as without chunking.
 
 Server (:class:`ChunkingInterceptor`, first of the server's interceptors): for ``Chunks/Call`` it
-takes the named method's full handler from the rest of the pipeline (role check, mod chain,
-servicer), reassembles the request, calls that handler and streams the reply back; for a unary
-vflnet method it parks a reply over the limit. ``Chunks`` is never registered as a servicer: gRPC
+takes the named method's full handler from the rest of the pipeline (role check, servicer), runs the
+role check, reassembles the request, calls that handler with the mod chain (``hook``) around it and
+streams the reply back; for a unary vflnet method it runs the role check and the hook the same way
+(the role check runs again in the handler: the hook's mods must see only requests the caller's role
+may send) and parks a reply over the limit. ``Chunks`` is never registered as a servicer: gRPC
 then resolves the named method through the generic handlers, which honour the name we pass.
 No logical message may exceed ``transport.max_payload_mb``, chunked or not.
 """
@@ -25,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -47,6 +49,22 @@ CHUNKABLE: frozenset[str] = frozenset(
     for m in service.methods
     if not (m.client_streaming or m.server_streaming)
 )
+
+
+class ServerHook(Protocol):
+    """Runs on every whole request a server receives and every reply it sends (a party's mod chain,
+    vflnet/interceptors/grpc_adapters.py); raises :class:`FailedCall` to refuse one with its status."""
+
+    def request(self, method: str, message: Any, peer: str) -> Any: ...
+    def response(self, method: str, message: Any, peer: str) -> Any: ...
+
+
+class ClientHook(Protocol):
+    """Runs on every whole request a channel sends and every reply it gets; raises
+    :class:`FailedCall` to refuse one (the caller sees the call fail with its status)."""
+
+    def request(self, method: str, message: Any) -> Any: ...
+    def response(self, method: str, message: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -251,8 +269,10 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
         limits: Limits,
         authorize: Callable[[str, grpc.ServicerContext], None] | None = None,
         max_streams: int = 1 << 30,
+        hook: ServerHook | None = None,
     ) -> None:
         self.limits = limits
+        self.hook = hook  # the party's mod chain, on whole messages (None: an empty chain)
         self.stream_deadline_s = limits.stream_deadline_s  # raised to the run's step deadline on admission
         self.stash = _ReplyStash(limits.ticket_ttl_s)
         self.budget = _Budget(limits.inflight)
@@ -308,10 +328,31 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, error)
         return data
 
+    def _serve(
+        self, method: str, handler: grpc.RpcMethodHandler, request: Any, context: grpc.ServicerContext
+    ) -> Any:
+        """The logical call: the servicer, with the hook on its request and reply (a refusal aborts)."""
+        if self.hook is None:
+            return handler.unary_unary(request, context)
+        peer = context.peer()
+        try:
+            request = self.hook.request(method, request, peer)
+        except FailedCall as exc:
+            context.abort(exc.code(), exc.details())
+        reply = handler.unary_unary(request, context)
+        if reply is None:  # the servicer aborted or set an error status itself
+            return None
+        try:
+            return self.hook.response(method, reply, peer)
+        except FailedCall as exc:
+            context.abort(exc.code(), exc.details())
+
     def _serve_unary(
         self, method: str, handler: grpc.RpcMethodHandler, request: Any, context: grpc.ServicerContext
     ) -> bytes | None:
-        reply = handler.unary_unary(request, context)
+        if self.hook is not None and self.authorize is not None:
+            self.authorize(method, context)  # mods see only requests the caller's role may send
+        reply = self._serve(method, handler, request, context)
         if reply is None:  # the servicer set an error status itself
             return None
         data = self._reply_bytes(method, handler, reply, context)
@@ -358,7 +399,7 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
             )
         finally:
             self.streams.release()
-        reply = handler.unary_unary(request, context)
+        reply = self._serve(method, handler, request, context)
         if reply is not None:
             yield from split(self._reply_bytes(method, handler, reply, context), self.limits)
 
@@ -466,9 +507,11 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
         serializer: Callable | None,
         deserializer: Callable | None,
         limits: Limits,
+        hook: ClientHook | None = None,
     ) -> None:
         self.method = method
         self.limits = limits
+        self._hook = hook
         self._method_metadata = ((METHOD_KEY, method),)
         self._serialize = serializer or (lambda data: data)
         self._deserialize = deserializer or (lambda data: data)
@@ -532,7 +575,9 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
         future = _ChunkingFuture()
         try:
             data = self._encode(request)
-        except Exception as exc:  # kept for result(), as a failed call would be
+        except (
+            Exception
+        ) as exc:  # a refusal or a too-large request; kept for result(), as a failed call would be
             future.finish(error=exc)
             return future
         if len(data) > self.limits.message:  # several gRPC calls in a row: they run on a thread
@@ -561,7 +606,7 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
             return
         try:
             response = self._decode(reply)
-        except FailedCall as exc:
+        except Exception as exc:  # undecodable, refused by a mod, or a mod's own bug: kept for result()
             future.finish(error=exc)
             return
         future.finish(response=response, call=call)
@@ -581,6 +626,9 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
         return self._fetch_parked(ticket, options, None)
 
     def _encode(self, request: Any) -> bytes:
+        """The request after the hook, serialized (the hook sees the whole message)."""
+        if self._hook is not None:
+            request = self._hook.request(self.method, request)
         data = self._serialize(request)
         error = payload_error(len(data), self.limits, f"the {self.method} request")
         if error:
@@ -613,12 +661,14 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
         return self._decode(reply), responses
 
     def _decode(self, data: bytes) -> Any:
+        """The whole reply, parsed, after the hook (it runs once per reply, whichever way it came)."""
         try:
-            return self._deserialize(data)
+            reply = self._deserialize(data)
         except DecodeError as exc:
             raise FailedCall(
                 grpc.StatusCode.INTERNAL, f"the {self.method} reply does not decode: {exc}"
             ) from exc
+        return reply if self._hook is None else self._hook.response(self.method, reply)
 
 
 class _ChunkingFuture(grpc.Call, grpc.Future):
@@ -745,11 +795,13 @@ class _ChunkingFuture(grpc.Call, grpc.Future):
 
 
 class ChunkingChannel(grpc.Channel):
-    """``channel`` with chunking on every unary vflnet method; all else passes through."""
+    """``channel`` with chunking on every unary vflnet method, and ``hook`` (the party's mod chain)
+    on each one's whole request and reply; all else passes through."""
 
-    def __init__(self, channel: grpc.Channel, limits: Limits) -> None:
+    def __init__(self, channel: grpc.Channel, limits: Limits, hook: ClientHook | None = None) -> None:
         self.inner = channel
         self.limits = limits
+        self.hook = hook
 
     def unary_unary(
         self,
@@ -764,7 +816,7 @@ class ChunkingChannel(grpc.Channel):
                 method, request_serializer, response_deserializer, _registered_method
             )
         return _ChunkingMultiCallable(
-            self.inner, name, request_serializer, response_deserializer, self.limits
+            self.inner, name, request_serializer, response_deserializer, self.limits, self.hook
         )
 
     def unary_stream(
