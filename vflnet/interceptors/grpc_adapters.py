@@ -32,7 +32,7 @@ from google.protobuf.message import Message
 
 from vflnet.interceptors.chain import Chain, Refused
 from vflnet.interceptors.events import WireEvent
-from vflnet.wire.chunking import FailedCall
+from vflnet.wire.chunking import FailedCall, serve_with_hook
 
 # gRPC health checks (heartbeats, `vflnet health`, probes) pass no mod: taps and attacks see the run's
 # messages only, and a traced run holds the same messages whatever the heartbeat interval
@@ -116,28 +116,6 @@ class ServerChainInterceptor(grpc.ServerInterceptor):
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
-
-
-def serve_with_hook(
-    hook: ServerChainHook,
-    method: str,
-    behavior: Callable[[Any, grpc.ServicerContext], Any],
-    request: Any,
-    context: grpc.ServicerContext,
-) -> Any:
-    """``behavior`` (the servicer) with ``hook`` on its request and reply; a refusal aborts the call."""
-    peer = context.peer()
-    try:
-        request = hook.request(method, request, peer)
-    except RefusedCall as exc:
-        context.abort(exc.code(), exc.details())
-    response = behavior(request, context)
-    if response is None:  # the servicer aborted or set an error status itself
-        return response
-    try:
-        return hook.response(method, response, peer)
-    except RefusedCall as exc:
-        context.abort(exc.code(), exc.details())
 
 
 class _InterceptedCall(grpc.Call, grpc.Future):

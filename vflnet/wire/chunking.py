@@ -1,7 +1,8 @@
 """Messages over ``transport.max_message_mb`` travel in chunks, unseen by the code above the channel.
 
 Client (:class:`ChunkingChannel`, with the party's mod chain as its ``hook``, run on whole
-messages before they are split and after they are joined, so taps see whole messages): a call whose serialized request is over the limit goes over the ``Chunks/Call`` stream as ``Chunk``
+messages before they are split and after they are joined, so taps see whole messages): a call
+whose serialized request is over the limit goes over the ``Chunks/Call`` stream as ``Chunk``
 messages, with the real method in the ``vflnet-method`` metadata; the reply comes back on that
 stream. A plain unary call whose *reply* is over the limit fails on the server with
 RESOURCE_EXHAUSTED and a ``vflnet-reply-ticket`` trailer; the channel then fetches the parked reply
@@ -65,6 +66,29 @@ class ClientHook(Protocol):
 
     def request(self, method: str, message: Any) -> Any: ...
     def response(self, method: str, message: Any) -> Any: ...
+
+
+def serve_with_hook(
+    hook: ServerHook,
+    method: str,
+    behavior: Callable[[Any, grpc.ServicerContext], Any],
+    request: Any,
+    context: grpc.ServicerContext,
+) -> Any:
+    """``behavior`` (the servicer) with ``hook`` on its request and reply; a refusal aborts the call
+    with the refusal's status."""
+    peer = context.peer()
+    try:
+        request = hook.request(method, request, peer)
+    except FailedCall as exc:
+        context.abort(exc.code(), exc.details())
+    response = behavior(request, context)
+    if response is None:  # the servicer aborted or set an error status itself
+        return response
+    try:
+        return hook.response(method, response, peer)
+    except FailedCall as exc:
+        context.abort(exc.code(), exc.details())
 
 
 @dataclass(frozen=True)
@@ -331,21 +355,10 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
     def _serve(
         self, method: str, handler: grpc.RpcMethodHandler, request: Any, context: grpc.ServicerContext
     ) -> Any:
-        """The logical call: the servicer, with the hook on its request and reply (a refusal aborts)."""
+        """The logical call: the servicer, with the hook on its request and reply."""
         if self.hook is None:
             return handler.unary_unary(request, context)
-        peer = context.peer()
-        try:
-            request = self.hook.request(method, request, peer)
-        except FailedCall as exc:
-            context.abort(exc.code(), exc.details())
-        reply = handler.unary_unary(request, context)
-        if reply is None:  # the servicer aborted or set an error status itself
-            return None
-        try:
-            return self.hook.response(method, reply, peer)
-        except FailedCall as exc:
-            context.abort(exc.code(), exc.details())
+        return serve_with_hook(self.hook, method, handler.unary_unary, request, context)
 
     def _serve_unary(
         self, method: str, handler: grpc.RpcMethodHandler, request: Any, context: grpc.ServicerContext
