@@ -189,12 +189,15 @@ class Protocol:
 
 def register_messages(service: Any, callers: dict[str, set[str]]) -> None:
     """Make a plug-in protocol's gRPC service known: its methods' messages (for taps, traces and
-    ``add_handlers``) and which roles may call each method (``callers``: short name -> roles, enforced
-    under mutual TLS)."""
+    ``add_handlers``), that they travel in chunks and through the parties' mod chains like vflnet's
+    own, and which roles may call each method (``callers``: short name -> roles, enforced under
+    mutual TLS)."""
     from vflnet.interceptors.events import register_service
+    from vflnet.wire.chunking import register_chunkable
     from vflnet.wire.tls import register_permissions
 
     register_service(service)
+    register_chunkable(service)
     register_permissions({f"/{service.full_name}/{name}": roles for name, roles in callers.items()})
 
 
