@@ -1,11 +1,13 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import vflnet.data.datasets
+from vflnet.data import package_cache
 from vflnet.data.datasets import available, load_dataset
 
 
@@ -117,3 +119,21 @@ def test_a_warm_cache_loads_without_importing_scikit_learn_and_a_broken_file_is_
     stored.write_bytes(stored.read_bytes()[:100])  # cut short, as by a full disk
     assert run() == "(1797, 8, 8) True"  # read again from the package, and the file rewritten
     assert run() == "(1797, 8, 8) False"
+
+
+def test_without_a_home_or_a_writable_cache_datasets_still_load(tmp_path, monkeypatch):
+    want = _uncached("iris", {}, monkeypatch).features
+    monkeypatch.delenv("VFLNET_DATA_CACHE")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")  # what Path.home() raises then
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert package_cache.cache_dir() is None
+    assert np.array_equal(load_dataset("iris").features, want)
+    blocked = tmp_path / "a-file"  # the cache "directory" is a file: nothing can be written under it
+    blocked.write_text("")
+    monkeypatch.setenv("VFLNET_DATA_CACHE", str(blocked / "cache"))
+    assert np.array_equal(load_dataset("iris").features, want)
+    assert blocked.read_text() == ""

@@ -8,9 +8,10 @@ version; later loads read them with numpy alone. The arrays are the loader's own
 nothing downstream changes.
 
 Where: ``$VFLNET_DATA_CACHE`` if set (``off`` turns the cache off), else
-``$XDG_CACHE_HOME/vflnet/datasets``, else ``~/.cache/vflnet/datasets``. A file that cannot be read is
-replaced; a directory that cannot be written leaves loading as it was, uncached. Files are written
-to a temporary name and renamed, so processes starting together never read a half-written one.
+``$XDG_CACHE_HOME/vflnet/datasets``, else ``~/.cache/vflnet/datasets`` (none without a home
+directory). A file that cannot be read is replaced; a directory that cannot be written leaves
+loading as it was, uncached. Files are written to a temporary name and renamed, so processes
+starting together never read a half-written one.
 """
 
 from __future__ import annotations
@@ -31,14 +32,17 @@ ENV = "VFLNET_DATA_CACHE"
 
 
 def cache_dir() -> Path | None:
-    """The cache directory, or None when ``$VFLNET_DATA_CACHE`` is ``off``."""
+    """The cache directory, or None when ``$VFLNET_DATA_CACHE`` is ``off`` or there is no home."""
     configured = os.environ.get(ENV, "")
     if configured.lower() == "off":
         return None
     if configured:
         return Path(configured)
     xdg = os.environ.get("XDG_CACHE_HOME", "")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "vflnet" / "datasets"
+    try:
+        return (Path(xdg) if xdg else Path.home() / ".cache") / "vflnet" / "datasets"
+    except RuntimeError:  # no home directory (a container user without one): load uncached
+        return None
 
 
 def package_arrays(
