@@ -43,23 +43,26 @@ TICKET_KEY = "vflnet-reply-ticket"  # trailer of a unary call whose reply waits 
 CALL_METHOD = "/vflnet.v1.Chunks/Call"
 FETCH_METHOD = "/vflnet.v1.Chunks/FetchReply"
 
+
+def _unary_methods(service: Any) -> set[str]:
+    """The full names of a protobuf ServiceDescriptor's unary methods."""
+    return {
+        f"/{service.full_name}/{m.name}"
+        for m in service.methods
+        if not (m.client_streaming or m.server_streaming)
+    }
+
+
 # Every unary vflnet method: each may travel in chunks, and a party's hook (its mod chain) runs on
 # it. A plug-in protocol's methods join through register_chunkable (vflnet/protocols/base.py).
-CHUNKABLE: set[str] = {
-    f"/{service.full_name}/{m.name}"
-    for service in services_pb2.DESCRIPTOR.services_by_name.values()
-    for m in service.methods
-    if not (m.client_streaming or m.server_streaming)
-}
+CHUNKABLE: set[str] = set().union(
+    *(_unary_methods(service) for service in services_pb2.DESCRIPTOR.services_by_name.values())
+)
 
 
 def register_chunkable(service: Any) -> None:
     """Add a plug-in protocol's unary methods (a protobuf ServiceDescriptor) to ``CHUNKABLE``."""
-    CHUNKABLE.update(
-        f"/{service.full_name}/{m.name}"
-        for m in service.methods
-        if not (m.client_streaming or m.server_streaming)
-    )
+    CHUNKABLE.update(_unary_methods(service))
 
 
 class ServerHook(Protocol):
