@@ -10,7 +10,15 @@ per passive party per step (embeddings up, gradient back). Three ways:
 - ``stream``: the same over one bidirectional stream per passive party for the whole run;
 - ``coordinated``: a coordinator (this process) sends every party a unary RunStep per step, two steps
   in flight, and each party runs its steps in order: the message pattern of vflnet's pipelined
-  schedule, without the rest of vflnet.
+  schedule, without the rest of vflnet;
+- ``coordinated-stream``: as ``coordinated``, but each passive party's exchanges with the active party
+  go over one bidirectional stream for the whole run (the "persistent stream per party pair" design);
+- ``all-streams``: as ``coordinated-stream``, and the coordinator's commands and the parties' reports
+  also go over one stream per party: every message of the run on a persistent stream.
+
+``--tap`` adds each mode again with the floor of a crash-safe trace tap in every process (the
+coordinator too): every message sent or received is appended to the process's file, length-prefixed,
+with one ``writev`` before it goes on (what vflnet's TraceWriter does, without the record's metadata).
 
 Next to them, the same steps in one process (the reference). What this says: a design with these
 messages cannot beat these figures on this machine; the gap between ``coordinated`` and `vflnet
@@ -22,9 +30,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -44,8 +54,23 @@ BATCH, FEATURES, EMBEDDING, CLASSES, SAMPLES = 256, 32, 32, 10, 1797
 SERVICE = "vflnetfloor.Active"
 PASSIVE_SERVICE = "vflnetfloor.Passive"
 WARMUP = 20  # steps before the clock starts (connection set-up, first allocations)
-MODES = ("unary", "stream", "coordinated")
+MODES = ("unary", "stream", "coordinated", "coordinated-stream", "all-streams")
 JOIN_S = 120.0  # a process importing torch on a loaded 2-core machine: start-up is not the measure
+TAP = "+tap"
+_TAP_FD: list[int] = []  # this process's trace file, with --tap-dir
+
+
+def _open_tap(directory: str | None, name: str) -> None:
+    if directory:
+        path = os.path.join(directory, f"{name}.trace")
+        _TAP_FD.append(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+
+
+def _tapped(data: bytes) -> bytes:
+    """``data``, appended first to this process's trace file when there is one (a tap's floor)."""
+    if _TAP_FD:
+        os.writev(_TAP_FD[0], [len(data).to_bytes(4, "little"), data])
+    return data
 
 
 def _bottom(seed: int) -> nn.Module:
@@ -119,7 +144,7 @@ class _Active:
         self.gradients: dict[int, bytes] = {}
 
     def exchange(self, request: bytes, context: Any = None) -> bytes:
-        party, step = request[0], int.from_bytes(request[1:5], "little")
+        party, step = _tapped(request)[0], int.from_bytes(request[1:5], "little")
         values = np.frombuffer(request, np.float32, offset=5).reshape(BATCH, EMBEDDING)
         with self.turns.cond:
             self.embeddings[party] = torch.from_numpy(values.copy()).requires_grad_()
@@ -134,7 +159,7 @@ class _Active:
                 self.turns.complete(step)
             else:
                 self.turns.wait_done(step)  # the other passive party's embeddings complete it
-            return self.gradients[party]
+            return _tapped(self.gradients[party])
 
     def stream(self, requests: Iterator[bytes], context: Any = None) -> Iterator[bytes]:
         for request in requests:
@@ -142,8 +167,12 @@ class _Active:
 
     def run_step(self, request: bytes, context: Any = None) -> bytes:
         """The coordinator's command: answered once this party's part of the step is done."""
-        self.turns.wait_done(int.from_bytes(request, "little"))
-        return request
+        self.turns.wait_done(int.from_bytes(_tapped(request), "little"))
+        return _tapped(request)
+
+    def run_steps(self, requests: Iterator[bytes], context: Any = None) -> Iterator[bytes]:
+        for request in requests:
+            yield self.run_step(request)
 
 
 class _Passive:
@@ -157,7 +186,7 @@ class _Passive:
         self.turns = _Turns()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{active_port}")
         grpc.channel_ready_future(self.channel).result(timeout=JOIN_S)
-        if mode == "stream":
+        if mode in ("stream", "coordinated-stream", "all-streams"):
             self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
             stream = self.channel.stream_stream(f"/{SERVICE}/Stream")
             self.replies = stream(iter(self.outbox.get, None), timeout=JOIN_S * 10)
@@ -165,7 +194,7 @@ class _Passive:
             self.unary = self.channel.unary_unary(f"/{SERVICE}/Exchange")
 
     def call(self, request: bytes) -> bytes:
-        if self.mode == "stream":
+        if self.mode != "unary":
             self.outbox.put(request)
             return next(self.replies)
         return self.unary(request, timeout=JOIN_S)
@@ -173,21 +202,26 @@ class _Passive:
     def step(self, step: int) -> None:
         self.optimizer.zero_grad()
         h = self.bottom(self.inputs[_batch(step)])
-        reply = self.call(bytes([self.party]) + step.to_bytes(4, "little") + h.detach().numpy().tobytes())
+        request = bytes([self.party]) + step.to_bytes(4, "little") + h.detach().numpy().tobytes()
+        reply = _tapped(self.call(_tapped(request)))
         gradient = np.frombuffer(reply, np.float32).reshape(BATCH, EMBEDDING)
         h.backward(torch.from_numpy(gradient.copy()))
         self.optimizer.step()
 
     def run_step(self, request: bytes, context: Any = None) -> bytes:
         """The coordinator's command: this party's part of the step, in order."""
-        step = int.from_bytes(request, "little")
+        step = int.from_bytes(_tapped(request), "little")
         self.turns.wait_done(step - 1)
         self.step(step)
         self.turns.complete(step)
-        return request
+        return _tapped(request)
+
+    def run_steps(self, requests: Iterator[bytes], context: Any = None) -> Iterator[bytes]:
+        for request in requests:
+            yield self.run_step(request)
 
     def close(self) -> None:
-        if self.mode == "stream":
+        if self.mode != "unary":
             self.outbox.put(None)  # ends the requests; the server then ends the call
             for _ in self.replies:
                 pass
@@ -214,13 +248,20 @@ def serve_active() -> None:
             "Exchange": grpc.unary_unary_rpc_method_handler(active.exchange),
             "Stream": grpc.stream_stream_rpc_method_handler(active.stream),
             "RunStep": grpc.unary_unary_rpc_method_handler(active.run_step),
+            "RunSteps": grpc.stream_stream_rpc_method_handler(active.run_steps),
         },
     )
 
 
-def serve_passive(active_port: int, party: int) -> None:
-    passive = _Passive(active_port, party, "unary")
-    _serve(PASSIVE_SERVICE, {"RunStep": grpc.unary_unary_rpc_method_handler(passive.run_step)})
+def serve_passive(active_port: int, party: int, mode: str) -> None:
+    passive = _Passive(active_port, party, "unary" if mode == "coordinated" else mode)
+    _serve(
+        PASSIVE_SERVICE,
+        {
+            "RunStep": grpc.unary_unary_rpc_method_handler(passive.run_step),
+            "RunSteps": grpc.stream_stream_rpc_method_handler(passive.run_steps),
+        },
+    )
     passive.close()
 
 
@@ -236,34 +277,71 @@ def run_passive(active_port: int, party: int, steps: int, mode: str) -> None:
     print(json.dumps({"steps_per_s": steps / elapsed}), flush=True)
 
 
-def _coordinate(ports: dict[str, int], steps: int) -> float:
+class _StreamCall:
+    """One party's RunSteps stream, used like a unary call: commands go in order, replies come in order."""
+
+    def __init__(self, channel: grpc.Channel, method: str) -> None:
+        self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self.replies = channel.stream_stream(method)(iter(self.outbox.get, None), timeout=JOIN_S * 10)
+
+    def future(self, request: bytes, timeout: float) -> _StreamCall:
+        self.outbox.put(request)
+        return self
+
+    def result(self) -> bytes:
+        return next(self.replies)
+
+    def close(self) -> None:
+        self.outbox.put(None)
+        for _ in self.replies:
+            pass
+
+
+def _coordinate(ports: dict[str, int], steps: int, streams: bool) -> float:
     """Send every party a RunStep per step, two steps in flight (as vflnet's pipelined schedule)."""
     channels = {name: grpc.insecure_channel(f"127.0.0.1:{port}") for name, port in ports.items()}
-    calls = {
-        name: ch.unary_unary(f"/{SERVICE if name == 'active' else PASSIVE_SERVICE}/RunStep")
-        for name, ch in channels.items()
-    }
     for ch in channels.values():
         grpc.channel_ready_future(ch).result(timeout=JOIN_S)
-    window: deque[list[grpc.Future]] = deque()
+    calls: dict[str, Any] = {}
+    for name, ch in channels.items():
+        service = SERVICE if name == "active" else PASSIVE_SERVICE
+        calls[name] = (
+            _StreamCall(ch, f"/{service}/RunSteps") if streams else ch.unary_unary(f"/{service}/RunStep")
+        )
+    window: deque[list[Any]] = deque()
     sent = 0
     for step in range(WARMUP + steps):
         if step == WARMUP:
             start = time.perf_counter()
         while sent <= step + 1 and sent < WARMUP + steps:  # this step and the next are out
-            window.append([c.future(sent.to_bytes(4, "little"), timeout=JOIN_S) for c in calls.values()])
+            command = sent.to_bytes(4, "little")
+            window.append([c.future(_tapped(command), timeout=JOIN_S) for c in calls.values()])
             sent += 1
         for future in window.popleft():
-            future.result()
+            _tapped(future.result())
     elapsed = time.perf_counter() - start
+    if streams:
+        for call in calls.values():
+            call.close()
     for ch in channels.values():
         ch.close()
     return steps / elapsed
 
 
-def distributed(steps: int, mode: str) -> float:
-    """Steps per second of the run: the slower passive party's, or the coordinator's."""
-    me = [sys.executable, "-m", "vflnet.bench.grpc_floor"]
+def distributed(steps: int, mode: str, tap_dir: str | None = None) -> float:
+    """Steps per second of the run: the slower passive party's, or the coordinator's. With ``tap_dir``
+    every process appends each message it sends or receives to ``<tap_dir>/<its name>.trace``."""
+    if tap_dir is None:
+        return _distributed(steps, mode, None)
+    _open_tap(tap_dir, "coordinator")
+    try:
+        return _distributed(steps, mode, tap_dir)
+    finally:
+        os.close(_TAP_FD.pop())
+
+
+def _distributed(steps: int, mode: str, tap_dir: str | None) -> float:
+    me = [sys.executable, "-m", "vflnet.bench.grpc_floor", *(["--tap-dir", tap_dir] if tap_dir else [])]
     servers: list[subprocess.Popen[str]] = []
 
     def serve(*args: str) -> int:
@@ -274,12 +352,14 @@ def distributed(steps: int, mode: str) -> float:
 
     try:
         port = serve("--serve-active")
-        if mode == "coordinated":
+        if mode.startswith("coordinated") or mode == "all-streams":
             passives = {
-                f"passive-{p}": serve("--serve-passive", "--port", str(port), "--party", str(p))
+                f"passive-{p}": serve(
+                    "--serve-passive", "--port", str(port), "--party", str(p), "--mode", mode
+                )
                 for p in (0, 1)
             }
-            return _coordinate({"active": port, **passives}, steps)
+            return _coordinate({"active": port, **passives}, steps, streams=mode == "all-streams")
         args = ["--port", str(port), "--steps", str(steps), "--mode", mode]
         runs = [
             subprocess.Popen([*me, "--party", str(p), *args], stdout=subprocess.PIPE, text=True)
@@ -314,22 +394,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve-passive", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--party", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help=f"comma-separated, some of {', '.join(MODES)}"
+    )
+    parser.add_argument(
+        "--tap", action="store_true", help="also every mode with a bare trace tap in every process"
+    )
     parser.add_argument("--mode", choices=MODES, default="unary", help=argparse.SUPPRESS)
+    parser.add_argument("--tap-dir", help=argparse.SUPPRESS)
     args = parse_args(parser, argv, smoke={"steps": 30, "repeat": 1})
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        parser.error(f"--modes: unknown {unknown}; expected some of {list(MODES)}")
+    if args.tap:
+        modes = [v for m in modes for v in (m, m + TAP)]
+    name = "active" if args.serve_active else f"passive-{args.party}"
+    _open_tap(args.tap_dir, name)
     if args.serve_active:
         serve_active()
         return 0
     if args.serve_passive:
-        serve_passive(args.port, args.party)
+        serve_passive(args.port, args.party, args.mode)
         return 0
     if args.party is not None:
         run_passive(args.port, args.party, args.steps, args.mode)
         return 0
     best: dict[str, float] = {}
-    with progress.runs("bench grpc-floor", total=args.repeat * (1 + len(MODES))):
+    with progress.runs("bench grpc-floor", total=args.repeat * (1 + len(modes))):
         for i in range(args.repeat):
-            for mode in ("reference", *MODES):
-                rate = reference(args.steps) if mode == "reference" else distributed(args.steps, mode)
+            for mode in ("reference", *modes):
+                if mode == "reference":
+                    rate = reference(args.steps)
+                else:
+                    with tempfile.TemporaryDirectory(prefix="vflnet-floor-") as directory:
+                        tap_dir = directory if mode.endswith(TAP) else None
+                        rate = distributed(args.steps, mode.removesuffix(TAP), tap_dir)
                 best[mode] = max(best.get(mode, 0.0), rate)
                 progress.advance(f"run {i + 1} {mode}")
     ref = best["reference"]
@@ -340,14 +440,16 @@ def main(argv: list[str] | None = None) -> int:
             "ratio_to_reference": round(best[mode] / ref, 3),
             "overhead_ms": round(1000 / best[mode] - 1000 / ref, 2),
         }
-        for mode in ("reference", *MODES)
+        for mode in ("reference", *modes)
     ]
     print()
     print(markdown_table(rows))
     print(
         "\nbare Python gRPC: unary and stream = 3 self-paced processes, 2 calls per step or 2 streams per"
-        " run; coordinated = + a RunStep to every party per step, 2 steps in flight. Best of --repeat"
-        " runs; compare with `vflnet bench transport --case digits-mlp-b256`"
+        " run; coordinated = + a RunStep to every party per step, 2 steps in flight; coordinated-stream ="
+        " coordinated with the exchanges on a stream per passive party; all-streams = the RunSteps on a"
+        " stream per party too; +tap = every message appended to a file in every process. Best of"
+        " --repeat runs; compare with `vflnet bench transport --case digits-mlp-b256`"
     )
     write_json(args.json, rows, steps=args.steps, repeat=args.repeat)
     return 0

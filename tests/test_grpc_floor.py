@@ -1,0 +1,46 @@
+"""`vflnet bench grpc-floor`: its message patterns run the steps they are asked for, and its bare trace
+tap records every message each process sends or receives, once, whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vflnet.bench import grpc_floor
+from vflnet.bench.grpc_floor import BATCH, EMBEDDING, WARMUP, distributed
+
+EMBEDDINGS = 5 + BATCH * EMBEDDING * 4  # party byte, step, float32 values
+GRADIENT = BATCH * EMBEDDING * 4
+COMMAND = 4  # the step number
+
+
+def _frames(path: Path) -> list[int]:
+    """The sizes of the length-prefixed messages in one process's trace file."""
+    data = path.read_bytes()
+    sizes, at = [], 0
+    while at < len(data):
+        n = int.from_bytes(data[at : at + 4], "little")
+        sizes.append(n)
+        at += 4 + n
+    assert at == len(data), f"{path.name}: a partial last frame"
+    return sizes
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", ["coordinated", "all-streams"])
+def test_the_floor_tap_records_every_message_of_every_process(mode: str, tmp_path: Path) -> None:
+    steps = 4
+    assert distributed(steps, mode, str(tmp_path)) > 0
+    total = WARMUP + steps
+    counts = {p.stem: sorted(_frames(p)) for p in tmp_path.glob("*.trace")}
+    # per step: the coordinator sends each of the three parties a command and gets it back; a passive
+    # party receives a command, sends embeddings, gets a gradient, answers; the active party receives
+    # two commands' worth of embeddings and answers each, plus its own command
+    assert counts == {
+        "coordinator": sorted([COMMAND] * 6 * total),
+        "active": sorted([COMMAND] * 2 * total + [EMBEDDINGS] * 2 * total + [GRADIENT] * 2 * total),
+        "passive-0": sorted([COMMAND] * 2 * total + [EMBEDDINGS] * total + [GRADIENT] * total),
+        "passive-1": sorted([COMMAND] * 2 * total + [EMBEDDINGS] * total + [GRADIENT] * total),
+    }
+    assert not grpc_floor._TAP_FD  # the coordinator's file is closed again
