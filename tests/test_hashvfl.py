@@ -382,3 +382,25 @@ def test_resnet_small_bottom_builds_with_batch_norm_and_gives_the_embedding_widt
     cfg["parties"][2]["bottom"] = {"kind": "resnet-small", "channels": [4, 8], "out": 4}
     cfg["parties"][3]["bottom"] = {"kind": "resnet-small", "channels": [4, 8], "out": 4}
     config_from_dict(cfg)
+
+
+def test_resnet18_bottom_is_the_papers_architecture_on_a_half_image() -> None:
+    """`resnet18` is torchvision's ResNet18 as the reference code adapts it: a 3x3 stride-1 conv1 and
+    the max-pool, two basic blocks per stage of 64/128/256/512 maps, fc to the code length."""
+    from vflnet.config import ModelConfig
+    from vflnet.models.zoo import build_bottom
+
+    model = build_bottom(ModelConfig(kind="resnet18", out=4, shift=2), (1, 28, 14))
+    modules = list(model.modules())
+    assert sum(isinstance(m, torch.nn.MaxPool2d) for m in modules) == 1
+    assert (
+        sum(isinstance(m, torch.nn.BatchNorm2d) for m in modules) == 1 + 2 * 8 + 3
+    )  # stem, blocks, shortcuts
+    convs = [m for m in modules if isinstance(m, torch.nn.Conv2d)]
+    assert (convs[0].kernel_size, convs[0].stride, convs[0].out_channels) == ((3, 3), (1, 1), 64)
+    assert convs[-1].out_channels == 512
+    # torchvision's resnet18 has 11,689,512 parameters: less its 3-channel 7x7 conv1 (9,408) and
+    # 1000-way fc (513,000), plus a 1-channel 3x3 conv1 (576) and a 4-way fc (2,052)
+    assert sum(p.numel() for p in model.parameters()) == 11_689_512 - 9_408 - 513_000 + 576 + 2_052
+    x = torch.rand(3, 1, 28, 14)
+    assert model(x).shape == (3, 4)

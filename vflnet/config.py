@@ -143,7 +143,7 @@ class ModelConfig:
         factory=lambda: [8, 16], help="conv widths (cnn; cafe-conv: its two conv layers)"
     )
     shift: int = setting(
-        0, "resnet-small: in training only, shift each image by up to this many pixels (zero fill)"
+        0, "resnet-small, resnet18: in training only, shift each image by up to this many pixels (zero fill)"
     )
     input_activation: Literal["none", "relu", "tanh", "sigmoid"] = setting(
         "none", "top only: nonlinearity applied to the aggregate first"

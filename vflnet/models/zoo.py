@@ -130,29 +130,52 @@ class _BasicBlock(nn.Module):
 
 
 class SmallResNet(nn.Module):
-    """A small ResNet (He et al.; paper 001's ResNet18 scaled down for CPU runs): a 3x3 conv + BN + ReLU
-    stem of ``channels[0]`` maps, one basic block per ``channels`` width (stride 2 from the second on),
-    global average pooling, then a linear embedding, as ResNet18's ``fc``."""
+    """A ResNet (He et al.) on a small image: a 3x3 conv + BN + ReLU stem of ``channels[0]`` maps (then a
+    3x3 stride-2 max-pool with ``stem_pool``), ``blocks`` basic blocks per ``channels`` width (stride 2
+    from the second width on), global average pooling, then a linear embedding, as ResNet18's ``fc``.
+    The defaults are paper 001's ResNet18 scaled down for CPU runs; :func:`resnet18` is the full one."""
 
-    def __init__(self, in_shape: tuple[int, int, int], channels: list[int], out: int, shift: int = 0) -> None:
+    def __init__(
+        self,
+        in_shape: tuple[int, int, int],
+        channels: list[int],
+        out: int,
+        shift: int = 0,
+        blocks: int = 1,
+        stem_pool: bool = False,
+    ) -> None:
         super().__init__()
         self.shift = shift
         self.generator = own_generator() if shift > 0 else None
         c = channels[0]
-        self.stem = nn.Sequential(
-            nn.Conv2d(in_shape[0], c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU()
-        )
-        blocks: list[nn.Module] = []
+        stem: list[nn.Module] = [
+            nn.Conv2d(in_shape[0], c, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c),
+            nn.ReLU(),
+        ]
+        if stem_pool:
+            stem.append(nn.MaxPool2d(3, stride=2, padding=1))
+        self.stem = nn.Sequential(*stem)
+        stages: list[nn.Module] = []
         for i, width in enumerate(channels):
-            blocks.append(_BasicBlock(c, width, 1 if i == 0 else 2))
-            c = width
-        self.blocks = nn.Sequential(*blocks)
+            for j in range(blocks):
+                stages.append(_BasicBlock(c, width, 2 if i > 0 and j == 0 else 1))
+                c = width
+        self.blocks = nn.Sequential(*stages)
         self.head = nn.Linear(c, out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and self.generator is not None:
             x = random_shift(x, self.shift, self.generator)
         return self.head(self.blocks(self.stem(x)).mean((2, 3)))
+
+
+def resnet18(in_shape: tuple[int, int, int], out: int, shift: int = 0) -> SmallResNet:
+    """ResNet18 as paper 001's reference code adapts torchvision's to small images: ``conv1`` a 3x3,
+    stride-1 conv (no bias), then BN, ReLU and the 3x3 stride-2 max-pool; four stages of two basic
+    blocks of 64, 128, 256 and 512 maps; ``fc`` to ``out``. Randomly initialised: the ImageNet weights
+    the reference code loads cannot be downloaded here."""
+    return SmallResNet(in_shape, [64, 128, 256, 512], out, shift, blocks=2, stem_pool=True)
 
 
 def random_shift(x: torch.Tensor, s: int, generator: torch.Generator) -> torch.Tensor:
@@ -254,6 +277,14 @@ MODELS.register(
         "resnet-small",
         "a small ResNet: 3x3 conv + BN stem, one residual basic block (two 3x3 conv + BN) per `channels` width, stride 2 from the second, global average pool, linear embedding; `shift`: random translation in training",
         build_bottom=lambda cfg, shape: SmallResNet(shape, cfg.channels, cfg.out, cfg.shift),  # type: ignore[arg-type]
+        image_input=True,
+    )
+)
+MODELS.register(
+    ModelKind(
+        "resnet18",
+        "ResNet18 (paper 001's bottom): 3x3 conv + BN + ReLU + 3x3 max-pool stem, two basic blocks each of 64, 128, 256, 512 maps, global average pool, linear embedding; random init; `shift` as resnet-small",
+        build_bottom=lambda cfg, shape: resnet18(shape, cfg.out, cfg.shift),  # type: ignore[arg-type]
         image_input=True,
     )
 )
