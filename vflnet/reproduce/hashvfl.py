@@ -572,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--epochs", type=int, default=None, help="default 30 (quick: 5)")
     parser.add_argument(
-        "--seeds", type=int, default=None, help="seeds per accuracy cell (default 3, quick 1)"
+        "--seeds", type=int, default=None, help="seeds per accuracy cell (default 2, quick 1)"
     )
     parser.add_argument(
         "--mnist-bottom",
