@@ -393,9 +393,8 @@ def test_resnet18_bottom_is_the_papers_architecture_on_a_half_image() -> None:
     model = build_bottom(ModelConfig(kind="resnet18", out=4, shift=2), (1, 28, 14))
     modules = list(model.modules())
     assert sum(isinstance(m, torch.nn.MaxPool2d) for m in modules) == 1
-    assert (
-        sum(isinstance(m, torch.nn.BatchNorm2d) for m in modules) == 1 + 2 * 8 + 3
-    )  # stem, blocks, shortcuts
+    n_bn = sum(isinstance(m, torch.nn.BatchNorm2d) for m in modules)
+    assert n_bn == 1 + 2 * 8 + 3  # the stem, two per block, the three strided blocks' shortcuts
     convs = [m for m in modules if isinstance(m, torch.nn.Conv2d)]
     assert (convs[0].kernel_size, convs[0].stride, convs[0].out_channels) == ((3, 3), (1, 1), 64)
     assert convs[-1].out_channels == 512

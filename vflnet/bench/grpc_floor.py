@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable
 from concurrent import futures
 from typing import Any
 
@@ -54,7 +54,8 @@ BATCH, FEATURES, EMBEDDING, CLASSES, SAMPLES = 256, 32, 32, 10, 1797
 SERVICE = "vflnetfloor.Active"
 PASSIVE_SERVICE = "vflnetfloor.Passive"
 WARMUP = 20  # steps before the clock starts (connection set-up, first allocations)
-MODES = ("unary", "stream", "coordinated", "coordinated-stream", "all-streams")
+SELF_PACED = ("unary", "stream")  # the passive parties run their steps without a coordinator
+MODES = (*SELF_PACED, "coordinated", "coordinated-stream", "all-streams")
 JOIN_S = 120.0  # a process importing torch on a loaded 2-core machine: start-up is not the measure
 TAP = "+tap"
 _TAP_FD: list[int] = []  # this process's trace file, with --tap-dir
@@ -71,6 +72,31 @@ def _tapped(data: bytes) -> bytes:
     if _TAP_FD:
         os.writev(_TAP_FD[0], [len(data).to_bytes(4, "little"), data])
     return data
+
+
+def _streamed(handle: Callable[[bytes], bytes]) -> grpc.RpcMethodHandler:
+    """A bidirectional-stream handler that answers each request in order, as ``handle`` answers a call."""
+    return grpc.stream_stream_rpc_method_handler(lambda requests, context: map(handle, requests))
+
+
+class _StreamCall:
+    """One bidirectional stream, used like a unary call: requests go in order, replies come in order."""
+
+    def __init__(self, channel: grpc.Channel, method: str) -> None:
+        self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self.replies = channel.stream_stream(method)(iter(self.outbox.get, None), timeout=JOIN_S * 10)
+
+    def future(self, request: bytes, timeout: float | None = None) -> _StreamCall:
+        self.outbox.put(request)
+        return self
+
+    def result(self) -> bytes:
+        return next(self.replies)
+
+    def close(self) -> None:
+        self.outbox.put(None)  # ends the requests; the server then ends the call
+        for _ in self.replies:
+            pass
 
 
 def _bottom(seed: int) -> nn.Module:
@@ -144,7 +170,8 @@ class _Active:
         self.gradients: dict[int, bytes] = {}
 
     def exchange(self, request: bytes, context: Any = None) -> bytes:
-        party, step = _tapped(request)[0], int.from_bytes(request[1:5], "little")
+        _tapped(request)
+        party, step = request[0], int.from_bytes(request[1:5], "little")
         values = np.frombuffer(request, np.float32, offset=5).reshape(BATCH, EMBEDDING)
         with self.turns.cond:
             self.embeddings[party] = torch.from_numpy(values.copy()).requires_grad_()
@@ -161,42 +188,29 @@ class _Active:
                 self.turns.wait_done(step)  # the other passive party's embeddings complete it
             return _tapped(self.gradients[party])
 
-    def stream(self, requests: Iterator[bytes], context: Any = None) -> Iterator[bytes]:
-        for request in requests:
-            yield self.exchange(request)
-
     def run_step(self, request: bytes, context: Any = None) -> bytes:
         """The coordinator's command: answered once this party's part of the step is done."""
         self.turns.wait_done(int.from_bytes(_tapped(request), "little"))
         return _tapped(request)
 
-    def run_steps(self, requests: Iterator[bytes], context: Any = None) -> Iterator[bytes]:
-        for request in requests:
-            yield self.run_step(request)
-
 
 class _Passive:
     """A bottom model and its connection to the active party."""
 
-    def __init__(self, active_port: int, party: int, mode: str) -> None:
+    def __init__(self, active_port: int, party: int, streamed: bool) -> None:
         torch.set_num_threads(1)
-        self.party, self.mode = party, mode
+        self.party = party
         self.bottom, self.inputs = _bottom(party + 1), _inputs(party + 1)
         self.optimizer = torch.optim.Adam(self.bottom.parameters(), 3e-3)
         self.turns = _Turns()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{active_port}")
         grpc.channel_ready_future(self.channel).result(timeout=JOIN_S)
-        if mode in ("stream", "coordinated-stream", "all-streams"):
-            self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-            stream = self.channel.stream_stream(f"/{SERVICE}/Stream")
-            self.replies = stream(iter(self.outbox.get, None), timeout=JOIN_S * 10)
-        else:
-            self.unary = self.channel.unary_unary(f"/{SERVICE}/Exchange")
+        self.stream = _StreamCall(self.channel, f"/{SERVICE}/Stream") if streamed else None
+        self.unary = self.channel.unary_unary(f"/{SERVICE}/Exchange")
 
     def call(self, request: bytes) -> bytes:
-        if self.mode != "unary":
-            self.outbox.put(request)
-            return next(self.replies)
+        if self.stream is not None:
+            return self.stream.future(request).result()
         return self.unary(request, timeout=JOIN_S)
 
     def step(self, step: int) -> None:
@@ -216,15 +230,9 @@ class _Passive:
         self.turns.complete(step)
         return _tapped(request)
 
-    def run_steps(self, requests: Iterator[bytes], context: Any = None) -> Iterator[bytes]:
-        for request in requests:
-            yield self.run_step(request)
-
     def close(self) -> None:
-        if self.mode != "unary":
-            self.outbox.put(None)  # ends the requests; the server then ends the call
-            for _ in self.replies:
-                pass
+        if self.stream is not None:
+            self.stream.close()
         self.channel.close()
 
 
@@ -246,20 +254,20 @@ def serve_active() -> None:
         SERVICE,
         {
             "Exchange": grpc.unary_unary_rpc_method_handler(active.exchange),
-            "Stream": grpc.stream_stream_rpc_method_handler(active.stream),
+            "Stream": _streamed(active.exchange),
             "RunStep": grpc.unary_unary_rpc_method_handler(active.run_step),
-            "RunSteps": grpc.stream_stream_rpc_method_handler(active.run_steps),
+            "RunSteps": _streamed(active.run_step),
         },
     )
 
 
 def serve_passive(active_port: int, party: int, mode: str) -> None:
-    passive = _Passive(active_port, party, "unary" if mode == "coordinated" else mode)
+    passive = _Passive(active_port, party, streamed=mode != "coordinated")
     _serve(
         PASSIVE_SERVICE,
         {
             "RunStep": grpc.unary_unary_rpc_method_handler(passive.run_step),
-            "RunSteps": grpc.stream_stream_rpc_method_handler(passive.run_steps),
+            "RunSteps": _streamed(passive.run_step),
         },
     )
     passive.close()
@@ -267,7 +275,7 @@ def serve_passive(active_port: int, party: int, mode: str) -> None:
 
 def run_passive(active_port: int, party: int, steps: int, mode: str) -> None:
     """A self-paced passive party: runs the steps, prints its steps per second (after the warm-up)."""
-    passive = _Passive(active_port, party, mode)
+    passive = _Passive(active_port, party, streamed=mode == "stream")
     for step in range(WARMUP + steps):
         if step == WARMUP:
             start = time.perf_counter()
@@ -275,26 +283,6 @@ def run_passive(active_port: int, party: int, steps: int, mode: str) -> None:
     elapsed = time.perf_counter() - start
     passive.close()
     print(json.dumps({"steps_per_s": steps / elapsed}), flush=True)
-
-
-class _StreamCall:
-    """One party's RunSteps stream, used like a unary call: commands go in order, replies come in order."""
-
-    def __init__(self, channel: grpc.Channel, method: str) -> None:
-        self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self.replies = channel.stream_stream(method)(iter(self.outbox.get, None), timeout=JOIN_S * 10)
-
-    def future(self, request: bytes, timeout: float) -> _StreamCall:
-        self.outbox.put(request)
-        return self
-
-    def result(self) -> bytes:
-        return next(self.replies)
-
-    def close(self) -> None:
-        self.outbox.put(None)
-        for _ in self.replies:
-            pass
 
 
 def _coordinate(ports: dict[str, int], steps: int, streams: bool) -> float:
@@ -352,7 +340,7 @@ def _distributed(steps: int, mode: str, tap_dir: str | None) -> float:
 
     try:
         port = serve("--serve-active")
-        if mode.startswith("coordinated") or mode == "all-streams":
+        if mode not in SELF_PACED:
             passives = {
                 f"passive-{p}": serve(
                     "--serve-passive", "--port", str(port), "--party", str(p), "--mode", mode
