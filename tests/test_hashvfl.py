@@ -403,3 +403,20 @@ def test_resnet18_bottom_is_the_papers_architecture_on_a_half_image() -> None:
     assert sum(p.numel() for p in model.parameters()) == 11_689_512 - 9_408 - 513_000 + 576 + 2_052
     x = torch.rand(3, 1, 28, 14)
     assert model(x).shape == (3, 4)
+
+
+def test_reproduce_mnist_batch_and_lr_reach_only_the_mnist_runs(monkeypatch) -> None:
+    """`reproduce hashvfl --mnist-batch 32 --mnist-lr 1e-3` sets the batch and Adam's LR of every MNIST
+    run, both arms, and leaves the tabular runs at theirs; the configs stay valid."""
+    from vflnet.reproduce import hashvfl as reproduce
+
+    monkeypatch.setitem(reproduce.OPTIONS, "mnist_batch", 32)
+    monkeypatch.setitem(reproduce.OPTIONS, "mnist_lr", 1e-3)
+    for variant in (None, "hashvfl"):
+        train = reproduce.run_config("mnist", 4, variant, 30)["train"]
+        assert (train["batch_size"], train["optimizer"]["lr"]) == (32, 1e-3)
+    for dataset, batch in (("cbpd", 32), ("criteo", 256)):
+        cfg = reproduce.run_config(dataset, 1, "hashvfl", 30)
+        assert (cfg["train"]["batch_size"], cfg["train"]["optimizer"]["lr"]) == (batch, 3e-3)
+        config_from_dict(cfg)
+    config_from_dict(reproduce.run_config("mnist", 4, "hashvfl", 30))
