@@ -26,7 +26,6 @@ from vflnet.config import Config
 from vflnet.data.datasets import load_dataset
 from vflnet.defenses.hashing import USES_SIGN
 from vflnet.models.zoo import TopModel
-from vflnet.protocols.hashvfl import HashVFL  # noqa: F401 - registers the protocol for the checkpoint's modules
 from vflnet.reproduce.hashvfl import party_blocks
 from vflnet.validation import load_config
 
