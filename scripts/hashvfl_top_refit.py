@@ -24,9 +24,8 @@ import torch
 from vflnet.attacks.knowledge import run_split
 from vflnet.config import Config
 from vflnet.data.datasets import load_dataset
-from vflnet.defenses.hashing import USES_SIGN
 from vflnet.models.zoo import TopModel
-from vflnet.reproduce.hashvfl import party_blocks
+from vflnet.reproduce.hashvfl import party_blocks, signs, trained_top
 from vflnet.validation import load_config
 
 
@@ -77,18 +76,15 @@ def main() -> None:
     x_train, x_test = (
         torch.cat(party_blocks(cfg, args.run_dir, variant, data, ids), 1) for ids in (train, test)
     )
-    top = TopModel(cfg.model.top, x_train.shape[1], 10)
-    state = torch.load(args.run_dir / "checkpoints" / "active.pt", weights_only=True)["modules"]
-    top.load_state_dict(state["top"])
-    top.eval()
+    top = trained_top(cfg, args.run_dir, x_train.shape[1])
 
-    def acc(model: TopModel, x: torch.Tensor, y: np.ndarray) -> float:
+    def acc(model: torch.nn.Module, x: torch.Tensor, y: np.ndarray) -> float:
         with torch.no_grad():
             return 100 * float((model(x).argmax(1).numpy() == y).mean())
 
     print(f"{args.run_dir.name} ({variant or 'no defense'}); accuracy %, train images without shifts")
     print(f"  top as trained: train {acc(top, x_train, y_train):.2f}, test {acc(top, x_test, y_test):.2f}")
-    if variant is not None and USES_SIGN[variant]:
+    if signs(variant):
         with torch.no_grad():
             fallback = top(x_test).argmax(1).numpy()
         table = lookup_table(x_train, y_train, x_test, fallback)

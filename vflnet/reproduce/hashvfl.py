@@ -434,13 +434,31 @@ def party_model(
     return model.eval()
 
 
+def signs(variant: str | None) -> bool:
+    """Whether the parties send +/-1 codes (a hashing variant that signs) rather than real numbers."""
+    from vflnet.defenses.hashing import USES_SIGN
+
+    return variant is not None and USES_SIGN[variant]
+
+
+def trained_top(cfg: Any, run_dir: Path, width: int) -> torch.nn.Module:
+    """The active party's top model from the run's final checkpoint, in inference mode."""
+    from vflnet.models.zoo import TopModel
+
+    top = TopModel(cfg.model.top, width, 10)
+    top.load_state_dict(
+        torch.load(run_dir / "checkpoints" / "active.pt", weights_only=True)["modules"]["top"]
+    )
+    return top.eval()
+
+
 def party_blocks(
     cfg: Any, run_dir: Path, variant: str | None, data: Any, ids: np.ndarray
 ) -> list[torch.Tensor]:
     """What passive-1 and passive-2 send for ``ids`` with the run's final bottoms (in inference mode):
     +/-1 codes under a variant that signs, real numbers otherwise."""
     from vflnet.data.partition import party_view
-    from vflnet.defenses.hashing import USES_SIGN, hard_sign
+    from vflnet.defenses.hashing import hard_sign
 
     blocks = []
     for name in ("passive-1", "passive-2"):
@@ -449,7 +467,7 @@ def party_blocks(
         model = party_model(cfg, run_dir, name, variant, tuple(view.x.shape[1:]))
         with torch.no_grad():
             out = torch.cat([model(x[i : i + 500]) for i in range(0, len(x), 500)])
-        blocks.append(hard_sign(out) if variant is not None and USES_SIGN[variant] else out)
+        blocks.append(hard_sign(out) if signs(variant) else out)
     return blocks
 
 
@@ -462,8 +480,7 @@ def full_knowledge_asr(
     from vflnet.attacks.hashvfl import pgd
     from vflnet.attacks.knowledge import run_split
     from vflnet.data.datasets import load_dataset
-    from vflnet.defenses.hashing import USES_SIGN, hard_sign
-    from vflnet.models.zoo import TopModel
+    from vflnet.defenses.hashing import hard_sign
     from vflnet.validation import load_config
 
     cfg = load_config(run_dir.parent / f"{run_dir.name}.yaml")
@@ -472,14 +489,9 @@ def full_knowledge_asr(
     label_of = dict(zip(data.ids.tolist(), data.labels.tolist(), strict=True))
     ids = test[attacked(test, label_of, n_samples)]
     blocks = party_blocks(cfg, run_dir, variant, data, ids)
-    signed = variant is not None and USES_SIGN[variant]
-    top = TopModel(cfg.model.top, 32, 10)
-    top.load_state_dict(
-        torch.load(run_dir / "checkpoints" / "active.pt", weights_only=True)["modules"]["top"]
-    )
-    top.eval().requires_grad_(False)
+    top = trained_top(cfg, run_dir, sum(b.shape[1] for b in blocks)).requires_grad_(False)
     x = pgd(top, blocks[1], blocks[0], torch.zeros(len(ids), 0), 0, omega, eta, iterations)
-    sent = hard_sign(x) if signed else x
+    sent = hard_sign(x) if signs(variant) else x
     with torch.no_grad():
         asr = 100 * float((top(torch.cat([blocks[0], sent], 1)).argmax(1) == 0).float().mean())
     return asr, float(blocks[1].std(0).mean())
