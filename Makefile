@@ -19,7 +19,7 @@ PARALLEL := -n 2 --dist loadfile
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup.sh scripts/install-torch.sh scripts/install-kustomize.sh
+$(STAMP): pyproject.toml scripts/setup.sh scripts/install-torch.sh scripts/install-kustomize.sh scripts/mnist70k-wheel.txt
 	bash scripts/setup.sh "$(PYTHON)" "$(VENV)"
 	touch $(STAMP)
 

