@@ -299,14 +299,21 @@ def choose_run_dir(cfg: Config, config_path: Path, run_dir: Path | None) -> Path
     """Give the run an id and, unless one is given, a fresh directory."""
     if not cfg.run.id:
         cfg.run.id = f"{config_path.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if run_dir is None:
-        run_dir = Path(cfg.run.dir) / cfg.run.id
-        n = 1
-        while run_dir.exists():
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return run_dir
+    Path(cfg.run.dir).mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        # mkdir without exist_ok is the claim: of two launchers started in the same second, only one
+        # creates a name, the other moves on to the next suffix
+        run_dir = Path(cfg.run.dir) / (cfg.run.id if n == 1 else f"{cfg.run.id}-{n}")
+        try:
+            run_dir.mkdir()
+        except FileExistsError:
             n += 1
-            run_dir = Path(cfg.run.dir) / f"{cfg.run.id}-{n}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+            continue
+        return run_dir
 
 
 def run_local(
