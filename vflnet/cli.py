@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -48,10 +49,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vflnet", description="Vertical federated learning over a real wire: attacks and defenses."
     )
+    parser.add_argument("--version", action="version", version=f"vflnet {version('vflnet')}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("run", help="run a local cluster (one process per party) from a config")
+    text = "run a local cluster (one process per party) from a config"
+    p = sub.add_parser(
+        "run",
+        help=text,
+        description=f"{text}; prints a progress bar, then a summary table, and writes runs/<run-id>/ "
+        "(its config.yaml is the resolved config, overrides included)",
+    )
     p.add_argument("config", type=Path, nargs="?", help="the run config (not with --resume)")
+    _add_overrides(p)
     p.add_argument(
         "--resume",
         type=Path,
@@ -71,8 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="limit on the whole run: past it every process is stopped and the exit code is 124",
     )
 
+    text = "start one role's process (how docker-compose and lab machines start parties)"
     p = sub.add_parser(
-        "party", help="start one role's process (how docker-compose and lab machines start parties)"
+        "party",
+        help=text,
+        description=f"{text}: it serves gRPC on --listen and joins the coordinator; every party of a run "
+        "is started with the same config and run.id",
     )
     p.add_argument("--role", choices=ROLES, required=True)
     p.add_argument("--config", type=Path, required=True)
@@ -93,10 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: set when $VFLNET_RESUME is 1)",
     )
 
-    p = sub.add_parser("config", help="config tools")
+    p = sub.add_parser(
+        "config", help="config tools", description="config tools: check a config, write its docs"
+    )
     csub = p.add_subparsers(dest="config_command", required=True)
-    c = csub.add_parser("check", help="validate a config file and exit")
+    text = "validate a config file (with any KEY=VALUE overrides) and exit"
+    c = csub.add_parser("check", help=text, description=text)
     c.add_argument("file", type=Path)
+    _add_overrides(c)
     csub.add_parser(
         "docs",
         help="write docs/config.md from the schema (--check: only compare)",
@@ -105,22 +122,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     for name, (_, help_text) in _LISTS.items():
-        sub.add_parser(name, help=help_text)
+        sub.add_parser(name, help=help_text, description=help_text)
+    text = "copy the example configs (and sweep files) shipped with vflnet into a folder"
+    p = sub.add_parser("examples", help=text, description=f"{text}; never overwrites a file")
+    p.add_argument(
+        "dir", type=Path, nargs="?", default=Path("vflnet-examples"), help="default: ./vflnet-examples"
+    )
     for name, (_, help_text) in _MODULE_COMMANDS.items():
         # listed only: main() hands these their arguments before this parser runs, so their modules
         # (matplotlib, scipy, ...) are not imported by every party process at start
         sub.add_parser(name, add_help=False, help=help_text)
 
-    p = sub.add_parser(
-        "bench",
-        help="benchmarks that print figures side by side; no name (or all): every one, into one JSON and "
-        "one Markdown file (--smoke: tiny sizes, --out DIR)",
-    )
     from vflnet.bench import BENCHMARKS  # here, not at the top: `vflnet health` imports this module
 
-    p.add_argument("what", nargs="?", default="all", choices=[*BENCHMARKS, "all"])
+    text = "benchmarks that print figures side by side"
+    measures = "\n".join(f"  {name:<24}{what}" for name, (_, what) in BENCHMARKS.items())
+    p = sub.add_parser(
+        "bench",
+        help=text,
+        description=f"{text}; no name (or all): every one, into one JSON and one Markdown file (--smoke: "
+        f"tiny sizes, --out DIR).\n\nwhat each measures:\n{measures}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("what", nargs="?", default="all", choices=[*BENCHMARKS, "all"], help="a benchmark (below)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's flags (NAME --help)")
     return parser
+
+
+def _add_overrides(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="set a config key (dotted; a list index as .N or [N], from 0) to a YAML value, e.g. "
+        "train.epochs=3 parties.2.bottom.hidden=[32] (docs/config.md)",
+    )
 
 
 def _cmd_party(args: argparse.Namespace) -> int:
@@ -190,7 +226,12 @@ def main(argv: list[str] | None = None) -> int:
         len(argv) == 1 or argv[1].startswith("-") and argv[1] not in ("-h", "--help")
     ):
         argv = ["bench", "all", *argv[1:]]  # `vflnet bench --smoke`: flags of `all`, not a benchmark's name
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and getattr(args, "overrides", None) is not None and not any(a.startswith("-") for a in extra):
+        args.overrides += extra  # KEY=VALUE after an option: argparse takes one run of positionals only
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from vflnet.config import ConfigError
     from vflnet.roles.run_lock import RunDirInUse
     from vflnet.wire.channels import BindError, PlaintextRefused
@@ -203,9 +244,18 @@ def main(argv: list[str] | None = None) -> int:
                 print("vflnet run: give a config, or --resume RUN_DIR (not both)", file=sys.stderr)
                 return 2
             if args.resume is not None:
+                if args.overrides:
+                    print(
+                        "vflnet run --resume: a resumed run keeps its config (no KEY=VALUE)", file=sys.stderr
+                    )
+                    return 2
                 return resume_local(args.resume, progress=not args.no_progress, timeout_s=args.timeout)
             return run_local(
-                args.config, run_dir=args.run_dir, progress=not args.no_progress, timeout_s=args.timeout
+                args.config,
+                run_dir=args.run_dir,
+                progress=not args.no_progress,
+                timeout_s=args.timeout,
+                overrides=args.overrides,
             )
         if args.command == "party":
             return _cmd_party(args)
@@ -216,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "config":
             from vflnet.validation import load_config
 
-            cfg = load_config(args.file)
+            cfg = load_config(args.file, overrides=args.overrides)
             print(
                 f"{args.file}: OK ({len(cfg.parties)} parties, protocol {cfg.protocol.kind}, dataset {cfg.data.dataset})"
             )
@@ -226,10 +276,14 @@ def main(argv: list[str] | None = None) -> int:
 
             print(registry.describe(getattr(registry, _LISTS[args.command][0])))
             return 0
+        if args.command == "examples":
+            from vflnet.example_configs import copy_examples
+
+            return copy_examples(args.dir)
         if args.command == "bench":
             from vflnet.bench import BENCHMARKS
 
-            module = "vflnet.bench.suite" if args.what == "all" else BENCHMARKS[args.what]
+            module = "vflnet.bench.suite" if args.what == "all" else BENCHMARKS[args.what][0]
             return int(importlib.import_module(module).main(args.args) or 0)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)

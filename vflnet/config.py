@@ -696,8 +696,9 @@ def parse(data: Any, source: str = "") -> Config:
     return cfg
 
 
-def parse_file(path: str | Path) -> Config:
-    """Read and :func:`parse` a YAML file. Callers want ``vflnet.validation.load_config``."""
+def read_yaml(path: str | Path) -> Any:
+    """The YAML document of a config file (errors name the file), for :func:`parse`. Callers want
+    ``vflnet.validation.load_config``."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -707,7 +708,7 @@ def parse_file(path: str | Path) -> Config:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), "", f"not valid YAML: {exc}") from exc
-    return parse(data, str(path))
+    return data
 
 
 def dump(cfg: Config, path: str | Path) -> None:

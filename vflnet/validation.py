@@ -18,13 +18,15 @@ was expected.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from vflnet.attacks.knowledge import missing_knowledge
-from vflnet.config import NO_MODEL, Config, ConfigError, ModelConfig, parse, parse_file
+from vflnet.config import NO_MODEL, Config, ConfigError, ModelConfig, parse, read_yaml
 from vflnet.data.datasets import check_params, load_dataset
 from vflnet.data.partition import select_features, takes_image
+from vflnet.overrides import apply_overrides, blame, parse_overrides
 from vflnet.registry import (
     ATTACKS,
     DEFENSES,
@@ -36,10 +38,15 @@ from vflnet.registry import (
 )
 
 
-def load_config(path: str | Path, *, check_data: bool = True) -> Config:
-    """Read, parse and check a config file; by default also against the dataset's shape."""
-    cfg = parse_file(path)
-    check(cfg, check_data=check_data)
+def load_config(path: str | Path, *, check_data: bool = True, overrides: Sequence[str] = ()) -> Config:
+    """Read, parse and check a config file; by default also against the dataset's shape. ``overrides``
+    are the command line's ``KEY=VALUE`` strings (`vflnet.overrides`), set into the file's mapping
+    first; an error about an overridden key names the command line."""
+    parsed = parse_overrides(overrides)
+    data = apply_overrides(read_yaml(path), parsed)
+    with blame(parsed):
+        cfg = parse(data, str(path))
+        check(cfg, check_data=check_data)
     return cfg
 
 

@@ -1,12 +1,31 @@
 """`vflnet bench NAME`: benchmarks; `vflnet bench` (or `all`) runs every one (vflnet.bench.suite)."""
 
-# name -> module whose main(argv) runs it; each takes --smoke and --json (vflnet.bench.common)
+# name -> (module whose main(argv) runs it, what it measures); each takes --smoke and --json
+# (vflnet.bench.common)
 BENCHMARKS = {
-    "transport": "vflnet.bench.transport",
-    "grpc-floor": "vflnet.bench.grpc_floor",
-    "paillier": "vflnet.bench.paillier",
-    "he-step": "vflnet.bench.he_step",
-    "feature-reconstruction": "vflnet.bench.feature_reconstruction",
-    "secureboost": "vflnet.bench.secureboost",
-    "scaling": "vflnet.bench.scaling",
+    "transport": (
+        "vflnet.bench.transport",
+        "steps/s, ms per step and bytes of a training step: gRPC processes vs loopback vs in-process reference",
+    ),
+    "grpc-floor": (
+        "vflnet.bench.grpc_floor",
+        "the same digits step in bare Python gRPC processes: the floor under `transport`",
+    ),
+    "paillier": (
+        "vflnet.bench.paillier",
+        "Paillier encryptions, decryptions and mat-vec multiply-adds per second: vflnet's engine vs phe",
+    ),
+    "he-step": ("vflnet.bench.he_step", "seconds and bytes per split-he training step vs python-paillier"),
+    "feature-reconstruction": (
+        "vflnet.bench.feature_reconstruction",
+        "seconds of paper 000's feature reconstruction (Algorithm 1) against d_A, per method",
+    ),
+    "secureboost": (
+        "vflnet.bench.secureboost",
+        "seconds and bytes per SecureBoost tree: engine vs phe objects vs plaintext",
+    ),
+    "scaling": (
+        "vflnet.bench.scaling",
+        "step time, CPU seconds and peak memory of every role against the number of passive parties",
+    ),
 }

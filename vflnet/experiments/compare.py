@@ -131,5 +131,5 @@ def main(argv: list[str]) -> int:
         return 2
     out = args.out or Path(f"compare-{args.a.resolve().name}-vs-{args.b.resolve().name}")
     md, page = write(out, title, blocks, stem="compare")
-    print(f"{md}\n{page}")
+    print(f"wrote {md} and {page}")
     return 0

@@ -10,10 +10,11 @@ A sweep file is YAML with these keys (docs/experiments.md):
 - ``zip``: ``{key: [values...]}``, lists of one length walked together (one run per position), crossed
   with the grid.
 
-A key is a dotted path into the run config; ``[i]`` indexes a list: ``train.batch_size``,
-``parties[2].bottom.hidden``, ``defenses[0].params.scale``. A missing mapping key is created (the run
-config's own check then rejects it if the schema has no such key); a list index must exist. Every
-expanded run is checked as a run config, and every error names the sweep file and the key.
+A key is a dotted path into the run config (`vflnet.overrides`); ``[i]`` or ``.i`` indexes a list:
+``train.batch_size``, ``parties[2].bottom.hidden``, ``defenses.0.params.scale``. A missing mapping key
+is created (the run config's own check then rejects it if the schema has no such key); a list index
+must exist. Every expanded run is checked as a run config, and every error names the sweep file and
+the key.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import copy
 import hashlib
 import itertools
 import json
-import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,20 @@ from typing import Any
 import yaml
 
 from vflnet.config import ConfigError
+from vflnet.overrides import (
+    COMMAND_LINE,
+    Override,
+    apply_overrides,
+    at_or_under,
+    blame,
+    key_string,
+    parse_overrides,
+    parse_path,
+    set_path,
+)
 from vflnet.validation import config_from_dict
 
 SWEEP_KEYS = ("base", "name", "seeds", "set", "grid", "zip")
-_PATH = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*|\[\d+\])*")
-_TOKEN = re.compile(r"([A-Za-z_][\w-]*)|\[(\d+)\]")
 
 
 @dataclass(frozen=True)
@@ -51,34 +61,7 @@ class Sweep:
     source: Path
     keys: list[str]  # the varied keys (grid, then zip): the table's parameter columns
     runs: list[PlannedRun]
-
-
-def parse_path(path: str, source: str, where: str) -> list[str | int]:
-    """``"parties[2].bottom.out"`` -> ``["parties", 2, "bottom", "out"]``."""
-    if not _PATH.fullmatch(path):
-        raise ConfigError(
-            source, where, f"{path!r} is not a key path like 'train.batch_size' or 'parties[2].bottom.out'"
-        )
-    return [name if name else int(index) for name, index in _TOKEN.findall(path)]
-
-
-def set_path(config: dict[str, Any], path: str, value: Any, source: str, where: str) -> None:
-    """Set ``value`` at ``path`` in ``config`` (in place), creating missing mapping keys."""
-    tokens = parse_path(path, source, where)
-    node: Any = config
-    for depth, token in enumerate(tokens):
-        if isinstance(token, int):
-            if not isinstance(node, list) or token >= len(node):
-                what = f"a list of {len(node)}" if isinstance(node, list) else "not a list"
-                raise ConfigError(source, where, f"index [{token}] does not exist: the value there is {what}")
-        elif not isinstance(node, dict):
-            raise ConfigError(source, where, f"{token!r} sits under a value that is not a mapping")
-        if depth == len(tokens) - 1:
-            node[token] = copy.deepcopy(value)
-        elif isinstance(token, str):
-            node = node.setdefault(token, {})
-        else:
-            node = node[token]
+    overrides: list[str]  # the command line's KEY=VALUE, set into the base config
 
 
 def _mapping(data: dict[str, Any], key: str, source: str) -> dict[str, Any]:
@@ -117,7 +100,9 @@ def run_name(index: int, config: dict[str, Any]) -> str:
     return f"r{index:03d}-{digest[:8]}"
 
 
-def load_sweep(path: str | Path) -> Sweep:
+def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> Sweep:
+    """The runs of a sweep file; ``overrides`` (the command line's ``KEY=VALUE``) change its base run
+    config, and one of a key the sweep file sets, varies or seeds is refused (it would be replaced)."""
     path = Path(path)
     source = str(path)
     try:
@@ -129,11 +114,14 @@ def load_sweep(path: str | Path) -> Sweep:
     for key in data:
         if key not in SWEEP_KEYS:
             raise ConfigError(source, str(key), f"unknown key; allowed here: {', '.join(SWEEP_KEYS)}")
-    base = _base(data, path)
     name = str(data.get("name") or path.stem)
     fixed = _mapping(data, "set", source)
     grid = _lists(data, "grid", source)
     zipped = _lists(data, "zip", source)
+    parsed = parse_overrides(overrides)
+    swept = {"set": fixed, "grid": grid, "zip": zipped, "seeds": {"run.seed": None}}
+    _refuse_swept(parsed, {section: keys for section, keys in swept.items() if section in data}, source)
+    base = apply_overrides(_base(data, path), parsed)
     lengths = {len(v) for v in zipped.values()}
     if len(lengths) > 1:
         sizes = ", ".join(f"{k}: {len(v)}" for k, v in zipped.items())
@@ -148,19 +136,35 @@ def load_sweep(path: str | Path) -> Sweep:
     zip_rows = [dict(zip(zipped, row, strict=True)) for row in zip(*zipped.values(), strict=True)] or [{}]
     grid_rows = [dict(zip(grid, row, strict=True)) for row in itertools.product(*grid.values())]
     runs: list[PlannedRun] = []
-    for grid_row, zip_row, seed in itertools.product(grid_rows, zip_rows, seeds):
-        config = copy.deepcopy(base)
-        params = {**grid_row, **zip_row}
-        for section, values in (("set", fixed), ("grid", grid_row), ("zip", zip_row)):
-            for key, value in values.items():
-                set_path(config, key, value, source, f"{section}.{key}")
-        set_path(config, "run.seed", seed, source, "seeds")
-        run_id = run_name(len(runs), config)
-        config["run"]["id"] = run_id
-        # the run config's own checks; its errors name this file and the run's values
-        config_from_dict(config, f"{source} (run {run_id}: {_describe(params, seed)})")
-        runs.append(PlannedRun(run_id, seed, params, config))
-    return Sweep(name, path, [*grid, *zipped], runs)
+    with blame(parsed):
+        for grid_row, zip_row, seed in itertools.product(grid_rows, zip_rows, seeds):
+            config = copy.deepcopy(base)
+            params = {**grid_row, **zip_row}
+            for section, values in (("set", fixed), ("grid", grid_row), ("zip", zip_row)):
+                for key, value in values.items():
+                    set_path(config, key, value, source, f"{section}.{key}")
+            set_path(config, "run.seed", seed, source, "seeds")
+            run_id = run_name(len(runs), config)
+            config["run"]["id"] = run_id
+            # the run config's own checks; its errors name this file and the run's values
+            config_from_dict(config, f"{source} (run {run_id}: {_describe(params, seed)})")
+            runs.append(PlannedRun(run_id, seed, params, config))
+    return Sweep(name, path, [*grid, *zipped], runs, list(overrides))
+
+
+def _refuse_swept(overrides: Sequence[Override], sections: dict[str, dict[str, Any]], source: str) -> None:
+    """An override of a key the sweep file's ``set``, ``grid``, ``zip`` or ``seeds`` also sets (in every
+    run, after the base) would be replaced: refused."""
+    for section, keys in sections.items():
+        for key in keys:
+            swept = key_string(parse_path(key, source, f"{section}.{key}"))
+            for override in overrides:
+                if at_or_under(override.key, swept):
+                    raise ConfigError(
+                        f"{COMMAND_LINE} ({override.text})",
+                        override.key,
+                        f"the sweep file's {section!r} sets {key!r} in every run: change it there",
+                    )
 
 
 def _describe(params: dict[str, Any], seed: int) -> str:
@@ -177,5 +181,6 @@ def plan_json(sweep: Sweep) -> dict[str, Any]:
         "name": sweep.name,
         "source": str(sweep.source),
         "keys": sweep.keys,
+        "overrides": sweep.overrides,
         "runs": [run_meta(sweep, r) for r in sweep.runs],
     }

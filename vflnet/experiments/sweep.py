@@ -128,9 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vflnet sweep",
         description="run a sweep file's runs (grid/zip over config keys, several seeds) and tabulate them; "
-        "`vflnet sweep collect DIR` tabulates a Kubernetes results volume (docs/experiments.md)",
+        "`vflnet sweep collect DIR --out OUT` tabulates a Kubernetes results volume (docs/experiments.md)",
     )
     parser.add_argument("sweep", type=Path, help="sweep file (YAML)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="set a key of the base run config (as `vflnet run` does); a key the sweep file sets, "
+        "varies or seeds is refused",
+    )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: sweeps/<sweep name>)")
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="runs at a time (default: cores)"
@@ -142,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="write Kubernetes manifests (one Job per run) instead of running",
     )
+    # the usage names both forms, as the description does
+    usages = (p.format_usage().removeprefix("usage: ").strip() for p in (parser, _collect_parser()))
+    parser.usage = "\n       ".join(usages)
     return parser
 
 
@@ -184,19 +194,19 @@ def _main(argv: list[str]) -> int:
             return 2
         rows = collect(args.dir)
         csv_path, json_path = write_table(rows, args.out)
-        print(f"{len(rows)} runs: {csv_path}, {json_path}")
+        print(f"wrote {csv_path} and {json_path} ({len(rows)} runs)")
         return 0
     if argv[:1] == ["one"]:
         args = _one_parser().parse_args(argv[1:])
         return run_one(args.config, args.meta, args.dest)
-    args = build_parser().parse_args(argv)
-    sweep = load_sweep(args.sweep)
+    args = build_parser().parse_intermixed_args(argv)
+    sweep = load_sweep(args.sweep, args.overrides)
     out = args.out or Path("sweeps") / sweep.name
     if args.emit == "k8s":
         from vflnet.experiments.k8s import emit
 
         written = emit(sweep, out)
-        print(f"{len(sweep.runs)} Jobs: {written}")
+        print(f"wrote {written} ({len(sweep.runs)} Jobs) and {out / 'sweep.json'}")
         return 0
     if args.jobs < 1:
         print("error: --jobs must be at least 1", file=sys.stderr)

@@ -18,10 +18,11 @@ from typing import Any
 import yaml
 
 from vflnet import progress
+from vflnet.example_configs import EXAMPLES
 from vflnet.reproduce import add_size_flags
 from vflnet.runner.local import run_local
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "backdoor-digits.yaml"
+CONFIG = EXAMPLES / "backdoor-digits.yaml"
 
 
 def _fig6(gamma: float) -> str:

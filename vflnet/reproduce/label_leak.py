@@ -13,10 +13,11 @@ from typing import Any
 import yaml
 
 from vflnet import progress
+from vflnet.example_configs import EXAMPLES
 from vflnet.reproduce import add_size_flags
 from vflnet.runner.local import run_local
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "label-leak.yaml"
+CONFIG = EXAMPLES / "label-leak.yaml"
 
 
 # Lemma 1: from a plaintext gradient dl/dH_i the label is read off exactly (softmax + cross-entropy);

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -322,12 +323,14 @@ def run_local(
     run_dir: Path | None = None,
     progress: bool = True,
     timeout_s: float | None = None,
+    overrides: Sequence[str] = (),
 ) -> int:
-    """Run ``config_path``'s cluster; ``timeout_s`` (``--timeout``) limits the whole run: past it every
-    process is stopped and the exit code is 124."""
+    """Run ``config_path``'s cluster, with the command line's ``KEY=VALUE`` ``overrides`` (the run
+    directory's config.yaml holds the result); ``timeout_s`` (``--timeout``) limits the whole run: past
+    it every process is stopped and the exit code is 124."""
     deadline = Deadline(timeout_s)  # counted from the command's start, set-up included
     config_path = Path(config_path)
-    cfg = load_config(config_path)
+    cfg = load_config(config_path, overrides=overrides)
     run_dir = choose_run_dir(cfg, config_path, run_dir)
     with role_lock(run_dir, "launcher"):  # before anything is written: the directory may be another run's
         (run_dir / "logs").mkdir(exist_ok=True)
