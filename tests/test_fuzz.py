@@ -372,6 +372,7 @@ TARGETS: list[tuple[str, str, Callable[[Cluster], st.SearchStrategy]]] = [
     ("active", "/vflnet.v1.Party/Shutdown", hostile_shutdown),
     ("passive-2", "/vflnet.v1.Party/Shutdown", hostile_shutdown),
     ("passive-1", "/vflnet.v1.Party/ReleaseModel", hostile_release_command),
+    ("active", "/vflnet.v1.Party/ReleaseModel", hostile_release_command),
     ("active", "/vflnet.v1.Party/ReceiveModel", hostile_release),
     ("passive-2", "/vflnet.v1.Party/ReceiveModel", hostile_release),
 ]
@@ -431,6 +432,46 @@ def test_hostile_chunk_streams_and_tickets_are_refused(cluster, target):
         cluster.unchanged()
 
     fuzz()
+
+
+@pytest.mark.parametrize("target", ["coordinator", "active", "passive-1"])
+def test_undecodable_bytes_to_the_chunks_service_are_invalid_argument(cluster, target):
+    """Raw bytes as the frames of a Chunks/Call stream and as a FetchReply ticket: a refusal (mostly
+    INVALID_ARGUMENT), never the INTERNAL of a deserializer that raised."""
+    methods = [m for t, m, _ in TARGETS if t == target]
+    codes: set[grpc.StatusCode] = set()
+
+    @FUZZ
+    @given(
+        method=st.sampled_from(methods),
+        frames=st.lists(st.binary(max_size=2000), min_size=1, max_size=6),
+        ticket=st.binary(max_size=200),
+    )
+    def fuzz(method: str, frames: list[bytes], ticket: bytes) -> None:
+        channel = cluster.channels[target]
+        call = channel.stream_stream(CALL_METHOD, lambda b: b, lambda b: b)
+        with pytest.raises(grpc.RpcError) as info:
+            list(call(iter(frames), metadata=((METHOD_KEY, method),), timeout=DEADLINE))
+        assert info.value.code() in REFUSALS, (method, info.value.code(), info.value.details())
+        codes.add(info.value.code())
+        fetch = channel.unary_stream(FETCH_METHOD, lambda b: b, lambda b: b)
+        with pytest.raises(grpc.RpcError) as info:
+            list(fetch(ticket, timeout=DEADLINE))
+        assert info.value.code() in {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND}
+        codes.add(info.value.code())
+        cluster.unchanged()
+
+    fuzz()
+    # not a chunk (a wire type protobuf rejects) and not a ticket (a token that is not UTF-8)
+    call = cluster.channels[target].stream_stream(CALL_METHOD, lambda b: b, lambda b: b)
+    with pytest.raises(grpc.RpcError) as info:
+        list(call(iter([b"\xff\xff"]), metadata=((METHOD_KEY, methods[0]),), timeout=DEADLINE))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    fetch = cluster.channels[target].unary_stream(FETCH_METHOD, lambda b: b, lambda b: b)
+    with pytest.raises(grpc.RpcError) as info:
+        list(fetch(b"\x0a\x02\xff\xfe", timeout=DEADLINE))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    assert grpc.StatusCode.INVALID_ARGUMENT in codes
 
 
 SERVED = {

@@ -30,7 +30,8 @@ from vflnet.wire.channels import bind as grpc_bind
 from vflnet.wire.channels import enable_reflection
 from vflnet.wire.channels import make_server as grpc_server
 from vflnet.wire.channels import open_channel as grpc_channel
-from vflnet.wire.errors import handle_errors, lenient_parser
+from vflnet.wire.decoding import lenient_parser
+from vflnet.wire.errors import handle_errors
 from vflnet.wire.loopback import LoopbackHub
 
 Handler = Callable[[Any, Any], Any]  # (request, context) -> response

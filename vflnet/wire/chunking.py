@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError
 
 from vflnet.config import TransportConfig
 from vflnet.v1 import messages_pb2, services_pb2
+from vflnet.wire.decoding import Undecodable, lenient_parser
 
 MIB = 1024 * 1024
 CHUNK_OVERHEAD = 24  # bytes of a Chunk around its data: three field tags, a length and two varints
@@ -209,7 +210,10 @@ def _paced(chunks: Iterator[messages_pb2.Chunk], idle_s: float, what: str) -> It
 
 
 def join(
-    chunks: Iterable[messages_pb2.Chunk], limits: Limits, what: str, budget: _Budget | None = None
+    chunks: Iterable[messages_pb2.Chunk | Undecodable],
+    limits: Limits,
+    what: str,
+    budget: _Budget | None = None,
 ) -> bytes:
     """Reassemble a whole stream: chunks 0..count-1 in order, none empty unless it is the only one,
     at most ``limits.payload`` bytes in all, and within the server's in-flight ``budget``."""
@@ -217,6 +221,8 @@ def join(
     total, count = 0, 0
     try:
         for c in chunks:
+            if isinstance(c, Undecodable):
+                raise ChunkError(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: a frame is not a Chunk message")
             if budget is not None and not budget.take(len(c.data)):
                 raise ChunkError(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -334,7 +340,7 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
         if method == FETCH_METHOD:
             return grpc.unary_stream_rpc_method_handler(
                 self._fetch,
-                request_deserializer=messages_pb2.ReplyTicket.FromString,
+                request_deserializer=lenient_parser(messages_pb2.ReplyTicket),
                 response_serializer=messages_pb2.Chunk.SerializeToString,
             )
         if method == CALL_METHOD:
@@ -345,7 +351,7 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
                 return None  # UNIMPLEMENTED, as for a unary call to a method this server lacks
             return grpc.stream_stream_rpc_method_handler(
                 functools.partial(self._serve_chunked, base, handler),
-                request_deserializer=messages_pb2.Chunk.FromString,
+                request_deserializer=lenient_parser(messages_pb2.Chunk),
                 response_serializer=messages_pb2.Chunk.SerializeToString,
             )
         handler = continuation(handler_call_details)
@@ -430,8 +436,12 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
             yield from split(self._reply_bytes(method, handler, reply, context), self.limits)
 
     def _fetch(
-        self, ticket: messages_pb2.ReplyTicket, context: grpc.ServicerContext
+        self, ticket: messages_pb2.ReplyTicket | Undecodable, context: grpc.ServicerContext
     ) -> Iterator[messages_pb2.Chunk]:
+        if isinstance(ticket, Undecodable):
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{FETCH_METHOD}: the request is not a ReplyTicket"
+            )
         data = self.stash.take(ticket.token)
         if data is None:
             context.abort(

@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 
 from vflnet.wire.channels import MessageTooLarge
+from vflnet.wire.decoding import Undecodable
 from vflnet.wire.tensors import PayloadError
 
 log = logging.getLogger(__name__)
@@ -28,26 +29,6 @@ def shown(text: str, limit: int = 64) -> str:
     """A caller-supplied name or id as it goes into a status or a log line: quoted and cut to ``limit``
     characters (a 10 kB name in a status' details overflows gRPC's metadata limit and floods logs)."""
     return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
-
-
-class Undecodable:
-    """What the request deserializer hands a handler for bytes that are not the method's message."""
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-
-
-def lenient_parser(message_cls: Any) -> Callable[[bytes], Any]:
-    """``message_cls.FromString`` that returns Undecodable instead of raising: gRPC logs a raised
-    deserializer error with a full traceback per call (log flooding) and answers INTERNAL."""
-
-    def parse(data: bytes) -> Any:
-        try:
-            return message_cls.FromString(data)
-        except Exception as exc:  # DecodeError, or a RuntimeWarning promoted to an error
-            return Undecodable(exc)
-
-    return parse
 
 
 class _Throttle:
