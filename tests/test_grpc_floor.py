@@ -3,6 +3,8 @@ tap records every message each process sends or receives, once, whole."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,3 +46,19 @@ def test_the_floor_tap_records_every_message_of_every_process(mode: str, tmp_pat
         "passive-1": sorted([COMMAND] * 2 * total + [EMBEDDINGS] * total + [GRADIENT] * total),
     }
     assert not grpc_floor._TAP_FD  # the coordinator's file is closed again
+
+
+@pytest.mark.e2e
+def test_grpc_floor_prints_a_line_per_finished_run(tmp_path: Path) -> None:
+    """Without a terminal (no bar) the command still shows how far it is: one stderr line per run."""
+    done = subprocess.run(
+        [sys.executable, "-m", "vflnet", "bench", "grpc-floor", "--smoke", "--modes", "unary"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line.strip() for line in done.stderr.splitlines() if line.strip().startswith("run ")]
+    assert [line.split(":")[0] for line in lines] == ["run 1 of 1, reference", "run 1 of 1, unary"]
+    assert all(line.endswith("steps/s") for line in lines)

@@ -49,3 +49,9 @@ def advance(label: str) -> None:
     if _bars:
         _bars[-1].set_postfix_str(label, refresh=False)
         _bars[-1].update(1)
+
+
+def note(line: str) -> None:
+    """``line`` on stderr, above any open bar (a plain print would cut through it); shown in logs and
+    pipes too, where bars are off."""
+    tqdm.write(line, file=sys.stderr)

@@ -420,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
                         rate = distributed(args.steps, mode.removesuffix(TAP), tap_dir)
                 best[mode] = max(best.get(mode, 0.0), rate)
                 progress.advance(f"run {i + 1} {mode}")
+                progress.note(f"  run {i + 1} of {args.repeat}, {mode}: {rate:.1f} steps/s")
     ref = best["reference"]
     rows: list[Row] = [
         {

@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import signal
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,8 @@ from vflnet.bench.common import parse_args, write_json
 from vflnet.runner.local import run_local
 from vflnet.runner.reference import train_reference
 from vflnet.validation import config_from_dict
+
+INTERRUPTED = 130  # the exit code of `vflnet run` interrupted, and of this benchmark
 
 DIGITS_MLP: dict[str, Any] = {
     "run": {"id": "bench-digits-mlp", "seed": 0},
@@ -123,7 +127,10 @@ def _distributed(case: dict[str, Any], workdir: Path, bridge: str) -> dict[str, 
     path = workdir / f"{bridge}.yaml"
     path.write_text(yaml.safe_dump(case))
     run_dir = workdir / bridge
-    if run_local(path, run_dir=run_dir, progress=False) != 0:
+    rc = run_local(path, run_dir=run_dir, progress=False)
+    if rc == INTERRUPTED:  # the launcher caught the SIGTERM or Ctrl-C and stopped the run's processes
+        raise KeyboardInterrupt
+    if rc != 0:
         raise RuntimeError(f"{bridge} run failed; see {run_dir}/logs")
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if s["kind"] == "step"]
@@ -152,6 +159,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", choices=sorted(CASES), action="append", help="default: all")
     parser.add_argument("--repeat", type=int, default=1, help="runs per side; the best is reported")
     args = parse_args(parser, argv, smoke={"case": ["digits-mlp-b256"]})
+    # SIGTERM stops the benchmark as Ctrl-C does: between runs (here) and within one (run_local's own)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        rows = _measure(args)
+    except KeyboardInterrupt:
+        print("\nbench transport interrupted: no figures", file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    _report(args, rows)
+    return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _measure(args: argparse.Namespace) -> list[tuple[str, dict[str, dict[str, float]], float]]:
+    """Each case's best run per bridge and its best reference rate."""
     rows = []
     for name in args.case or list(CASES):
         case = copy.deepcopy(CASES[name])
@@ -173,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         rows.append((name, best, best_r))
+    return rows
+
+
+def _report(args: argparse.Namespace, rows: list[tuple[str, dict[str, dict[str, float]], float]]) -> None:
     print()
     header = (
         f"{'case':22s} {'grpc':>7s} {'loopback':>9s} {'reference':>10s} {'grpc/ref':>9s} {'grpc +ms':>9s} "
@@ -223,7 +253,6 @@ def main(argv: list[str] | None = None) -> int:
         for name, best, r in rows
     ]
     write_json(args.json, figures)
-    return 0
 
 
 def _ms(d: dict[str, float], reference_steps_per_s: float) -> float:
