@@ -44,6 +44,18 @@ class ServerObservation:
 
 
 OBJECTIVES = ("cafe", "dlg", "cosine", "sapag")
+ADAM_BIAS_CORRECTIONS = ("row", "global")
+
+# What the authors' code (DeRafael/CAFE) does where the paper's text says otherwise or nothing:
+# Adam bias-corrected by the global iteration count (utils.py, both optimisers), TV weighted per
+# worker, the dummy labels' gradient 100 * d||g - g^||^2 = 1e4 * alpha * d||g - g^||^2, and Step I's
+# learning rate 5e-3 (config.py; Table 9 says 1e-2).
+AUTHORS_CODE: dict[str, Any] = {
+    "adam_bias_correction": "global",
+    "tv_per_worker": True,
+    "label_grad_scale": 1e4,
+    "lr_step1": 5e-3,
+}
 
 
 @dataclass(frozen=True)
@@ -66,12 +78,16 @@ class CafeParams:
     h_init: float = 8e-2
     adam_betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-7
+    # the authors' code (DeRafael/CAFE), each off by default (the paper's text):
+    adam_bias_correction: Literal["row", "global"] = "row"  # "global": by the attack's iteration count
+    tv_per_worker: bool = False  # beta * TV of each worker's own images (not their mean over workers)
+    label_grad_scale: float = 1.0  # the dummy labels' gradient times this (the authors': 1e4)
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.n_samples < 2:
             raise ValueError(f"n_samples must be >= 2, got {self.n_samples}")
-        for name in ("lr_step1", "lr_step2", "lr_step3", "v_init", "h_init", "adam_eps"):
+        for name in ("lr_step1", "lr_step2", "lr_step3", "v_init", "h_init", "adam_eps", "label_grad_scale"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive finite number, got {value}")
@@ -87,6 +103,10 @@ class CafeParams:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
             raise ValueError(f"adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
+        if self.adam_bias_correction not in ADAM_BIAS_CORRECTIONS:
+            raise ValueError(
+                f"adam_bias_correction must be one of {ADAM_BIAS_CORRECTIONS}, got {self.adam_bias_correction!r}"
+            )
 
 
 TABLE9: dict[str, dict[str, float]] = {
@@ -152,14 +172,16 @@ def _sq_distance(true_grads: Sequence[Tensor], fake_grads: Sequence[Tensor]) -> 
 class CafeObjective:
     """Eq. (9): alpha*||g - g^||^2 + beta*TV_xi(X^) + gamma*sum_n ||H^_n - h~_n||^2.
 
-    TV is averaged over the batch and over the workers (the authors' choice); the TV term is dropped
-    while that average is below xi.
+    TV is averaged over the batch and over the workers; the TV term is dropped while that average is
+    below xi (the authors' choice). ``tv_per_worker``: the term is beta times the sum of the workers'
+    TVs, so each worker's images get beta * d TV_m (the authors' code) rather than beta / M * d TV_m.
     """
 
     alpha: float
     beta: float
     gamma: float
     xi: float
+    tv_per_worker: bool = False
     needs_internal: ClassVar[bool] = True
 
     def __call__(
@@ -171,9 +193,11 @@ class CafeObjective:
         internal_target: Sequence[Tensor],
     ) -> Tensor:
         loss = self.alpha * _sq_distance(true_grads, fake_grads)
-        tv = torch.stack([total_variation(x) for x in images]).mean()
+        tvs = torch.stack([total_variation(x) for x in images])
+        tv = tvs.mean()
+        weighted = tvs.sum() if self.tv_per_worker else tv
         # the truncation as a select rather than a Python ``if``: no host read-back (GPU sync) per step
-        loss = torch.where(tv > self.xi, loss + self.beta * tv, loss)
+        loss = torch.where(tv > self.xi, loss + self.beta * weighted, loss)
         return loss + self.gamma * _sq_distance(internal_target, internal_fake)
 
 
@@ -243,7 +267,7 @@ class SapagObjective:
 def objective_from_params(params: CafeParams) -> Step3Objective:
     """The Step-III objective named by ``params.objective``."""
     if params.objective == "cafe":
-        return CafeObjective(params.alpha, params.beta, params.gamma, params.xi)
+        return CafeObjective(params.alpha, params.beta, params.gamma, params.xi, params.tv_per_worker)
     if params.objective == "dlg":
         return DlgObjective()
     if params.objective == "cosine":
@@ -252,10 +276,13 @@ def objective_from_params(params: CafeParams) -> Step3Objective:
 
 
 class RowAdam:
-    """Adam with per-row moments and per-row step counts: a row's state moves only when it is in a batch.
+    """Adam with per-row moments: a row's state moves only when it is in a batch.
 
     ``shape`` is ``(M, N, ...)``: M stacked per-worker tensors of N rows each, updated together on the
-    same rows (dimension 1), so the M workers' rows share one step count."""
+    same rows (dimension 1), so the M workers' rows share one step count. Bias correction by each row's
+    own step count (the paper's lazy Adam), or with ``step(..., t=T)`` by a global count T as the
+    authors' code does: lr * sqrt(1 - b2^T) / (1 - b1^T) * m^ / (sqrt(v^) + eps) with m^ and v^ also
+    corrected by T (their optimisers correct twice)."""
 
     def __init__(
         self,
@@ -270,16 +297,25 @@ class RowAdam:
         self.v = torch.zeros(*shape, device=device)
         self.t = torch.zeros(shape[1], dtype=torch.int64, device=device)
 
-    def step(self, param: Tensor, rows: Tensor, grad: Tensor) -> None:
+    def step(self, param: Tensor, rows: Tensor, grad: Tensor, t: int | None = None) -> None:
         b1, b2 = self.betas
         self.t[rows] += 1
-        t = self.t[rows].to(param.dtype).view(1, -1, *([1] * (param.dim() - 2)))
         m = self.m[:, rows] * b1 + (1 - b1) * grad
         v = self.v[:, rows] * b2 + (1 - b2) * grad * grad
         self.m[:, rows], self.v[:, rows] = m, v
-        m_hat = m / (1 - b1**t)
-        v_hat = v / (1 - b2**t)
-        param[:, rows] = param[:, rows] - self.lr * m_hat / (v_hat.sqrt() + self.eps)
+        if t is None:
+            count = self.t[rows].to(param.dtype).view(1, -1, *([1] * (param.dim() - 2)))
+            step = self.lr * (m / (1 - b1**count)) / ((v / (1 - b2**count)).sqrt() + self.eps)
+        else:
+            lr = self.lr * math.sqrt(1 - b2**t) / (1 - b1**t)
+            step = lr * (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + self.eps)
+        param[:, rows] = param[:, rows] - step
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {"m": self.m, "v": self.v, "t": self.t}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        self.m, self.v, self.t = (state[k].to(self.m.device) for k in ("m", "v", "t"))
 
 
 @dataclass
@@ -385,6 +421,28 @@ class CafeAttack:
         """Observations consumed so far."""
         return self._count
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the attack has learnt so far, on the CPU: a resumed attack continues from it
+        exactly (the attack draws no random numbers after its start)."""
+        tensors = {"V": self.V, "H": self.H, "X": self.X, "Y": self.Y}
+        optimisers = {"h": self._opt_h, "x": self._opt_x, "y": self._opt_y}
+        return {
+            "tensors": {k: t.cpu() for k, t in tensors.items()},
+            "adam": {k: {n: t.cpu() for n, t in o.state_dict().items()} for k, o in optimisers.items()},
+            "seen": self._seen.copy(),
+            "count": self._count,
+            "last": {k: t.cpu() for k, t in self._last.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()``, on this attack's device."""
+        self.V, self.H, self.X, self.Y = (state["tensors"][k].to(self.device) for k in ("V", "H", "X", "Y"))
+        for key, opt in (("h", self._opt_h), ("x", self._opt_x), ("y", self._opt_y)):
+            opt.load_state_dict(state["adam"][key])
+        self._seen = state["seen"].copy()
+        self._count = int(state["count"])
+        self._last = {k: t.to(self.device) for k, t in state["last"].items()}
+
     def run(self, observations: Iterable[ServerObservation]) -> CafeResult:
         """Offline form: replay a recorded sequence of observations."""
         for obs in observations:
@@ -402,16 +460,23 @@ class CafeAttack:
             last_losses={name: float(value) for name, value in self._last.items()},
         )
 
+    def _adam_t(self) -> int | None:
+        """The step count the Adam updates are bias-corrected by: None (each row's own) or global."""
+        return self._count + 1 if self.params.adam_bias_correction == "global" else None
+
     def _step1(self, obs: ServerObservation, rows: Tensor) -> None:
-        err = self.V[:, rows].sum(1) - self._stacked(obs.grads, "fc1.bias")  # M x d2
+        target = self._stacked(obs.grads, "fc1.bias")  # M x d2
+        err = self.V[:, rows].sum(1) - target
         self.V[:, rows] -= self.params.lr_step1 * 2 * err.unsqueeze(1)
         self._last["F1"] = (err**2).sum()
+        # progress without ground truth: how far the batch sums of V are from what was uploaded
+        self._last["step1_residual"] = err.norm() / target.norm().clamp_min(1e-30)
 
     def _step2(self, obs: ServerObservation, rows: Tensor) -> None:
         v = self.V[:, rows]  # M x K x d2
         # torch stores Theta_1^T: d2 x d1 per worker
         resid = v.transpose(1, 2) @ self.H[:, rows] - self._stacked(obs.grads, "fc1.weight")
-        self._opt_h.step(self.H, rows, 2 * v @ resid)
+        self._opt_h.step(self.H, rows, 2 * v @ resid, self._adam_t())
         self._last["F2"] = (resid**2).sum()
 
     def _step3(self, obs: ServerObservation, rows: Tensor) -> None:
@@ -433,8 +498,10 @@ class CafeAttack:
         loss = self.objective(true_grads, fake_grads, xs, internal, targets)
         grad_x, grad_y = torch.autograd.grad(loss, [x_batch, ys], allow_unused=True)
         with torch.no_grad():
+            t = self._adam_t()
             if grad_x is not None:
-                self._opt_x.step(self.X, rows, grad_x)
+                self._opt_x.step(self.X, rows, grad_x, t)
             if grad_y is not None:
-                self._opt_y.step(self.Y.unsqueeze(0), rows, grad_y.unsqueeze(0))
+                scaled = grad_y * self.params.label_grad_scale  # exact at the default 1.0
+                self._opt_y.step(self.Y.unsqueeze(0), rows, scaled.unsqueeze(0), t)
         self._last["F3"] = loss.detach()

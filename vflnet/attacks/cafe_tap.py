@@ -92,6 +92,14 @@ class CafeTap(Attack):
             lambda v: isinstance(v, list) and len(v) == 2 and all(isinstance(i, int) and i >= 0 for i in v),
             "two integers >= 0",
         ),
+        "adam_bias_correction": _choice(("row", "global")),
+        "tv_per_worker": Param(
+            False,
+            "TV weighted per worker: beta * sum of the workers' TVs (the authors' code) instead of their mean",
+            lambda v: isinstance(v, bool),
+            "true/false",
+        ),
+        "label_grad_scale": _positive(1.0, "the dummy labels' gradient times this (the authors' code: 1e4)"),
         "run_step3": Param(
             True, "run Step III (false: Steps I-II only)", lambda v: isinstance(v, bool), "true/false"
         ),
@@ -112,6 +120,7 @@ class CafeTap(Attack):
             lambda: {"params": {}, "grads": {}, "ids": None}
         )
         self.snapshots: list[tuple[int, CafeResult]] = []
+        self.residuals: list[tuple[int, float]] = []  # Step I's batch residual at each snapshot
         self.lock = threading.Lock()
         # The attack runs on a thread of its own, fed in step order: the protocol's next step (the
         # parties' training, the wire) overlaps this step's attack iteration instead of waiting for it.
@@ -132,6 +141,9 @@ class CafeTap(Attack):
                 lr_step3=float(self.p["lr_step3"]),
                 nested_iterations=tuple(self.p["nested_iterations"]),
                 run_step3=self.p["run_step3"],
+                adam_bias_correction=self.p["adam_bias_correction"],
+                tv_per_worker=self.p["tv_per_worker"],
+                label_grad_scale=float(self.p["label_grad_scale"]),
                 seed=self.p["seed"],
             )
             self.attack = CafeAttack(cafe_params, template, device=self.p["device"])
@@ -195,19 +207,23 @@ class CafeTap(Attack):
     def _run(self, threads: int) -> None:
         torch.set_num_threads(threads)  # per thread under OpenMP: as the run's other compute threads
         while (obs := self._queue.get()) is not None:
-            if self._error is not None:
-                continue  # keep taking observations so the protocol never blocks on a dead attack
             try:
-                self._step(obs)
+                if self._error is None:  # else keep taking observations: the protocol never blocks on it
+                    self._step(obs)
             except BaseException as e:  # re-raised on the protocol's thread
                 self._error = e
+            finally:
+                self._queue.task_done()
 
     def _step(self, obs: ServerObservation) -> None:
         attack = self._attack()
         attack.observe(obs)
         every = self.p["snapshot_every"]
         if every and attack.iterations % every == 0:
-            self.snapshots.append((attack.iterations, attack.result()))
+            result = attack.result()
+            if "step1_residual" in result.last_losses:
+                self.residuals.append((attack.iterations, result.last_losses["step1_residual"]))
+            self.snapshots.append((attack.iterations, result))
             if attack.template.config.kind != "fc":  # Step II's estimates are images only without convs
                 self.snapshots[-1][1].internal.clear()
 
@@ -219,6 +235,24 @@ class CafeTap(Attack):
             self._worker = None
         if self._error is not None:
             raise RuntimeError("the CAFE attack failed") from self._error
+
+    def state(self) -> dict[str, Any]:
+        """For the coordinated checkpoint after step s: the attack once it has consumed observation s
+        (every observation up to s is queued by then; this waits for the attack thread to take them)."""
+        self._queue.join()
+        if self._error is not None:
+            raise RuntimeError("the CAFE attack failed") from self._error
+        return {
+            "attack": None if self.attack is None else self.attack.state_dict(),
+            "snapshots": list(self.snapshots),
+            "residuals": list(self.residuals),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if state["attack"] is not None:
+            self._attack().load_state_dict(state["attack"])
+        self.snapshots = list(state["snapshots"])
+        self.residuals = list(state["residuals"])
 
     def output(self) -> dict[str, np.ndarray]:
         self._finish()
@@ -234,6 +268,9 @@ class CafeTap(Attack):
         for name, value in result.last_losses.items():
             out[f"losses/{name}"] = np.array(value)
         out["iterations"] = np.array(result.iterations)
+        if self.residuals:
+            out["residual_iterations"] = np.array([t for t, _ in self.residuals])
+            out["residuals"] = np.array([r for _, r in self.residuals])
         if self.snapshots:
             out["snapshot_iterations"] = np.array([t for t, _ in self.snapshots])
             for i, (_, snap) in enumerate(self.snapshots):
@@ -248,10 +285,22 @@ class CafeTap(Attack):
             return {"iterations": 0}
         scores = score_recovery(output, truth)
         scores["iterations"] = int(output["iterations"])
+        if "losses/step1_residual" in output:  # the attack's own progress signal, no truth in it
+            scores["step1_residual"] = float(output["losses/step1_residual"])
+        residuals = zip(
+            output.get("residual_iterations", np.zeros(0)).tolist(),
+            output.get("residuals", np.zeros(0)).tolist(),
+            strict=True,
+        )
+        scores.update({f"step1_residual@{t}": float(r) for t, r in residuals})
         for i, t in enumerate(output.get("snapshot_iterations", np.zeros(0, np.int64)).tolist()):
             snapshot = score_recovery(output, truth, f"snapshot/{i}/")
             scores.update(
-                {f"{key}@{t}": snapshot[key] for key in ("psnr", "internal_psnr") if key in snapshot}
+                {
+                    f"{key}@{t}": snapshot[key]
+                    for key in ("psnr", "psnr_region", "internal_psnr")
+                    if key in snapshot
+                }
             )
         return scores
 
@@ -295,20 +344,29 @@ def score_recovery(
 ) -> dict[str, float]:
     """Score a CAFE output (its final recovery, or the snapshot under ``prefix``) against the ground
     truth over the samples it has seen: mean per-image PSNR and MSE of the recovered images (every
-    worker's region of a sample together), recovered-label accuracy, and, where Step II's estimates
+    worker's region of a sample together), the mean PSNR per region (each worker's region scored as an
+    image of its own, as the authors' code does, over every seen sample rather than the current
+    batch), recovered-label accuracy, and, where Step II's estimates
     have the shape of the regions (FC-only worker models), the PSNR of those estimates.
 
     ``truth`` is the runner's ``ground_truth(cfg, "images")``: the labels, and each passive party's
     own regions of every image as that party holds them."""
-    from vflnet.metrics.images import mse, psnr
+    from vflnet.metrics.images import mse, psnr, psnr_per_image
 
     real, fake = _side_by_side(output, truth, prefix)
+    # the authors' form (DeRafael/CAFE utils.py PSNR): each worker's region its own image, averaged
+    region_width = real.shape[-1] // len(output["workers"])
+    per_region = [
+        psnr_per_image(real[..., i : i + region_width], fake[..., i : i + region_width])
+        for i in range(0, real.shape[-1], region_width)
+    ]
     ids, seen = output["train_ids"], output[f"{prefix}seen"]
     labels = truth["labels"]
     true_labels = np.array([labels[int(i)] for i in ids[seen]])
     recovered = output[f"{prefix}label_probs"][seen].argmax(axis=1)
     scores = {
         "psnr": psnr(real, fake),
+        "psnr_region": float(torch.cat(per_region).mean()),
         "mse": mse(real, fake),
         "label_accuracy": float((recovered == true_labels).mean()),
         "samples_seen": int(seen.sum()),

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from vflnet import progress
-from vflnet.attacks.cafe import resolve_device, table9_params
+from vflnet.attacks.cafe import AUTHORS_CODE, resolve_device, table9_params
 from vflnet.config import Config
 from vflnet.metrics.images import iterations_to_psnr
 from vflnet.models.cafe_net import grid_for
@@ -58,6 +58,13 @@ from vflnet.runner.loopback import run_loopback
 from vflnet.runner.scoring import score_run
 from vflnet.validation import config_from_dict
 
+DEFAULT_ITERATIONS = 10_000  # Table 2 is reached by then (docs/attacks.md); Table 5's MNIST maximum is 8,000
+SETTINGS_FILE = "cafe_settings.json"  # a report's arguments, which `--resume DIR` runs again
+SETTINGS = (
+    "n", "k", "m", "iterations", "sweep_k", "baselines", "conv_channels", "fc1_out", "loop", "lr_step3",
+    "eval_every", "seed", "threads", "train_lr", "optimizer", "time_paper", "device", "jobs",
+    "attack_options", "checkpoint_every", "until_psnr", "until_residual",
+)  # fmt: skip
 PAPER_TABLE2_MNIST = {"cafe": 43.15, "dlg": 7.96, "cosine": 7.84, "sapag": 3.86, "bn": 13.38, "gc": 9.24}
 PAPER_TABLE3_MNIST = {10: 32.60, 20: 39.00, 40: 43.15, 80: 47.05, 100: 47.50}
 PSNR_TARGET_MNIST = 38.0  # Table 5's stopping PSNR for MNIST
@@ -81,6 +88,11 @@ class RunRecord:
     history: list[tuple[int, float]] = field(default_factory=list)
     step_s: float = 0.0  # median coordinator-timed step (protocol + the attack's iteration), step 1 excluded
     run_dir: str = ""
+    psnr_region: float = float("nan")  # the authors' form: each worker's region scored as an image
+    history_region: list[tuple[int, float]] = field(default_factory=list)
+    residual: float = float("nan")  # Step I's batch residual at the end (no ground truth in it)
+    residuals: list[tuple[int, float]] = field(default_factory=list)
+    stopped: str = "budget"  # why the run ended: budget, until-psnr, until-residual, max-seconds
 
 
 def held_out(n: int) -> int:
@@ -112,12 +124,16 @@ def run_config(
     defenses: Sequence[dict[str, Any]] = (),
     threads: int = 1,
     trace: Sequence[str] = (),
+    max_steps: int | None = None,
+    checkpoint_every: int = 0,
 ) -> dict[str, Any]:
     """A ``param-server`` run config of the CAFE setting: N training images of ``dataset`` (drawn with
     ``seed``), M passive parties each holding one region of every image with the worker model
     ``bottom``, a label-holding active party with the linear top, batch size K, ``iterations`` training
     steps, static parameters unless ``train_lr`` > 0, and the ``cafe`` tap at the coordinator with
-    ``attack`` as its params (None: no attack)."""
+    ``attack`` as its params (None: no attack). ``max_steps`` (default ``iterations``) ends this
+    piece of the run earlier, ``checkpoint_every`` > 0 checkpoints every that many steps: run in pieces
+    and resumed, it ends as it would have in one go."""
     if not 0 < k <= n:
         raise ValueError(f"the batch size K must be in [1, N = {n}], got {k}")
     if train_lr < 0:
@@ -142,9 +158,10 @@ def run_config(
             "epochs": math.ceil(iterations / steps_per_epoch),
             "batch_size": k,
             "drop_last": True,
-            "max_steps": iterations,
+            "max_steps": iterations if max_steps is None else max_steps,
             "eval_every": 1_000_000,
             "checkpoint_every": 1_000_000,
+            "checkpoint_every_steps": checkpoint_every,
             "optimizer": {"kind": optimizer, "lr": train_lr or 1e-3},
         },
         "transport": {"bridge": "loopback", "rpc_timeout_s": 3600, "join_timeout_s": 600},
@@ -161,15 +178,21 @@ class RunResult(NamedTuple):
     steps: list[dict[str, Any]]  # the coordinator's step records (metrics.jsonl)
 
 
-def execute(data: dict[str, Any], run_dir: Path) -> RunResult:
-    """Run a config in this process (into a fresh ``run_dir``) and score the attack's output."""
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
+def config_in(data: dict[str, Any], run_dir: Path) -> Config:
+    """``data`` as the config of a run written into ``run_dir``."""
     data = json.loads(json.dumps(data))
     data["run"].update(dir=str(run_dir.parent), id=run_dir.name)
-    cfg = config_from_dict(data)
-    run_dir.mkdir(parents=True)
-    run_loopback(cfg, run_dir)
+    return config_from_dict(data)
+
+
+def execute(data: dict[str, Any], run_dir: Path, resume: bool = False) -> RunResult:
+    """Run a config in this process (into a fresh ``run_dir``, or with ``resume`` on from the newest
+    checkpoint in it) and score the attack's output."""
+    if run_dir.exists() and not resume:
+        shutil.rmtree(run_dir)
+    cfg = config_in(data, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=resume)
+    run_loopback(cfg, run_dir, resume=resume)
     scores = score_run(cfg, run_dir).get(SCORE_KEY, {})
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return RunResult(cfg, scores, [r for r in records if r["kind"] == "step"])
@@ -178,6 +201,26 @@ def execute(data: dict[str, Any], run_dir: Path) -> RunResult:
 def worker_model(conv_channels: tuple[int, int], fc1_out: int) -> dict[str, Any]:
     """The authors' worker model (fc2 64, out 10) with the given conv widths and fc1 size."""
     return {"kind": "cafe-conv", "channels": list(conv_channels), "hidden": [fc1_out, 64], "out": 10}
+
+
+@dataclass(frozen=True)
+class Stops:
+    """When a run ends before its iteration budget, checked after every piece of ``every`` iterations
+    (each piece ends in a checkpoint, so a stopped run resumes where it stopped)."""
+
+    every: int = 500
+    until_psnr: float | None = None  # the per-image PSNR reached (ground truth: the experimenter's stop)
+    until_residual: float | None = None  # Step I's batch residual fallen below (the attacker's own signal)
+    deadline: float | None = None  # wall-clock time (time.time()) after which no piece starts
+
+    def reason(self, scores: dict[str, float]) -> str | None:
+        if self.until_psnr is not None and scores["psnr"] >= self.until_psnr:
+            return "until-psnr"
+        if self.until_residual is not None and scores.get("step1_residual", math.inf) <= self.until_residual:
+            return "until-residual"
+        if self.deadline is not None and time.time() >= self.deadline:
+            return "max-seconds"
+        return None
 
 
 @dataclass(frozen=True)
@@ -195,50 +238,83 @@ class RunSettings:
     train_lr: float = 0.0
     optimizer: str = "adam"
     threads: int = 1
-    device: str = "cpu"  # where the attack computes; the parties' training stays on the CPU
+    device: str = "cpu"  # where the attack computes
+    attack_options: dict[str, Any] = field(default_factory=dict)  # the authors'-code options (AUTHORS_CODE)
+    stops: Stops = field(default_factory=Stops)
 
 
 def attack_params(k: int, objective: str, run: RunSettings) -> dict[str, Any]:
-    """The tap's params: Table 9's MNIST row, Step I's lr capped at 0.4 / K; the nested loop gives each
-    step a third of the run; a snapshot every ``eval_every`` iterations for the PSNR history."""
+    """The tap's params: Table 9's MNIST row (or the authors' code's options), Step I's lr capped at
+    0.4 / K; the nested loop gives each step a third of the run; a snapshot every ``eval_every``
+    iterations for the PSNR history."""
     base = table9_params("mnist")
+    options = dict(run.attack_options)
+    lr_step1 = options.pop("lr_step1", base.lr_step1)
     return {
         "objective": objective,
         "loop": run.loop,
         "seed": run.seed,
-        "lr_step1": min(base.lr_step1, 0.4 / k),
+        "lr_step1": min(lr_step1, 0.4 / k),
         "lr_step3": base.lr_step3 if run.lr_step3 is None else run.lr_step3,
         "nested_iterations": [run.iterations // 3, run.iterations // 3],
         "snapshot_every": run.eval_every,
         "device": run.device,
+        **options,
     }
 
 
-def run_attack(k: int, objective: str, run: RunSettings, out: Path, log: Callable[[str], None]) -> RunRecord:
-    """One real param-server run with the CAFE tap at the coordinator, scored afterwards."""
-    data = run_config(
-        n=run.n,
-        k=k,
-        iterations=run.iterations,
-        bottom=run.bottom,
-        m=run.m,
-        seed=run.seed,
-        attack=attack_params(k, objective, run),
-        train_lr=run.train_lr,
-        optimizer=run.optimizer,
-        threads=run.threads,
-    )
+PROGRESS = "cafe_progress.json"  # in a run's directory: iterations done, and why it stopped
+
+
+def run_attack(
+    k: int, objective: str, run: RunSettings, out: Path, log: Callable[[str], None], resume: bool = False
+) -> RunRecord:
+    """One real param-server run with the CAFE tap at the coordinator, in pieces of ``run.stops.every``
+    iterations, each resumed from the last one's checkpoint, scored after each piece; ``resume``
+    continues a run directory an earlier call left (a run that has stopped is only scored again)."""
     run_dir = out / "runs" / f"{objective}-k{k}"
+    progress_file = run_dir / PROGRESS
+    state = json.loads(progress_file.read_text()) if resume and progress_file.exists() else None
+    done, stopped = (state["done"], state["stopped"]) if state else (0, None)
+    every = run.stops.every or run.iterations
     start = time.perf_counter()
-    _, score, steps = execute(data, run_dir)
+    steps: list[dict[str, Any]] = []
+    while True:
+        finished = done and (stopped in ("budget", "until-psnr", "until-residual") or done >= run.iterations)
+        target = done if finished else min(run.iterations, done + every)
+        data = run_config(
+            n=run.n,
+            k=k,
+            iterations=run.iterations,
+            bottom=run.bottom,
+            m=run.m,
+            seed=run.seed,
+            attack=attack_params(k, objective, run),
+            train_lr=run.train_lr,
+            optimizer=run.optimizer,
+            threads=run.threads,
+            max_steps=target,
+            checkpoint_every=every,
+        )
+        if finished:  # an earlier call ended it: score it again
+            score = score_run(config_in(data, run_dir), run_dir).get(SCORE_KEY, {})
+            break
+        _, score, steps = execute(data, run_dir, resume=done > 0)  # metrics.jsonl: every step so far
+        done = target
+        stopped = "budget" if done >= run.iterations else run.stops.reason(score)
+        progress_file.write_text(json.dumps({"done": done, "stopped": stopped}))
+        log(
+            f"  {objective:6s} K={k:3d} it {done:6d}/{run.iterations}  PSNR {score['psnr']:6.2f} "
+            f"(per region {score['psnr_region']:6.2f})  Step I residual {score.get('step1_residual', math.nan):.3g}"
+        )
+        if stopped is not None:
+            break
     seconds = time.perf_counter() - start
     progress.advance(f"{objective} K={k}")
-    history = sorted((int(key.split("@")[1]), v) for key, v in score.items() if key.startswith("psnr@"))
-    for t, value in history:
-        log(f"  {objective:6s} K={k:3d} it {t:6d}/{run.iterations}  PSNR {value:6.2f}")
+    history = _curve(score, "psnr")
     log(
-        f"  {objective:6s} K={k:3d} done: PSNR {score['psnr']:6.2f}  labels {score['label_accuracy']:.2f}  "
-        f"{seconds:7.1f}s ({run_dir})"
+        f"  {objective:6s} K={k:3d} done ({stopped}): PSNR {score['psnr']:6.2f}  labels "
+        f"{score['label_accuracy']:.2f}  {seconds:7.1f}s ({run_dir})"
     )
     return RunRecord(
         objective,
@@ -252,7 +328,18 @@ def run_attack(k: int, objective: str, run: RunSettings, out: Path, log: Callabl
         history,
         median_step_s(steps),
         str(run_dir),
+        score["psnr_region"],
+        _curve(score, "psnr_region"),
+        score.get("step1_residual", math.nan),
+        _curve(score, "step1_residual"),
+        stopped or "budget",
     )
+
+
+def _curve(score: dict[str, float], name: str) -> list[tuple[int, float]]:
+    """``name@T`` scores as a (T, value) curve."""
+    prefix = f"{name}@"
+    return sorted((int(key[len(prefix) :]), v) for key, v in score.items() if key.startswith(prefix))
 
 
 def median_step_s(steps: list[dict[str, Any]]) -> float:
@@ -262,16 +349,21 @@ def median_step_s(steps: list[dict[str, Any]]) -> float:
 
 
 def run_attacks(
-    jobs: Sequence[tuple[int, str]], run: RunSettings, out: Path, log: Callable[[str], None], parallel: int
+    jobs: Sequence[tuple[int, str]],
+    run: RunSettings,
+    out: Path,
+    log: Callable[[str], None],
+    parallel: int,
+    resume: bool = False,
 ) -> list[RunRecord]:
     """``run_attack`` for every (K, objective) of ``jobs``, in that order; with ``parallel`` > 1 that many
     at a time, each in its own process (the runs are independent: this is how they share the cores)."""
     if parallel <= 1 or len(jobs) <= 1:
-        return [run_attack(k, objective, run, out, log) for k, objective in jobs]
+        return [run_attack(k, objective, run, out, log, resume) for k, objective in jobs]
     # spawn, not fork: a run starts threads (its roles) and, with a GPU, CUDA, neither of which survives a fork
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(min(parallel, len(jobs)), mp_context=context) as pool:
-        futures = [pool.submit(run_attack, k, objective, run, out, print) for k, objective in jobs]
+        futures = [pool.submit(run_attack, k, objective, run, out, print, resume) for k, objective in jobs]
         return [f.result() for f in futures]
 
 
@@ -298,6 +390,10 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _options(options: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(options.items())) or "none (the paper's text)"
+
+
 def write_report(path: Path, main: list[RunRecord], sweep: list[RunRecord], s: dict, timing: dict) -> str:
     """The markdown report: our numbers next to the paper's MNIST column."""
     mode = (
@@ -315,33 +411,53 @@ def write_report(path: Path, main: list[RunRecord], sweep: list[RunRecord], s: d
         "Every run is a real `param-server` run (loopback bridge, one process): the coordinator's `cafe` tap "
         "sees the broadcast parameters, the batch IDs and the uploaded gradients. Batches: epoch shuffles "
         "of the training IDs, incomplete last batch dropped (the paper draws each batch independently).",
-        f"Attack: {s['loop']}-loop CAFE, Table 9 MNIST hyperparameters, {s['iterations']} iterations per run "
-        f"(paper: up to 8000-20000). Step I lr = min(1e-2, 0.4/K); Step III lr = {s['lr_step3'] or 1e-2}.",
+        f"Attack: {s['loop']}-loop CAFE, Table 9 MNIST hyperparameters, budget {s['iterations']} iterations "
+        f"per run (paper: up to 8000-20000). Step I lr = min({s['lr_step1']}, 0.4/K); Step III lr = "
+        f"{s['lr_step3'] or 1e-2}. Options from the authors' code: {_options(s['attack_options'])}.",
+        "PSNR per image: each recovered image (all workers' regions together) against the real one, mean over "
+        "every sample seen; per region: each worker's region scored as an image of its own (the authors' "
+        "code), mean over workers and seen samples. Step I residual: ||sum over the batch of V - the "
+        "uploaded fc1 bias gradient|| / ||gradient|| on the last batch (the attacker's own progress signal).",
         "",
         f"## Table 2 (K = {s['k']})",
         "",
-        "| Method | PSNR (ours) | PSNR (paper, MNIST) | MSE | label acc | iters to PSNR 38 | time (s) |",
-        "|---|---|---|---|---|---|---|",
+        "| Method | PSNR per image (ours) | PSNR per region (ours) | PSNR (paper, MNIST) | MSE | label acc | "
+        "Step I residual | iterations (stop) | iters to PSNR 38 | time (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in main:
         lines.append(
-            f"| {OBJECTIVE_LABELS[r.objective]} | {r.psnr:.2f} | {PAPER_TABLE2_MNIST[r.objective]:.2f} | "
-            f"{r.mse:.4f} | {r.label_acc:.2f} | {r.iters_to_target or '-'} | {r.seconds:.0f} |"
+            f"| {OBJECTIVE_LABELS[r.objective]} | {r.psnr:.2f} | {r.psnr_region:.2f} | "
+            f"{PAPER_TABLE2_MNIST[r.objective]:.2f} | {r.mse:.4f} | {r.label_acc:.2f} | {r.residual:.3g} | "
+            f"{r.iterations} ({r.stopped}) | {r.iters_to_target or '-'} | {r.seconds:.0f} |"
         )
     lines += [
-        "| BN regularizer | not run (the CAFE model has no batch norm) | 13.38 | | | | |",
-        "| GC regularizer | not run | 9.24 | | | | |",
+        "| BN regularizer | not run (the CAFE model has no batch norm) | | 13.38 | | | | | | |",
+        "| GC regularizer | not run | | 9.24 | | | | | | |",
         "",
         "## Table 3 (PSNR vs batch size K)",
         "",
-        "| K | PSNR (ours) | PSNR (paper, MNIST) | iters to PSNR 38 | time (s) |",
-        "|---|---|---|---|---|",
+        "| K | PSNR per image (ours) | PSNR per region (ours) | PSNR (paper, MNIST) | iterations (stop) | "
+        "iters to PSNR 38 | time (s) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in sweep:
         lines.append(
-            f"| {r.k} | {r.psnr:.2f} | {_fmt(PAPER_TABLE3_MNIST.get(r.k))} | {r.iters_to_target or '-'} | "
-            f"{r.seconds:.0f} |"
+            f"| {r.k} | {r.psnr:.2f} | {r.psnr_region:.2f} | {_fmt(PAPER_TABLE3_MNIST.get(r.k))} | "
+            f"{r.iterations} ({r.stopped}) | {r.iters_to_target or '-'} | {r.seconds:.0f} |"
         )
+    curve = main[0] if main else None
+    if curve is not None and curve.history:
+        region, residual = dict(curve.history_region), dict(curve.residuals)
+        lines += [
+            "",
+            f"## Curve ({OBJECTIVE_LABELS[curve.objective]}, K = {curve.k})",
+            "",
+            "| iteration | PSNR per image | PSNR per region | Step I residual |",
+            "|---|---|---|---|",
+        ]
+        for t, value in curve.history:
+            lines.append(f"| {t} | {value:.2f} | {_fmt(region.get(t))} | {residual.get(t, math.nan):.3g} |")
     lines += [
         "",
         "## Time",
@@ -364,7 +480,7 @@ def reproduce(
     n: int = 800,
     k: int = 40,
     m: int = 4,
-    iterations: int = 8000,
+    iterations: int = DEFAULT_ITERATIONS,
     sweep_k: Sequence[int] = (10, 20, 40, 80, 100),
     baselines: Sequence[str] = ("dlg", "cosine", "sapag"),
     conv_channels: tuple[int, int] = (64, 128),
@@ -380,18 +496,35 @@ def reproduce(
     out_dir: str | Path = "runs/cafe",
     device: str = "cpu",
     jobs: int = 1,
+    attack_options: dict[str, Any] | None = None,
+    checkpoint_every: int = 500,
+    until_psnr: float | None = None,
+    until_residual: float | None = None,
+    max_seconds: float | None = None,
+    resume: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict:
     """Run the MNIST reproduction and write ``out_dir/cafe_report.md`` (+ JSON and pictures).
 
     ``device``: where the attacks compute (``cuda`` fails at once where torch cannot use CUDA);
-    ``jobs``: how many of the independent runs go at a time, each in its own process."""
+    ``jobs``: how many of the independent runs go at a time, each in its own process;
+    ``attack_options``: CafeParams fields (``AUTHORS_CODE``'s, and ``lr_step1``);
+    each run goes in pieces of ``checkpoint_every`` iterations, each ending in a checkpoint, and stops
+    early after the piece where ``until_psnr`` (per image), ``until_residual`` (Step I's) or
+    ``max_seconds`` (from this call's start; no new piece starts after it) is reached;
+    ``resume`` continues the runs an earlier call left in ``out_dir`` (settings from
+    ``out_dir/cafe_settings.json``: `vflnet reproduce cafe --resume DIR`)."""
     resolve_device(device)
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     total_start = time.perf_counter()
+    arguments = {k: v for k, v in locals().items() if k in SETTINGS}
+    if not resume:
+        (out / SETTINGS_FILE).write_text(json.dumps(arguments, indent=2))
     grid = grid_for(m)
     regions(IMAGE_SIDE["mnist"], m)  # the grid must divide the image
     for kk in (k, *sweep_k):
@@ -411,6 +544,13 @@ def reproduce(
         optimizer,
         threads,
         device,
+        dict(attack_options or {}),
+        Stops(
+            checkpoint_every,
+            until_psnr,
+            until_residual,
+            None if max_seconds is None else time.time() + max_seconds,
+        ),
     )
     timing: dict[str, float | int | str | None] = {"threads": threads, "device": device, "jobs": jobs}
     if time_paper:
@@ -424,7 +564,7 @@ def reproduce(
 
     table2 = [(k, objective) for objective in ("cafe", *baselines)]
     sweep_only = [(kk, "cafe") for kk in sweep_k if kk != k]
-    records = run_attacks(table2 + sweep_only, run, out, log, jobs)
+    records = run_attacks(table2 + sweep_only, run, out, log, jobs, resume)
     main, by_k = records[: len(table2)], {r.k: r for r in records[len(table2) :]}
     for record in main:
         picture = Path(record.run_dir) / "attacks" / "cafe-real-vs-recovered.png"
@@ -448,6 +588,8 @@ def reproduce(
         "lr_step3": lr_step3,
         "train_lr": train_lr,
         "optimizer": optimizer,
+        "lr_step1": (attack_options or {}).get("lr_step1", table9_params("mnist").lr_step1),
+        "attack_options": {k: v for k, v in (attack_options or {}).items() if k != "lr_step1"},
     }
     text = write_report(out / "cafe_report.md", main, sweep, settings, timing)
     record = {
@@ -470,7 +612,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--n", type=int, default=800, help="training images N")
     ap.add_argument("--k", type=int, default=40, help="batch size K of Table 2")
     ap.add_argument("--m", type=int, default=4, help="workers (passive parties) M")
-    ap.add_argument("--iterations", type=int, default=8000, help="training steps (attack iterations) per run")
+    ap.add_argument(
+        "--iterations",
+        type=int,
+        default=DEFAULT_ITERATIONS,
+        help="budget of training steps (attack iterations) per run",
+    )
     ap.add_argument(
         "--sweep-k", type=int, nargs="*", default=[10, 20, 40, 80, 100], help="batch sizes of Table 3"
     )
@@ -514,6 +661,58 @@ def build_parser() -> argparse.ArgumentParser:
         smoke="N 16, K 4, conv 2/4, fc1 8, 20 iterations, CAFE only (no baselines, no sweep)",
     )
     ap.add_argument("--out-dir", default="runs/cafe")
+    authors = ap.add_argument_group(
+        "the authors' code (DeRafael/CAFE) where it differs from the paper's text; defaults: the paper"
+    )
+    authors.add_argument(
+        "--authors-code",
+        action="store_true",
+        help="all of: --adam-bias-correction global --tv-per-worker --label-grad-scale 1e4 --lr-step1 5e-3",
+    )
+    authors.add_argument(
+        "--adam-bias-correction",
+        choices=["row", "global"],
+        default=None,
+        help="Steps II-III's Adam bias-corrected by each row's own step count (the paper's lazy Adam) or "
+        "by the global iteration count (the authors' code)",
+    )
+    authors.add_argument(
+        "--tv-per-worker",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="beta times each worker's own TV (the authors' code) rather than the mean over workers",
+    )
+    authors.add_argument("--label-grad-scale", type=float, default=None, help="dummy labels' gradient factor")
+    authors.add_argument("--lr-step1", type=float, default=None, help="Step I lr (Table 9: 1e-2; code: 5e-3)")
+    stops = ap.add_argument_group("pieces, stops and resuming")
+    stops.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        help="run in pieces of this many iterations, each ending in a checkpoint (default: --eval-every)",
+    )
+    stops.add_argument(
+        "--until-psnr", type=float, default=None, help="stop a run once its PSNR per image reaches this"
+    )
+    stops.add_argument(
+        "--until-residual",
+        type=float,
+        default=None,
+        help="stop a run once Step I's batch residual falls below this (needs no ground truth)",
+    )
+    stops.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="start no new piece after this many seconds; `--resume DIR` continues where it stopped",
+    )
+    stops.add_argument(
+        "--resume",
+        metavar="DIR",
+        default=None,
+        help="continue the report in DIR (an earlier --out-dir) with its own settings; "
+        "only --max-seconds applies anew",
+    )
     return ap
 
 
@@ -522,6 +721,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.jobs < 1:
         ap.error(f"--jobs must be >= 1, got {a.jobs}")
+    if a.resume is not None:
+        settings_file = Path(a.resume) / SETTINGS_FILE
+        if not settings_file.exists():
+            ap.error(f"--resume {a.resume}: no {SETTINGS_FILE} there (not the --out-dir of a reproduce cafe)")
+        settings = json.loads(settings_file.read_text())
+        settings["conv_channels"] = tuple(settings["conv_channels"])
+        try:  # the GPU named when the report started must be here too
+            resolve_device(settings["device"])
+        except RuntimeError as e:
+            ap.error(f"--resume: device {settings['device']}: {e}")
+        reproduce(**settings, out_dir=a.resume, max_seconds=a.max_seconds, resume=True)
+        return 0
     try:  # before any run starts: a missing GPU is a usage error, not a failure an hour in
         resolve_device(a.device)
     except RuntimeError as e:
@@ -532,6 +743,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.smoke:
         a.n, a.k, a.iterations, a.sweep_k, a.baselines = 16, 4, 20, [], []
         a.conv_channels, a.fc1_out, a.eval_every, a.no_paper_timing = [2, 4], 8, 10, True
+    options = dict(AUTHORS_CODE) if a.authors_code else {}
+    for name in ("adam_bias_correction", "label_grad_scale", "lr_step1"):
+        if getattr(a, name) is not None:
+            options[name] = getattr(a, name)
+    if a.tv_per_worker is not None:
+        options["tv_per_worker"] = a.tv_per_worker
     reproduce(
         n=a.n,
         k=a.k,
@@ -552,6 +769,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         out_dir=a.out_dir,
         device=a.device,
         jobs=a.jobs,
+        attack_options=options,
+        checkpoint_every=a.checkpoint_every or a.eval_every or 500,
+        until_psnr=a.until_psnr,
+        until_residual=a.until_residual,
+        max_seconds=a.max_seconds,
     )
     return 0
 

@@ -30,8 +30,12 @@ class LoopbackFailure(RuntimeError):
     pass
 
 
-def run_loopback(cfg: Config, run_dir: Path, on_tick: Callable[[], None] | None = None) -> None:
-    """Run to completion; raises LoopbackFailure naming each role that did not end cleanly."""
+def run_loopback(
+    cfg: Config, run_dir: Path, on_tick: Callable[[], None] | None = None, resume: bool = False
+) -> None:
+    """Run to completion; raises LoopbackFailure naming each role that did not end cleanly. ``resume``:
+    every role continues from the run directory's newest valid coordinated checkpoint, as
+    `vflnet run --resume` does with processes (the experiment drivers use it to run in pieces)."""
     if any(p.via for p in cfg.parties):
         raise LoopbackFailure(
             "`via` (a proxy in front of a party) needs real processes: use transport.bridge: grpc"
@@ -39,10 +43,10 @@ def run_loopback(cfg: Config, run_dir: Path, on_tick: Callable[[], None] | None 
     with ExitStack() as locks:  # as `vflnet party` does for its one role, before anything is written
         for p in cfg.parties:
             locks.enter_context(role_lock(run_dir, p.name))
-        _run_roles(cfg, run_dir, on_tick)
+        _run_roles(cfg, run_dir, on_tick, resume)
 
 
-def _run_roles(cfg: Config, run_dir: Path, on_tick: Callable[[], None] | None) -> None:
+def _run_roles(cfg: Config, run_dir: Path, on_tick: Callable[[], None] | None, resume: bool) -> None:
     threads_before = torch.get_num_threads()
     setup_torch(cfg)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -71,9 +75,15 @@ def _run_roles(cfg: Config, run_dir: Path, on_tick: Callable[[], None] | None) -
 
     try:
         # Hosts are built here, one after another: model initialisation seeds torch's global generator.
-        hosts = [PartyHost(cfg, p.name, run_dir, bridge) for p in cfg.parties if p.role != "coordinator"]
+        hosts = [
+            PartyHost(cfg, p.name, run_dir, bridge, resume=resume)
+            for p in cfg.parties
+            if p.role != "coordinator"
+        ]
         coord_address = f"{SCHEME}{cfg.coordinator.name}"
-        coord = role(cfg.coordinator.name, lambda: coordinator.main(cfg, run_dir, coord_address, bridge))
+        coord = role(
+            cfg.coordinator.name, lambda: coordinator.main(cfg, run_dir, coord_address, bridge, resume=resume)
+        )
         parties = [role(h.name, lambda h=h: serve(h, "", coord_address, "")) for h in hosts]
         for t in (coord, *parties):
             t.start()
