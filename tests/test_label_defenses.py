@@ -31,6 +31,7 @@ from vflnet.defenses.label_defenses import (
     Marvell,
     soft_cross_entropy,
 )
+from vflnet.defenses.training_defenses import MID, DistanceCorrelation, GradPerturb
 from vflnet.metrics.labels import (
     confusion_matrix,
     label_recovery_accuracy,
@@ -272,6 +273,9 @@ def test_every_label_defense_is_the_implementation_of_one_registered_name() -> N
         Marvell: "marvell",
         CAEDefense: "cae",
         DCAEDefense: "dcae",
+        MID: "mid",
+        DistanceCorrelation: "dcor",
+        GradPerturb: "grad-perturb",
     }
     assert len(pairs) == len(dict(pairs))
 

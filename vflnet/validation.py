@@ -148,8 +148,8 @@ def _check_plugins(cfg: Config) -> None:
                     raise ConfigError(
                         src, f"{key}.name", f"attack {entry.name!r} at {entry.party!r} {problem}"
                     )
-                for bad_key, problem in cls.check_config(cfg, entry.party):
-                    raise ConfigError(src, bad_key, f"attack {entry.name!r}: {problem}")
+            for bad_key, problem in cls.check_config(cfg, entry.party):
+                raise ConfigError(src, bad_key, f"{registry.kind} {entry.name!r}: {problem}")
 
 
 def check_against_dataset(cfg: Config) -> None:

@@ -23,9 +23,24 @@ class Defense(ABC):
         "labels"  # "labels": active-party label defense; "upload": param-server gradient upload
     )
     implementation: ClassVar[type]  # the class `build` makes (for label defenses: a LabelDefense subclass)
+    protocols: ClassVar[frozenset[str] | None] = None  # the protocols it acts under (None: every one)
 
     def __init__(self, **params: Any) -> None:
         self.p = validate_params("defense", self.name, self.params, params)
+
+    @classmethod
+    def check_config(cls, cfg: Config, party: str) -> list[tuple[str, str]]:
+        """(config key, problem) pairs that make this defense at ``party`` act on nothing in the run
+        (``vflnet config check`` reports the first): a protocol it does not act under."""
+        if cls.protocols is not None and cfg.protocol.kind not in cls.protocols:
+            return [
+                (
+                    "protocol.kind",
+                    f"acts only under {sorted(cls.protocols)}, where the active party computes on "
+                    f"plaintext embeddings; this run is {cfg.protocol.kind!r}",
+                )
+            ]
+        return []
 
     @abstractmethod
     def build(self, num_classes: int, seed: int) -> Any:

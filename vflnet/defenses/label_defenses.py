@@ -6,6 +6,15 @@ Every defense has the same three hooks, each used at one point of the active par
 - `transform(grad, labels)` -> the per-sample gradient dL/dH (B, C) it actually sends (before encryption);
 - `predict(logits)` -> class predictions from the aggregated logits H (argmax unless CAE's decoder).
 
+The defenses of `vflnet/defenses/training_defenses.py` (MID, dCor, GradPerturb) change the plaintext
+`split` step itself, through three more hooks the split active party calls (identity here):
+
+- `trainable(embedding_dims)` -> modules the defense adds to the active party's model (MID's bottleneck);
+- `embeddings(received, labels)` -> what the top model takes in place of the received embeddings, and a
+  term added to the training loss (MID's KL term, dCor's penalty);
+- `gradient_noise(logits)` -> a loss whose gradient w.r.t. the received embeddings is added to what is
+  sent, and not to the active party's own update (GradPerturb).
+
 Parameters are checked when a defense is built; a bad one raises ValueError naming it. Randomised defenses
 own a seeded generator so a run is reproducible.
 
@@ -25,6 +34,12 @@ from torch import Tensor, nn
 def soft_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     """Batch-mean cross entropy of softmax(logits) against soft targets (the loss of Algorithm 5, line 3)."""
     return -(targets * torch.log_softmax(logits, dim=1)).sum(dim=1).mean()
+
+
+def laplace(shape: torch.Size, scale: float, generator: torch.Generator, dtype: torch.dtype) -> Tensor:
+    """Laplace(0, scale) noise of the given shape, by inverting the CDF of a uniform draw."""
+    u = torch.rand(shape, generator=generator, dtype=dtype) - 0.5
+    return -scale * torch.sign(u) * torch.log1p(-2.0 * u.abs())
 
 
 def _check_gradient(grad: Tensor, labels: Tensor) -> None:
@@ -51,6 +66,19 @@ class LabelDefense:
 
     def predict(self, logits: Tensor) -> Tensor:
         return logits.argmax(dim=1)
+
+    def trainable(self, embedding_dims: list[int]) -> nn.Module | None:
+        """Modules the active party trains with its own (one embedding dim per passive party, in order)."""
+        return None
+
+    def embeddings(self, received: list[Tensor], labels: Tensor | None) -> tuple[list[Tensor], Tensor | None]:
+        """The embeddings the top model takes, and a term added to the loss (None: none; labels None: no
+        loss, a prediction step)."""
+        return received, None
+
+    def gradient_noise(self, logits: Tensor) -> Tensor | None:
+        """A loss whose gradient w.r.t. the received embeddings is added to the gradients sent."""
+        return None
 
 
 class _NoiseDefense(LabelDefense, ABC):
@@ -88,8 +116,7 @@ class LaplaceNoise(_NoiseDefense):
     """DP-L ("noisy gradients" of Fu et al.): per-sample clipping then Laplace(0, scale) noise."""
 
     def _noise(self, shape: torch.Size, dtype: torch.dtype) -> Tensor:
-        u = torch.rand(shape, generator=self.generator, dtype=dtype) - 0.5
-        return -self.scale * torch.sign(u) * torch.log1p(-2.0 * u.abs())
+        return laplace(shape, self.scale, self.generator, dtype)
 
 
 class GradientSparsification(LabelDefense):

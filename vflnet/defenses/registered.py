@@ -3,13 +3,15 @@
 Each label defense builds its `implementation`, a `vflnet.defenses.label_defenses.LabelDefense`, which
 the active party uses three ways: the training targets (CAE's soft fake labels), a transform of the
 per-sample gradients it sends (noise, sparsification, discretisation, MARVELL), and the prediction rule
-(CAE's decoder). The upload defenses (param-server) build a transform of the gradient upload around theirs."""
+(CAE's decoder); MID, dCor and GradPerturb also change the split step itself
+(`vflnet/defenses/training_defenses.py`). The upload defenses (param-server) build a transform of the gradient upload around theirs."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from vflnet.defenses import label_defenses as ld
+from vflnet.defenses import training_defenses as td
 from vflnet.defenses.base import Defense
 from vflnet.defenses.dp_gradients import DpGradients
 from vflnet.defenses.fake_gradients import FakeGradients
@@ -144,6 +146,57 @@ class DCAE(Defense):
 
     def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
         return self.implementation(_autoencoder(num_classes, seed, self.p), self.p["bins"])
+
+
+_SPLIT = frozenset({"split"})
+
+
+@DEFENSES.register
+class MIDDefense(Defense):
+    name = "mid"
+    description = (
+        "MID: a variational information bottleneck on each passive embedding, loss + lambda * KL (VFLAIR)"
+    )
+    implementation = td.MID
+    roles = _ACTIVE
+    protocols = _SPLIT
+    params = {
+        "lambda": _p(0.01, "weight of the KL term (VFLAIR's mid_lambda)", 0.0),
+        "bottleneck_scale": _p(1, "bottleneck size / embedding size", 1, integer=True),
+    }
+
+    def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
+        return self.implementation(num_classes, self.p["lambda"], self.p["bottleneck_scale"], seed)
+
+
+@DEFENSES.register
+class DistanceCorrelationDefense(Defense):
+    name = "dcor"
+    description = "dCor: loss + alpha * distance correlation of each passive embedding and the one-hot labels"
+    implementation = td.DistanceCorrelation
+    roles = _ACTIVE
+    protocols = _SPLIT
+    params = {"alpha": _p(0.5, "weight of the distance-correlation term", 0.0)}
+
+    def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
+        return self.implementation(num_classes, self.p["alpha"])
+
+
+@DEFENSES.register
+class GradPerturbDefense(Defense):
+    name = "grad-perturb"
+    description = (
+        "GradPerturb: add sum_c u_c (gradient as if labelled c), u ~ Laplace(0, 2/perturb_epsilon) (VFLAIR)"
+    )
+    implementation = td.GradPerturb
+    roles = _ACTIVE
+    protocols = _SPLIT
+    params = {
+        "perturb_epsilon": _p(1.0, "privacy parameter: the Laplace scale is 2 / perturb_epsilon", 1e-12)
+    }
+
+    def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
+        return self.implementation(num_classes, self.p["perturb_epsilon"], seed)
 
 
 def _numpy_transform(transform: Any) -> Any:

@@ -118,17 +118,27 @@ class ActiveSplit:
         self.local.train(train)
         with torch.set_grad_enabled(train):
             inputs = [torch.from_numpy(e).requires_grad_(train) for e in received]
-            parts = list(inputs)
+            target = None if y is None else torch.from_numpy(y)
+            parts, penalty = (
+                (inputs, None) if self.defense is None else self.defense.embeddings(inputs, target)
+            )
+            parts = list(parts)
             if self.bottom is not None:
                 assert x_own is not None
                 parts.insert(0, self.bottom(torch.from_numpy(x_own)))
             logits = self.top(aggregate(parts, self.aggregation))
-            loss = None if y is None else label_loss(logits, torch.from_numpy(y), self.defense)
+            loss = None if target is None else label_loss(logits, target, self.defense)
+            if loss is not None and penalty is not None:
+                loss = loss + penalty
             grads = []
             if train:
-                assert loss is not None and y is not None
-                loss.backward()
-                grads = [self._outgoing(t.grad, torch.from_numpy(y)) for t in inputs]
+                assert loss is not None and target is not None
+                noise = None if self.defense is None else self.defense.gradient_noise(logits)
+                loss.backward(retain_graph=noise is not None)
+                sent = [t.grad for t in inputs]
+                if noise is not None:  # GradPerturb: on what is sent only, not on this party's update
+                    sent = [g + n for g, n in zip(sent, torch.autograd.grad(noise, inputs), strict=True)]
+                grads = [self._outgoing(g, target) for g in sent]
         return outcome(logits, loss, y, self.defense, grads)
 
     def update(self) -> None:
@@ -265,6 +275,14 @@ class SplitActive(PartySide):
 
     def joined(self, reply: messages_pb2.JoinReply) -> None:
         self.compute = self.make_compute()
+
+    def make_local(self, modules: dict[str, Any]) -> LocalModel:
+        """The party's model, with the modules its label defense trains (MID's bottleneck), if any."""
+        if self.defense is not None:
+            added = self.defense.trainable([self.embedding_dims[p] for p in self.passives])
+            if added is not None:
+                modules["defense"] = added
+        return super().make_local(modules)
 
     def make_compute(self) -> Any:
         return ActiveSplit(self.host.local, self.cfg.protocol.aggregation, self.defense)

@@ -42,6 +42,9 @@ SWEEPS: dict[str, tuple[str, list[Any]]] = {
     "gradient-sparsification": ("drop_rate", [99.0, 99.5, 99.9]),
     "rounding": ("decimals", [4, 3, 2]),
     "marvell": ("power_ratio", [1.0, 4.0, 10.0]),
+    "mid": ("lambda", [0.0, 0.01, 1.0]),  # VFLAIR's MID, dCor and GradPerturb (training_defenses.py)
+    "dcor": ("alpha", [0.5, 2.0, 5.0]),
+    "grad-perturb": ("perturb_epsilon", [10.0, 1.0, 0.1]),
 }
 
 
