@@ -3,6 +3,7 @@ the pages in a real headless Chromium."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import yaml
 
 from tests.conftest import base_config, write_config
 from tests.headless import assert_not_blank, render
-from vflnet.experiments import compare, report
+from vflnet.experiments import capability, compare, report
 from vflnet.experiments.plan import load_sweep
 from vflnet.experiments.results import collect, write_table
 from vflnet.experiments.sweep import run_one, write_run_files
@@ -117,3 +118,37 @@ def test_reports_render_in_headless_chromium(sweep_dir: Path, tmp_path: Path) ->
         tables = shown.sizes("table")
         assert len(tables) == n_tables and all(w > 0 and h > 0 for w, h in tables)
         assert_not_blank(shown.screenshot)
+
+
+def test_defense_capability_score_follows_vflair_eq_1() -> None:
+    assert capability.defense_capability_score(0.0, 1.0) == 1.0  # the ideal defense
+    assert capability.defense_capability_score(1.0, 0.0) == pytest.approx(0.5)  # distance sqrt(0.5 + 0.5)
+    assert capability.defense_capability_score(0.5, 0.5) == pytest.approx(2 / 3)
+    assert capability.defense_capability_score(1.0, 1.0, beta=1.0) == 1.0  # beta 1: utility only
+    with pytest.raises(ValueError, match="attack performance"):
+        capability.defense_capability_score(1.5, 0.5)
+
+
+def test_a_sweep_report_scores_each_setting_of_the_defense(sweep_dir: Path, tmp_path: Path) -> None:
+    """The DCS table of the real sweep: one line per noise scale, from its runs' recorded rows."""
+    rows = json.loads((sweep_dir / "results.json").read_text())
+    attack = "attack.direct-label-inference@passive-1.label_accuracy"
+    assert capability.attack_performance_columns(rows) == [attack]
+    header, table = capability.score_table(rows, [SCALE], "test_accuracy")
+    assert header == ["setting", "runs", "MP: test_accuracy", f"AP: {attack}", f"DCS: {attack}"]
+    by_setting = {line[0]: line for line in table}
+    assert set(by_setting) == {"scale=0.001", "scale=2.0"}
+    for row in rows:
+        _, _, mp, ap, dcs = by_setting[f"scale={row[SCALE]}"]
+        assert (mp, ap) == (row["test_accuracy"], row[attack])
+        assert dcs == capability.defense_capability_score(ap, mp)
+    weak, strong = by_setting["scale=0.001"], by_setting["scale=2.0"]
+    print("MP, AP, DCS", weak[2:], strong[2:])
+    assert strong[3] < weak[3]  # more noise, fewer labels recovered
+    assert report.main([str(sweep_dir), "--out", str(tmp_path)]) == 0
+    markdown = (tmp_path / "report.md").read_text()
+    assert "## Defense capability score" in markdown
+    assert (
+        f"| scale=2.0 | 1 | {report.fmt(strong[2])} | {report.fmt(strong[3])} | {report.fmt(strong[4])} |"
+        in markdown
+    )

@@ -4,7 +4,8 @@ A run directory (it has summary.json): the summary table of `vflnet run`, the ru
 accuracy curves, bytes on the wire per message type, step times, attack scores and the images
 attacks saved (CAFE's real-vs-recovered grid, label confusion matrices). A sweep directory (`vflnet
 sweep --out`, or a folder of sweep run directories such as a Kubernetes results volume): the results
-table, utility-vs-leakage trade-off curves, every run's curves and wall times, the attacks' images.
+table, utility-vs-leakage trade-off curves, VFLAIR's defense capability score per setting
+(`vflnet.experiments.capability`), every run's curves and wall times, the attacks' images.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vflnet.experiments import figures
+from vflnet.experiments import capability, figures
 from vflnet.experiments.document import Block, Code, Figure, Heading, Table, Text, write
 from vflnet.experiments.results import RUN_META, columns, read_json, result_row, sweep_run_dirs
 from vflnet.runner.report import read_metrics, summary_rows
@@ -199,6 +200,17 @@ def sweep_blocks(sweep: SweepData, prefix: str = "") -> list[Block]:
                 figures.tradeoff({sweep.name: sweep.rows}, sweep.keys, utility, leakage),
                 "utility vs leakage",
             ),
+        ]
+    header, scores = capability.score_table(sweep.rows, sweep.keys, utility)
+    if scores and len(header) > 3:
+        blocks += [
+            Heading("Defense capability score"),
+            Text(
+                "VFLAIR's DCS (Zou et al., ICLR 2024, Eq. 1): 1 / (1 + sqrt((1 - beta) AP^2 + beta (1 - MP)^2)), "
+                f"beta = {capability.BETA}, the distance of (AP, MP) from the ideal defense (AP 0, MP 1); "
+                "AP: the attack's accuracy-type score, MP: the main-task accuracy, each the mean over seeds."
+            ),
+            Table(header, [[fmt(v) for v in line] for line in scores]),
         ]
     blocks += [
         Heading("Loss and accuracy"),
