@@ -185,6 +185,60 @@ def test_killed_party_fails_the_run_quickly_and_names_it(tmp_path, repo):
     _wait_exited([p["pid"] for p in pids.values()], 15)
 
 
+def test_a_killed_active_party_is_the_cause_in_summary_json_not_what_followed(tmp_path, repo):
+    """Killing the active party also fails the passive parties' next exchange with it; the first cause
+    (the active party's death) is what the launcher and summary.json name."""
+    proc, run_dir = _start_long_run(tmp_path, repo)
+    pids = json.loads((run_dir / "processes.json").read_text())
+    os.kill(pids["active"]["pid"], signal.SIGKILL)
+    try:
+        _, err = proc.communicate(timeout=4 * TRANSPORT["rpc_timeout_s"])
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    failed = next(line for line in err.splitlines() if "FAILED:" in line)
+    assert "party 'active'" in failed and "SIGKILL" in failed, err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert summary["error"].startswith("active party 'active'") and "SIGKILL" in summary["error"], summary
+    assert "coordinator_error" in summary  # what the coordinator saw after it, kept
+    _wait_exited([p["pid"] for p in pids.values()], 15)
+
+
+def test_a_roster_that_never_joins_names_transport_join_timeout_s(tmp_path, repo):
+    """A coordinator whose parties never come fails after join_timeout_s, naming the setting."""
+    data = base_config(n_passive=2)
+    data["run"]["id"] = "lonely"
+    data["transport"]["join_timeout_s"] = 2
+    path = write_config(tmp_path, data)
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vflnet",
+            "party",
+            "--role",
+            "coordinator",
+            "--config",
+            str(path),
+            "--name",
+            "coordinator",
+            "--run-dir",
+            str(run_dir),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=repo,
+    )
+    assert done.returncode == 1, done.stderr
+    error = json.loads((run_dir / "summary.json").read_text())["error"]
+    assert "transport.join_timeout_s (2 s)" in error and "active, passive-1, passive-2" in error, error
+
+
 def test_interrupt_tears_down_every_process(tmp_path, repo):
     proc, run_dir = _start_long_run(tmp_path, repo)
     pids = json.loads((run_dir / "processes.json").read_text())

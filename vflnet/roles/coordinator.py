@@ -522,7 +522,11 @@ class CoordinatorHost:
 
     def join(self, req: messages_pb2.JoinRequest, context: Any) -> messages_pb2.JoinReply:
         self.admission.admit(req, context)
-        wait_for(self.admission.complete, self.cfg.transport.join_timeout_s, "the rest of the roster to join")
+        wait_for(
+            self.admission.complete,
+            self.cfg.transport.join_timeout_s,
+            "the rest of the roster to join (transport.join_timeout_s)",
+        )
         assert self.admission.reply is not None
         return self.admission.reply
 
@@ -602,7 +606,9 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
         if not admission.complete.wait(cfg.transport.join_timeout_s):
             missing = sorted({p.name for p in cfg.parties if p.role != "coordinator"} - set(admission.joined))
             raise RunFailed(
-                f"parties never joined within {cfg.transport.join_timeout_s:.0f} s: {', '.join(missing)}"
+                f"parties never joined within transport.join_timeout_s ({cfg.transport.join_timeout_s:g} s): "
+                f"{', '.join(missing)}; on a loaded machine starting them may take longer: raise "
+                "transport.join_timeout_s"
             )
         assert admission.reply is not None
         summary["step_deadline_s"] = admission.reply.step_deadline_s

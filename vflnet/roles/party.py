@@ -117,7 +117,13 @@ class PartyHost:
                 reply = stub.Join(req, timeout=max(1.0, deadline - time.monotonic()), wait_for_ready=True)
                 break
             except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{self.name}: not admitted by coordinator at {coordinator} within "
+                        f"transport.join_timeout_s ({self.cfg.transport.join_timeout_s:g} s; raise it on a "
+                        f"loaded machine): {describe_rpc_error(exc)}"
+                    ) from exc
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise RuntimeError(
                         f"{self.name}: join refused by coordinator at {coordinator}: {describe_rpc_error(exc)}"
                     ) from exc

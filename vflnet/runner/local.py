@@ -147,6 +147,18 @@ class LocalCluster:
             "\n    " + "\n    ".join(tail) if tail else ""
         )
 
+    def _party_cause(self, killed_only: bool = False) -> Child | None:
+        """The party whose end failed the run: one killed by a signal (this launcher sends none before
+        its teardown) before one that exited with an error, which may only be a consequence."""
+        ended = [
+            c
+            for c in self.children.values()
+            if c.name != self.cfg.coordinator.name
+            and c.proc.poll() not in (None, 0)
+            and (c.proc.returncode < 0 or not killed_only)
+        ]
+        return min(ended, key=lambda c: c.proc.returncode >= 0, default=None)
+
     def wait(self, progress: bool) -> int:
         """Return the coordinator's exit code, or raise ClusterFailure if another process fails first."""
         coord = self.children[self.cfg.coordinator.name]
@@ -154,15 +166,15 @@ class LocalCluster:
         try:
             while coord.proc.poll() is None:
                 self.deadline.check()
-                for child in self.children.values():
-                    if child is not coord and child.proc.poll() not in (None, 0):
-                        # the coordinator fails the run itself (the step's call fails, or heartbeats
-                        # stop): let it write summary.json naming the party before tearing down
-                        try:
-                            coord.proc.wait(timeout=self.cfg.transport.dead_after_s + 5)
-                        except subprocess.TimeoutExpired:
-                            pass
-                        raise ClusterFailure(self._describe_exit(child))
+                cause = self._party_cause()
+                if cause is not None:
+                    # the coordinator fails the run itself (the step's call fails, or heartbeats
+                    # stop): let it write summary.json before tearing down
+                    try:
+                        coord.proc.wait(timeout=self.cfg.transport.dead_after_s + 5)
+                    except subprocess.TimeoutExpired:
+                        pass
+                    raise ClusterFailure(self._describe_exit(cause), party=cause.name)
                 bar.update()
                 time.sleep(0.1)
             bar.update()
@@ -184,6 +196,9 @@ class LocalCluster:
                 pass
         rc = coord.proc.returncode
         if rc != 0:
+            cause = self._party_cause(killed_only=True)  # a party killed is the cause, not what followed
+            if cause is not None:
+                raise ClusterFailure(self._describe_exit(cause), party=cause.name)
             raise ClusterFailure(self._describe_exit(coord))
         bad = [c for c in self.children.values() if c.proc.returncode not in (0,)]
         if bad:
@@ -216,7 +231,11 @@ def stop_processes(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
 
 
 class ClusterFailure(RuntimeError):
-    pass
+    """The run failed; ``party``: the party (not the coordinator) whose death or error was its first cause."""
+
+    def __init__(self, message: str, party: str | None = None) -> None:
+        super().__init__(message)
+        self.party = party
 
 
 class RunTimeout(Exception):
@@ -405,6 +424,7 @@ def _run(
     # nohup, a CI runner, a pytest-xdist worker) would otherwise inherit the ignoring
     previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     ended: tuple[str, str] | None = None  # (status, error) if the run did not complete
+    party_cause = False  # the error is a party's death or error, which summary.json must name first
     try:
         cluster.start()
         cluster.wait(progress)
@@ -414,6 +434,7 @@ def _run(
     except ClusterFailure as exc:
         print(f"\nrun {cfg.run.id} FAILED: {exc}", file=sys.stderr)
         ended = ("failed", str(exc))
+        party_cause = exc.party is not None
         return 1
     except KeyboardInterrupt:
         print(f"\nrun {cfg.run.id} interrupted; stopping all processes", file=sys.stderr)
@@ -425,6 +446,21 @@ def _run(
             signal.signal(sig, handler)
         if ended is not None:
             _summary_if_missing(cfg, run_dir, *ended)
+            if party_cause:  # after the teardown: the coordinator writes summary.json until it exits
+                _name_the_cause(run_dir, ended[1])
+
+
+def _name_the_cause(run_dir: Path, cause: str) -> None:
+    """A party's death failed the run: summary.json's error is that, first; what the coordinator saw
+    next (often another party failing to reach the dead one) is kept as ``coordinator_error``."""
+    from vflnet.roles.checkpoints import write_durable
+
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text())
+    if summary.get("error") != cause:
+        summary["coordinator_error"] = summary.get("error")
+        summary.update(status="failed", error=cause)
+        write_durable(path, json.dumps(summary, indent=2).encode())
 
 
 def _summary_if_missing(cfg: Config, run_dir: Path, status: str, error: str) -> None:
