@@ -11,6 +11,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from vflnet.extras import MissingExtra
+
 if TYPE_CHECKING:
     from vflnet.config import Config, PartyConfig
 
@@ -217,7 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     from vflnet.runner.parent_death import die_with_parent_if_asked
 
     die_with_parent_if_asked()  # a launcher's child never outlives it
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except MissingExtra as exc:  # an optional dependency (pyproject.toml's extras) is not installed
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
     module = command_module(argv[0]) if argv else None
     if module is not None:  # these parse their own arguments (some pass extras through)
         rc = module.main(argv[1:])

@@ -23,6 +23,7 @@ import torch
 
 from vflnet.attacks import feature_reconstruction as fr
 from vflnet.bench.common import parse_args, write_json
+from vflnet.extras import require
 
 
 def planted(n: int, d: int, seed: int = 0) -> np.ndarray:
@@ -99,10 +100,8 @@ def table_line(row: dict) -> str:
 
 
 def plot(rows: list[dict], n: int, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    require("matplotlib", "the benchmark's plot").use("Agg")
+    plt = require("matplotlib.pyplot", "the benchmark's plot")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     d = [r["d_A"] for r in rows]

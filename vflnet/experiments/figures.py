@@ -10,16 +10,18 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from vflnet.extras import agg_figure
 
 Records = list[dict[str, Any]]  # metrics.jsonl
 Rows = list[dict[str, Any]]  # results table rows
 MAX_LEGEND = 12
 
 
-def _png(fig: Figure) -> bytes:
-    FigureCanvasAgg(fig)
+def _figure(**kwargs: Any) -> Any:
+    return agg_figure("the report's figures", **kwargs)
+
+
+def _png(fig: Any) -> bytes:
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
@@ -28,7 +30,7 @@ def _png(fig: Figure) -> bytes:
 
 def training_curves(runs: dict[str, Records]) -> bytes:
     """Loss and accuracy per step (train batches), with the test figures at each evaluated epoch."""
-    fig = Figure(figsize=(10, 3.6))
+    fig = _figure(figsize=(10, 3.6))
     loss_ax, acc_ax = fig.subplots(1, 2)
     for label, records in runs.items():
         steps = [r for r in records if r["kind"] == "step"]
@@ -69,7 +71,7 @@ def _last_step(records: Records, epoch: int) -> int:
 def bytes_per_type(runs: dict[str, dict[str, float]]) -> bytes:
     """Mean bytes per training step of each message type (sender/method), one bar group per run."""
     types = sorted({t for per_type in runs.values() for t in per_type})
-    fig = Figure(figsize=(10, 0.5 + 0.45 * len(types) * len(runs) + 0.6))
+    fig = _figure(figsize=(10, 0.5 + 0.45 * len(types) * len(runs) + 0.6))
     ax = fig.subplots()
     height = 0.8 / len(runs)
     for i, (label, per_type) in enumerate(runs.items()):
@@ -86,7 +88,7 @@ def bytes_per_type(runs: dict[str, dict[str, float]]) -> bytes:
 
 
 def step_times(runs: dict[str, Records]) -> bytes:
-    fig = Figure(figsize=(10, 3))
+    fig = _figure(figsize=(10, 3))
     ax = fig.subplots()
     for label, records in runs.items():
         steps = [r for r in records if r["kind"] == "step"]
@@ -98,7 +100,7 @@ def step_times(runs: dict[str, Records]) -> bytes:
 
 def run_times(sweeps: dict[str, Rows]) -> bytes:
     """Wall time of each run of a sweep."""
-    fig = Figure(figsize=(10, 3))
+    fig = _figure(figsize=(10, 3))
     ax = fig.subplots()
     for label, rows in sweeps.items():
         ax.plot([r["run"] for r in rows], [r.get("wall_time_s") or 0 for r in rows], "o-", label=label)
@@ -111,7 +113,7 @@ def run_times(sweeps: dict[str, Rows]) -> bytes:
 def tradeoff(sweeps: dict[str, Rows], keys: list[str], utility: str, leakage: list[str]) -> bytes:
     """Utility against leakage, one panel per leakage column: the mean over seeds of each setting
     (bars: one standard deviation), one curve per setting of the other keys along the first key."""
-    fig = Figure(figsize=(5 * len(leakage), 4))
+    fig = _figure(figsize=(5 * len(leakage), 4))
     axes = fig.subplots(1, len(leakage), squeeze=False)[0]
     for ax, column in zip(axes, leakage, strict=True):
         for label, rows in sweeps.items():

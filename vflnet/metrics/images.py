@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vflnet.extras import require
+
 
 def _check_pair(real: Tensor, fake: Tensor) -> None:
     if real.shape != fake.shape:
@@ -54,10 +56,8 @@ def iterations_to_psnr(history: Iterable[tuple[int, float]], target: float) -> i
 
 def save_image_grid(real: Tensor, fake: Tensor, path: str | Path, n: int = 20, title: str = "") -> Path:
     """Write a PNG with ``n`` real images (top row) above their recoveries (bottom row)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
+    require("matplotlib", "the image grid").use("Agg")
+    plt = require("matplotlib.pyplot", "the image grid")
 
     _check_pair(real, fake)
     n = min(n, real.shape[0])

@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from sklearn.metrics import roc_auc_score
+
+from vflnet.extras import agg_figure
 
 ArrayLike = torch.Tensor | np.ndarray | Sequence[int]
 
@@ -87,7 +88,7 @@ def binary_auc(scores: ArrayLike | torch.Tensor, truth: ArrayLike) -> float:
 def plot_confusion_matrix(counts: np.ndarray, path: str | Path, title: str, normalize: bool = True) -> Path:
     """Save a confusion (or, normalised, PD) matrix as a PNG heat map; rows = true, columns = inferred."""
     values = probability_distribution_matrix(counts) if normalize else counts
-    fig = Figure(figsize=(5, 4.5))
+    fig = agg_figure("the confusion matrix plot", figsize=(5, 4.5))
     ax = fig.subplots()
     image = ax.imshow(values, cmap="Blues", vmin=0)
     fig.colorbar(image, ax=ax)
@@ -97,9 +98,8 @@ def plot_confusion_matrix(counts: np.ndarray, path: str | Path, title: str, norm
     return _save_png(fig, path)
 
 
-def _save_png(fig: Figure, path: str | Path) -> Path:
+def _save_png(fig: Any, path: str | Path) -> Path:
     out = Path(path)
-    FigureCanvasAgg(fig)
     fig.savefig(out, format="png", dpi=100, bbox_inches="tight")
     return out
 
@@ -123,7 +123,7 @@ def plot_tradeoff(
     the swept parameter. Better defenses sit towards the lower right."""
     if not series:
         raise ValueError("series is empty")
-    fig = Figure(figsize=(6, 4.5))
+    fig = agg_figure("the trade-off plot", figsize=(6, 4.5))
     ax = fig.subplots()
     for name, points in series.items():
         xs = [p.main_task_accuracy for p in points]

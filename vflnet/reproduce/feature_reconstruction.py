@@ -26,6 +26,7 @@ from typing import Any
 
 from vflnet import progress
 from vflnet.data.binary_sets import PRESETS, german_columns
+from vflnet.extras import require
 from vflnet.reproduce import add_size_flags
 from vflnet.runner.loopback import run_loopback
 from vflnet.runner.scoring import score_run
@@ -339,10 +340,8 @@ def section_masquerade(
 
 
 def plots(out: Path, curves: dict[str, Any], masq: dict[str, Any], none_dirs: dict[str, Path]) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    require("matplotlib", "the reproduction's plots").use("Agg")
+    plt = require("matplotlib.pyplot", "the reproduction's plots")
 
     paths = []
     fig, (ax_a, ax_b) = plt.subplots(1, 2, figsize=(10, 4))

@@ -6,6 +6,7 @@ gets a handle to it: it ran inside its host party's process and left only its ou
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import numpy as np
 from vflnet.config import Config
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import party_view
+from vflnet.extras import MissingExtra
 from vflnet.interceptors.setup import attack_output_path
 from vflnet.registry import ATTACKS, load_plugin_modules
 
@@ -84,7 +86,10 @@ def score_run(cfg: Config, run_dir: Path) -> dict[str, dict[str, float]]:
         truth = ground_truth(cfg, cls.truth_needed, run_dir)  # loaded once for the score and the pictures
         scores[f"{entry.name}@{entry.party}"] = cls.score(output, truth)
         if hasattr(cls, "pictures"):
-            cls.pictures(output, truth, run_dir / "attacks")
+            try:
+                cls.pictures(output, truth, run_dir / "attacks")
+            except MissingExtra as exc:  # the scores are written all the same
+                print(f"note: no pictures of {entry.name}: {exc}", file=sys.stderr)
     if scores:
         (run_dir / "attacks" / "scores.json").write_text(json.dumps(scores, indent=2))
     return scores
