@@ -11,6 +11,7 @@ import argparse
 import re
 import shlex
 import subprocess
+import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -241,8 +242,9 @@ def test_dockerfile() -> None:
     text = DOCKERFILE.read_text()
     joined = text.replace("\\\n", " ").splitlines()
     lines = [line.strip() for line in joined if line.strip() and not line.lstrip().startswith("#")]
-    # the public base by default; tests/test_compose.py builds on a local one through the same ARG
-    assert lines[:2] == ["ARG BASE=python:3.11-slim", "FROM ${BASE}"]
+    # the public base by default, pinned to a patch release (no floating tag like 3.11-slim);
+    # tests/test_compose.py builds on a local one through the same ARG
+    assert re.fullmatch(r"ARG BASE=python:3\.11\.\d+-slim-\w+", lines[0]) and lines[1] == "FROM ${BASE}"
     # CPU torch through the script scripts/setup.sh uses too, before the package pulls in PyPI's torch
     torch = lines.index("RUN bash scripts/install-torch.sh python")
     assert "COPY scripts/install-torch.sh ./scripts/" in lines[:torch]
@@ -354,10 +356,13 @@ INSTALL_TORCH = REPO / "scripts" / "install-torch.sh"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
-def test_setup_installs_torch_with_the_script_before_the_package() -> None:
+def test_setup_installs_torch_with_the_script_before_the_package_with_every_extra() -> None:
     setup = (REPO / "scripts" / "setup.sh").read_text()
     call = setup.index('install-torch.sh" "$VENV/bin/python"')
-    assert call < setup.index('pip install -q -e ".[dev]"')
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    install = re.search(r'pip install -q -e "\.\[([\w,]+)\]"', setup)
+    assert install and call < install.start()
+    assert sorted(install.group(1).split(",")) == sorted(extras)  # the tests and the demo use them all
 
 
 def _install_torch(tmp_path: Path, *, cpu_index_up: bool, installed: bool = False) -> tuple[str, list[str]]:

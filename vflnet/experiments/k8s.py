@@ -7,10 +7,13 @@ start order or per-party volumes, and its results are bit-identical to the same 
 scheduler spreads the runs over the cluster instead. deploy/k8s remains the way to run one run as
 separate pods over the network.
 
-DIR/jobs.yaml holds the Namespace, one results PersistentVolumeClaim that every run writes
-``/results/<run>/`` to, and per run a ConfigMap (its run.yaml and sweep-run.json) and a Job. Pods
-follow deploy/k8s's conventions: image vflnet:0.1.0, non-root UID 10001, read-only root file
-system, every capability dropped, /tmp an emptyDir. A Job retried after a failed or evicted pod
+DIR/jobs.yaml holds the Namespace (PodSecurity "restricted" enforced), one results
+PersistentVolumeClaim that every run writes ``/results/<run>/`` to, a NetworkPolicy that cuts the
+sweep's pods off the network (a run in one process talks to no one), and per run a ConfigMap (its
+run.yaml and sweep-run.json) and a Job. Pods follow deploy/k8s's conventions: image vflnet:0.1.0,
+non-root UID 10001, RuntimeDefault seccomp, read-only root file system, no privilege escalation,
+every capability dropped, /tmp an emptyDir; a Job is stopped after ACTIVE_DEADLINE_S and removed
+TTL_AFTER_FINISHED_S after it ended. A Job retried after a failed or evicted pod
 resumes like a local sweep: `vflnet sweep one` renames a run directory into place only once complete.
 Copy the volume's contents out and `vflnet sweep collect` them into the same table as a local sweep.
 """
@@ -32,6 +35,8 @@ NAMESPACE = "vflnet"
 UID = 10001
 RESULTS = "/results"
 CONFIG = "/config"
+ACTIVE_DEADLINE_S = 43200  # 12 h for a run, its retries included
+TTL_AFTER_FINISHED_S = 86400  # the finished Job and its pod go a day later; the results volume stays
 
 
 def dns_label(text: str, max_len: int) -> str:
@@ -81,7 +86,17 @@ _Dumper.add_representer(str, _str)
 
 def manifests(sweep: Sweep) -> list[dict[str, Any]]:
     docs: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": NAMESPACE,
+                "labels": {
+                    "pod-security.kubernetes.io/enforce": "restricted",
+                    "pod-security.kubernetes.io/enforce-version": "latest",
+                },
+            },
+        },
         {
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",
@@ -89,6 +104,16 @@ def manifests(sweep: Sweep) -> list[dict[str, Any]]:
             # ReadWriteOnce: every pod of the sweep on the node that mounts it (kind, minikube, one
             # node); on several nodes use a ReadWriteMany storage class (docs/experiments.md)
             "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}}},
+        },
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": dns_label("sweep-" + sweep.name, 63), "namespace": NAMESPACE},
+            # no rule: nothing in or out (every party of a run is in its pod's one process)
+            "spec": {
+                "podSelector": {"matchLabels": {"vflnet/sweep": labels(sweep)["vflnet/sweep"]}},
+                "policyTypes": ["Ingress", "Egress"],
+            },
         },
     ]
     for run in sweep.runs:
@@ -134,6 +159,8 @@ def job(sweep: Sweep, run: PlannedRun, name: str) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels(sweep, run)},
         "spec": {
             "backoffLimit": 2,  # a retried pod resumes: finished runs are kept, a partial one redone
+            "activeDeadlineSeconds": ACTIVE_DEADLINE_S,
+            "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
             "template": {
                 "metadata": {"labels": labels(sweep, run)},
                 "spec": {
@@ -143,6 +170,7 @@ def job(sweep: Sweep, run: PlannedRun, name: str) -> dict[str, Any]:
                         "runAsUser": UID,
                         "runAsGroup": UID,
                         "fsGroup": UID,
+                        "seccompProfile": {"type": "RuntimeDefault"},
                     },
                     "containers": [container],
                     "volumes": [
