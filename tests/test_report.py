@@ -88,9 +88,13 @@ def test_a_sweep_report_has_the_table_and_the_trade_off(sweep_dir: Path, tmp_pat
     assert f"| run | {SCALE} | seed |" in markdown and "tradeoff.png" in markdown
 
 
-def test_compare_two_runs_and_two_sweeps(sweep_dir: Path, tmp_path: Path) -> None:
+def test_compare_two_runs_and_two_sweeps(
+    sweep_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     a, b = run_dirs(sweep_dir)
     assert compare.main([str(a), str(b), "--out", str(tmp_path / "runs")]) == 0
+    written = tmp_path / "runs"
+    assert capsys.readouterr().out == f"wrote {written / 'compare.md'} and {written / 'compare.html'}\n"
     page = (tmp_path / "runs" / "compare.html").read_text()
     assert_self_contained(page)
     assert "Config keys that differ" in page and f"<td>{SCALE}</td>" in page

@@ -116,9 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     c = csub.add_parser("check", help=text, description=text)
     c.add_argument("file", type=Path)
     _add_overrides(c)
+    text = "write docs/config.md from the schema (--check: only compare)"
     csub.add_parser(
         "docs",
-        help="write docs/config.md from the schema (--check: only compare)",
+        help=text,
+        description=text,
         add_help=False,
         parents=[importlib.import_module("vflnet.docs_config").build_parser()],
     )
