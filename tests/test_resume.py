@@ -204,6 +204,92 @@ def test_an_older_checkpoint_is_used_when_the_newest_is_incomplete(tmp_path):
     assert checkpoints.latest_manifest(tmp_path, "run", "p").step == 3
 
 
+def _two_checkpoints(run_dir: Path, run_id: str) -> None:
+    """Steps 3 and 6, each with a file of the coordinator and of passive-1, and their manifests."""
+    for step in (3, 6):
+        files = {
+            name: checkpoints.save_state(checkpoints.step_dir(run_dir, step) / f"{name}.pt", {"step": step})
+            for name in ("coordinator", "passive-1")
+        }
+        checkpoints.write_manifest(run_dir, checkpoints.Manifest(run_id, step, 0, files))
+
+
+def _cut_in_half(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def test_a_step_with_any_file_cut_is_skipped_naming_the_step_and_the_file(tmp_path):
+    _two_checkpoints(tmp_path, "run")
+    _cut_in_half(checkpoints.step_dir(tmp_path, 6) / "passive-1.pt")
+    manifest, skipped = checkpoints.newest_valid(tmp_path, "run", "coordinator")
+    assert manifest is not None and manifest.step == 3
+    assert len(skipped) == 1 and "step-00000006" in skipped[0] and "passive-1.pt" in skipped[0]
+    # a file the directory does not hold is another process's (compose: one run directory each)
+    (checkpoints.step_dir(tmp_path, 3) / "passive-1.pt").unlink()
+    assert checkpoints.newest_valid(tmp_path, "run", "coordinator")[0] == manifest
+    # but the process's own file must be there
+    manifest, skipped = checkpoints.newest_valid(tmp_path, "run", "passive-1")
+    assert manifest is None and "step-00000003" in skipped[1] and "passive-1.pt" in skipped[1]
+
+
+def test_resume_without_a_valid_checkpoint_fails_at_once_naming_step_and_file(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    path = _config(tmp_path, "split")
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(path.read_text())
+    _two_checkpoints(run_dir, "resume-split")
+    for step in (3, 6):
+        _cut_in_half(checkpoints.step_dir(run_dir, step) / "passive-1.pt")
+    assert resume_local(run_dir, progress=False) == 1
+    err = capsys.readouterr().err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for text in (err, summary["error"]):
+        for step in ("step-00000006", "step-00000003"):
+            assert (
+                f"{step}: checkpoint {run_dir / 'checkpoints' / step / 'passive-1.pt'} does not match" in text
+            )
+    assert summary["status"] == "failed"
+    assert not (run_dir / "processes.json").exists()  # decided before any process started
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_cut_checkpoint_is_skipped_and_the_run_resumes_from_the_one_before(tmp_path):
+    """passive-1's file of the newest checkpoint cut in half after a kill: `vflnet run --resume` says
+    so, resumes from the checkpoint before it and ends bit-identical to the run left alone."""
+    path = _config(tmp_path, "split")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert (
+            run_local(_config(tmp_path, "split", "loopback"), run_dir=tmp_path / "alone", progress=False) == 0
+        )
+    run_dir, log = tmp_path / "cut", tmp_path / "cut.log"
+    _kill_at(_launch([str(path), "--run-dir", str(run_dir)], log), run_dir, "passive-1", 10, log)
+    newest = checkpoints.latest_manifest(run_dir, "resume-split", "coordinator")
+    assert newest is not None and newest.step >= 6  # two checkpoints kept: the newest and the one before
+    cut = checkpoints.step_dir(run_dir, newest.step) / "passive-1.pt"
+    _cut_in_half(cut)
+    proc = _launch(["--resume", str(run_dir)], log)
+    assert proc.wait(timeout=WAIT_S) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    assert f"skipping checkpoint step-{newest.step:08d}: checkpoint {cut} does not match" in text
+    assert f"resuming from step {newest.step - 3}, the newest valid checkpoint" in text
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    alone = json.loads((tmp_path / "alone/summary.json").read_text())
+    assert resumed["status"] == "completed" and resumed["resumed_from_step"] == newest.step - 3
+    for key in ("train_loss", "train_accuracy", "test_loss", "test_accuracy"):
+        assert resumed["final"][key] == alone["final"][key], key
+    assert [(r["step"], r["loss"]) for r in _steps(run_dir)] == [
+        (r["step"], r["loss"]) for r in _steps(tmp_path / "alone")
+    ]
+    expected, got = _final_params(tmp_path / "alone"), _final_params(run_dir)
+    assert expected.keys() == got.keys()
+    for party, modules in expected.items():
+        for module, state in modules.items():
+            for name, value in state.items():
+                assert torch.equal(got[party][module][name], value), (party, module, name)
+
+
 def test_resume_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert resume_local(tmp_path, progress=False) == 2
     assert "has no config.yaml" in capsys.readouterr().err

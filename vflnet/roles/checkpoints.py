@@ -81,8 +81,8 @@ def save_state(path: Path, state: dict[str, Any]) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def load_state(path: Path, sha256: str) -> dict[str, Any]:
-    """The state in ``path`` if its bytes are exactly those the manifest names."""
+def verified_bytes(path: Path, sha256: str) -> bytes:
+    """The bytes of ``path`` if they are exactly those the manifest names."""
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -91,8 +91,13 @@ def load_state(path: Path, sha256: str) -> dict[str, Any]:
         raise CheckpointInvalid(
             f"checkpoint {path} does not match its manifest (cut short, changed, or from another run)"
         )
-    # weights_only=False: the file is our own, and its digest was just checked against the manifest
-    return torch.load(io.BytesIO(data), weights_only=False)
+    return data
+
+
+def load_state(path: Path, sha256: str) -> dict[str, Any]:
+    """The state in ``path`` if its bytes are exactly those the manifest names."""
+    # weights_only=False: the file is our own, and its digest is checked against the manifest first
+    return torch.load(io.BytesIO(verified_bytes(path, sha256)), weights_only=False)
 
 
 def write_manifest(run_dir: Path, manifest: Manifest) -> Path:
@@ -117,18 +122,45 @@ def read_manifest(path: Path, run_id: str) -> Manifest:
     return manifest
 
 
-def latest_manifest(run_dir: Path, run_id: str, own: str) -> Manifest | None:
-    """The newest checkpoint whose manifest is valid and whose file of process ``own`` matches it."""
+def newest_valid(run_dir: Path, run_id: str, own: str) -> tuple[Manifest | None, list[str]]:
+    """The newest checkpoint whose manifest is valid and whose files all match it, and why each newer
+    one was skipped (the step and the file). Process ``own``'s file must be here; every other file the
+    manifest names is checked where this directory holds it: all of them under `vflnet run` (one run
+    directory), only the coordinator's where each process has its own (compose), and there each party
+    checks its own file on admission."""
     root = run_dir / "checkpoints"
     steps = sorted(root.glob("step-*/" + MANIFEST), reverse=True) if root.is_dir() else []
+    skipped = []
     for path in steps:
         try:
             manifest = read_manifest(path, run_id)
-            load_state(path.parent / f"{own}.pt", manifest.files[own])
-            return manifest
-        except (CheckpointInvalid, KeyError) as exc:
-            log.warning("skipping checkpoint %s: %s", path.parent.name, exc)
-    return None
+            if own not in manifest.files:
+                raise CheckpointInvalid(f"{path} names no file of {own!r}")
+            for name, sha256 in sorted(manifest.files.items()):
+                file = path.parent / f"{name}.pt"
+                if name == own or file.exists():
+                    verified_bytes(file, sha256)
+            return manifest, skipped
+        except CheckpointInvalid as exc:
+            skipped.append(f"{path.parent.name}: {exc}")
+    return None, skipped
+
+
+def none_valid(skipped: list[str]) -> str:
+    """What to say when checkpoints exist and none of them is valid."""
+    return (
+        "no valid checkpoint to resume from: "
+        + "; ".join(skipped)
+        + ". Remove those step directories under checkpoints/ to start the run over"
+    )
+
+
+def latest_manifest(run_dir: Path, run_id: str, own: str) -> Manifest | None:
+    """``newest_valid``'s checkpoint, each one skipped logged."""
+    manifest, skipped = newest_valid(run_dir, run_id, own)
+    for why in skipped:
+        log.warning("skipping checkpoint %s", why)
+    return manifest
 
 
 def prune(run_dir: Path, keep_from: int) -> None:

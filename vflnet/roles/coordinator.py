@@ -555,9 +555,13 @@ def resume_point(cfg: Config, run_dir: Path, name: str) -> tuple[checkpoints.Man
         raise RunFailed(
             f"protocol {cfg.protocol.kind!r} cannot resume from a checkpoint (docs/reliability.md)"
         )
-    manifest = checkpoints.latest_manifest(run_dir, cfg.run.id, name)
+    manifest, skipped = checkpoints.newest_valid(run_dir, cfg.run.id, name)
+    for why in skipped:
+        log.warning("skipping checkpoint %s", why)
+    if manifest is None and skipped:
+        raise checkpoints.CheckpointInvalid(checkpoints.none_valid(skipped))
     if manifest is None:
-        log.warning("no valid checkpoint in %s: the run starts from the beginning", run_dir)
+        log.warning("no checkpoint in %s: the run starts from the beginning", run_dir)
         return None
     state = checkpoints.load_state(
         checkpoints.step_dir(run_dir, manifest.step) / f"{name}.pt", manifest.files[name]
@@ -573,6 +577,8 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
         restored = resume_point(cfg, run_dir, cfg.coordinator.name) if resume else None
     except (RunFailed, checkpoints.CheckpointInvalid) as exc:
         log.error("cannot resume: %s", exc)
+        summary["error"] = f"cannot resume: {exc}"
+        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         return 2
     host = CoordinatorHost(cfg, run_dir, bridge)
     admission, name = host.admission, host.name

@@ -400,6 +400,8 @@ def _run_resuming(
         if resume:
             for stale in LAST_RUNS_FILES:
                 (run_dir / stale).unlink(missing_ok=True)
+            if not _resumable_from_a_valid_checkpoint(cfg, run_dir):
+                return 1
         rc = _run(cfg, run_dir, resolved, progress, deadline, resume)
         if rc != 1 or not resumable or attempt >= cfg.run.auto_resume:
             return rc
@@ -411,6 +413,27 @@ def _run_resuming(
             file=sys.stderr,
         )
         resume = True
+
+
+def _resumable_from_a_valid_checkpoint(cfg: Config, run_dir: Path) -> bool:
+    """Check every checkpoint file before any process starts: say which are skipped and where the run
+    resumes; when checkpoints exist and none is valid, fail at once naming each step and file."""
+    from vflnet.roles.checkpoints import newest_valid, none_valid
+
+    manifest, skipped = newest_valid(run_dir, cfg.run.id, cfg.coordinator.name)
+    for why in skipped:
+        print(f"run {cfg.run.id}: skipping checkpoint {why}", file=sys.stderr)
+    if manifest is None and skipped:
+        error = none_valid(skipped)
+        print(f"run {cfg.run.id} FAILED: {error}", file=sys.stderr)
+        _summary_if_missing(cfg, run_dir, "failed", error)
+        return False
+    if manifest is not None and skipped:
+        print(
+            f"run {cfg.run.id}: resuming from step {manifest.step}, the newest valid checkpoint",
+            file=sys.stderr,
+        )
+    return True
 
 
 def _run(
