@@ -43,7 +43,38 @@ config error: run.yaml: key 'parties[2].features': region [0, 8, 0, 12] is outsi
 Unknown keys are errors at every level. The resolved config (defaults filled in) is written to
 every run directory as `config.yaml`. The schema is `vflnet/config.py`; the checks against the
 registries (names and parameters of datasets, model kinds, attacks and defenses, `plugins:`) and
-against the dataset's shape are in `vflnet/validation.py`."""
+against the dataset's shape are in `vflnet/validation.py`.
+
+## Overrides on the command line
+
+`vflnet run`, `vflnet config check` and `vflnet sweep` take `KEY=VALUE` after the file:
+
+```bash
+vflnet run configs/digits-2p.yaml train.epochs=3 parties.2.bottom.hidden=[32] transport.bridge=loopback
+```
+
+- **KEY** is a dotted path into the config. A list is indexed from 0, by a number between dots or in
+  brackets: `parties.2.bottom.hidden` and `parties[2].bottom.hidden` are the same key (the third
+  party of the roster). The index must exist: an override never adds a party, attack or defense. A
+  missing mapping key is created, and the schema then refuses one it does not know. Sweep files
+  (docs/experiments.md) use the same paths.
+- **VALUE** is YAML: `3` is an integer, `0.01` a number, `true` a boolean, `null` null, `[32, 16]` a
+  list, `{kind: sgd, lr: 0.1}` a mapping, anything else a string. YAML 1.1 reads `1e-3` as a string:
+  write `1.0e-3` or `0.001`, as in the file. Quote for the shell what it would expand (`'[32, 16]'`).
+- The overrides are set into the file's mapping, in order, before anything is checked: the result is
+  typed and checked exactly as if the file said it, and the run directory's `config.yaml` holds it.
+  The file itself is not changed.
+- An error about an overridden key (or a key under it) names the command line instead of the file:
+
+```
+config error: command line (train.epochz=3): key 'train.epochz': unknown key; allowed here: batch_size, ...
+config error: command line (train.epochs=abc): key 'train.epochs': expected an integer, got 'abc'
+config error: command line (parties.9.bottom.out=3): key 'parties[9].bottom.out': index [9] does not exist: the value there is a list of 4
+```
+
+- `vflnet sweep SWEEP KEY=VALUE` changes the sweep's base config; an override of a key the sweep file
+  itself sets (`set`, `grid`, `zip`, or `run.seed` with `seeds`) is refused, as it would be replaced
+  in every run. `vflnet run --resume` takes none: a resumed run keeps its config."""
 
 OUTRO = """\
 ## Plug-ins (`plugins:`)
