@@ -69,6 +69,7 @@ def test_a_run_report(sweep_dir: Path, tmp_path: Path) -> None:
     for section in ("Summary", "Run config", "Loss and accuracy", "Bytes on the wire", "Timing", "Attacks"):
         assert f"<h2>{section}</h2>" in page
     assert "passive-1/ExchangeEmbeddings" in page and "label_accuracy" in page and "dp-gaussian" in page
+    assert "<details><summary>config.yaml (click to show)</summary><pre>" in page  # collapsed
     # curves, bytes, step times, and the attack's confusion matrix (a PNG it saved in attacks/)
     assert len(images(page)) == 4
     markdown = (tmp_path / "report.md").read_text()
@@ -85,7 +86,16 @@ def test_a_sweep_report_has_the_table_and_the_trade_off(sweep_dir: Path, tmp_pat
     for run in run_dirs(sweep_dir):
         assert f"<td>{run.name}</td>" in page
     markdown = (tmp_path / "report.md").read_text()
-    assert f"| run | {SCALE} | seed |" in markdown and "tradeoff.png" in markdown
+    # one seed: the seed column (and every other constant one) is listed once above the table
+    assert f"| run | {SCALE} | " in markdown and "| seed |" not in markdown and "tradeoff.png" in markdown
+    assert "The same in every run: seed = 0; " in markdown
+
+
+def test_a_sweep_reports_curves_by_their_settings(sweep_dir: Path) -> None:
+    assert set(report.named_records(report.load_sweep_dir(sweep_dir))) == {
+        "scale=0.001, seed=0",
+        "scale=2.0, seed=0",
+    }
 
 
 def test_compare_two_runs_and_two_sweeps(
@@ -112,8 +122,8 @@ def test_report_of_a_folder_with_no_runs(tmp_path: Path) -> None:
 def test_reports_render_in_headless_chromium(sweep_dir: Path, tmp_path: Path) -> None:
     assert report.main([str(run_dirs(sweep_dir)[0]), "--out", str(tmp_path / "run")]) == 0
     assert report.main([str(sweep_dir), "--out", str(tmp_path / "sweep")]) == 0
-    # run report: summary, bytes, timing, attacks; sweep report: the results table
-    for page, n_tables in ((tmp_path / "run" / "report.html", 4), (tmp_path / "sweep" / "report.html", 1)):
+    # run report: summary, bytes, timing, attacks; sweep report: the results and capability score tables
+    for page, n_tables in ((tmp_path / "run" / "report.html", 4), (tmp_path / "sweep" / "report.html", 2)):
         shown = render(page, tmp_path)
         decoded = shown.sizes("img", "data-natural")
         assert len(decoded) == len(images(page.read_text())) >= 4
@@ -156,3 +166,17 @@ def test_a_sweep_report_scores_each_setting_of_the_defense(sweep_dir: Path, tmp_
         f"| scale=2.0 | 1 | {report.fmt(strong[2])} | {report.fmt(strong[3])} | {report.fmt(strong[4])} |"
         in markdown
     )
+
+
+@pytest.mark.slow  # Chromium's start takes over a minute on a loaded machine
+def test_sweep_report_screenshot_shows_the_tables(sweep_dir: Path, tmp_path: Path) -> None:
+    """The sweep report as Chromium draws it: a non-blank screenshot, and the page holds the results
+    table and the defense capability score table, laid out."""
+    assert report.main([str(sweep_dir), "--out", str(tmp_path / "sweep")]) == 0
+    shown = render(tmp_path / "sweep" / "report.html", tmp_path)
+    assert shown.screenshot.stat().st_size > 0
+    assert_not_blank(shown.screenshot)
+    assert "<h2>Results</h2>" in shown.dom and "<h2>Defense capability score</h2>" in shown.dom
+    assert "<td>scale=2.0</td>" in shown.dom and f"<th>{SCALE}</th>" in shown.dom
+    tables = shown.sizes("table")
+    assert len(tables) == 2 and all(w > 0 and h > 0 for w, h in tables)

@@ -17,6 +17,8 @@ import math
 import statistics
 from typing import Any
 
+from vflnet.experiments.results import setting_label
+
 BETA = 0.5
 IDEAL_ATTACK, IDEAL_UTILITY = 0.0, 1.0
 
@@ -38,14 +40,6 @@ def attack_performance_columns(rows: list[dict[str, Any]]) -> list[str]:
         for c in names
         if all(isinstance(r[c], int | float) and 0.0 <= r[c] <= 1.0 for r in rows if r.get(c) is not None)
     ]
-
-
-def setting_label(row: dict[str, Any], keys: list[str]) -> str:
-    """A run's varied settings as ``name=value`` pairs, each key by its last dotted part when that is
-    unambiguous (``defenses[0].params.scale`` -> ``scale=0.1``); the run's name when nothing varies."""
-    short = {k: k.rsplit(".", 1)[-1] for k in keys}
-    unique = len(set(short.values())) == len(short)
-    return ", ".join(f"{short[k] if unique else k}={row.get(k)}" for k in keys) or str(row["run"])
 
 
 def score_table(

@@ -97,7 +97,9 @@ def compare_sweeps(a: SweepData, b: SweepData) -> list[Block]:
         ]
     blocks += [
         Heading("Timing"),
-        Figure("run-times", figures.run_times({la: a.rows, lb: b.rows}), "wall time per run"),
+        Figure(
+            "run-times", figures.run_times({la: (a.keys, a.rows), lb: (b.keys, b.rows)}), "wall time per run"
+        ),
         Columns((la, lb), sweep_blocks(a, "a-"), sweep_blocks(b, "b-")),
     ]
     return blocks

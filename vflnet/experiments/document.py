@@ -24,6 +24,7 @@ class Text:
 @dataclass
 class Code:
     text: str
+    folded: str | None = None  # a summary line: the code shows collapsed under it (<details>)
 
 
 @dataclass
@@ -55,6 +56,7 @@ body { font-family: sans-serif; margin: 2em; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0 1em; }
 th, td { border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: left; font-size: 0.9em; }
 th { background: #f0f0f0; }
+summary { cursor: pointer; color: #555; }
 pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }
 figure { margin: 0.5em 0 1.5em; }
 figure img { max-width: 100%; border: 1px solid #ddd; }
@@ -78,7 +80,12 @@ def _html_block(block: Block) -> str:
     if isinstance(block, Text):
         return f"<p>{html.escape(block.text)}</p>"
     if isinstance(block, Code):
-        return f"<pre>{html.escape(block.text)}</pre>"
+        pre = f"<pre>{html.escape(block.text)}</pre>"
+        return (
+            pre
+            if block.folded is None
+            else f"<details><summary>{html.escape(block.folded)}</summary>{pre}</details>"
+        )
     if isinstance(block, Table):
         head = "".join(f"<th>{html.escape(h)}</th>" for h in block.header)
         rows = "".join(
@@ -114,7 +121,10 @@ def _markdown_block(block: Block, files_dir: Path) -> list[str]:
     if isinstance(block, Text):
         return [block.text, ""]
     if isinstance(block, Code):
-        return ["```", block.text.rstrip("\n"), "```", ""]
+        fenced = ["```", block.text.rstrip("\n"), "```", ""]
+        if block.folded is None:
+            return fenced
+        return [f"<details><summary>{html.escape(block.folded)}</summary>", "", *fenced, "</details>", ""]
     if isinstance(block, Table):
         cell = lambda s: s.replace("|", "\\|").replace("\n", " ")  # noqa: E731
         lines = ["| " + " | ".join(cell(h) for h in block.header) + " |"]

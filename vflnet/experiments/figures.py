@@ -10,6 +10,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from vflnet.experiments.results import setting_label
 from vflnet.extras import agg_figure
 
 Records = list[dict[str, Any]]  # metrics.jsonl
@@ -24,7 +25,7 @@ def _figure(**kwargs: Any) -> Any:
 def _png(fig: Any) -> bytes:
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")  # "tight": the legend outside the axes
     return buf.getvalue()
 
 
@@ -55,13 +56,16 @@ def training_curves(runs: dict[str, Records]) -> bytes:
             acc_ax.plot(at, [e["test_accuracy"] for e, _ in tested], "o--", color=line[0].get_color())
     loss_ax.set(xlabel="step", ylabel="loss", title="loss")
     acc_ax.set(xlabel="step", ylabel="accuracy", title="accuracy (lines: batches, dots: test)")
-    _legend(loss_ax, len(runs))
+    _legend(acc_ax, len(runs), loss_ax)
     return _png(fig)
 
 
-def _legend(ax: Any, n_series: int) -> None:
-    if n_series <= MAX_LEGEND:  # past that a legend hides the plot; the tables name the runs
-        ax.legend(fontsize=7)
+def _legend(ax: Any, n_series: int, source: Any = None) -> None:
+    """The legend of ``source``'s lines (default: ``ax``'s) right of ``ax``, outside the data; none past
+    MAX_LEGEND series (the tables name the runs)."""
+    if n_series <= MAX_LEGEND:
+        handles, labels = (source or ax).get_legend_handles_labels()
+        ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
 
 
 def _last_step(records: Records, epoch: int) -> int:
@@ -83,7 +87,7 @@ def bytes_per_type(runs: dict[str, dict[str, float]]) -> bytes:
         )
     ax.set_yticks([y + height * (len(runs) - 1) / 2 for y in range(len(types))], types, fontsize=8)
     ax.set(xlabel="bytes per step (on the wire)", title="bytes sent per message type")
-    ax.legend(fontsize=7)
+    _legend(ax, len(runs))
     return _png(fig)
 
 
@@ -98,22 +102,28 @@ def step_times(runs: dict[str, Records]) -> bytes:
     return _png(fig)
 
 
-def run_times(sweeps: dict[str, Rows]) -> bytes:
-    """Wall time of each run of a sweep."""
-    fig = _figure(figsize=(10, 3))
+def run_times(sweeps: dict[str, tuple[list[str], Rows]]) -> bytes:
+    """Wall time of each run of each sweep (its varied keys, its rows), the run named by its settings."""
+    named = {
+        label: ([setting_label(r, [*keys, "seed"]) for r in rows], rows)
+        for label, (keys, rows) in sweeps.items()
+    }
+    longest = max(len(name) for names, _ in named.values() for name in names)
+    fig = _figure(figsize=(10, 3 + 0.04 * longest))  # room for the names, rotated under the axis
     ax = fig.subplots()
-    for label, rows in sweeps.items():
-        ax.plot([r["run"] for r in rows], [r.get("wall_time_s") or 0 for r in rows], "o-", label=label)
+    for label, (names, rows) in named.items():
+        ax.plot(names, [r.get("wall_time_s") or 0 for r in rows], "o-", label=label)
     ax.set(ylabel="s", title="wall time per run (training, from summary.json)")
-    ax.tick_params(axis="x", labelrotation=60, labelsize=7)
-    ax.legend(fontsize=7)
+    for tick in ax.get_xticklabels():  # each name ends under its point
+        tick.set(rotation=60, ha="right", rotation_mode="anchor", fontsize=7)
+    _legend(ax, len(sweeps))
     return _png(fig)
 
 
 def tradeoff(sweeps: dict[str, Rows], keys: list[str], utility: str, leakage: list[str]) -> bytes:
     """Utility against leakage, one panel per leakage column: the mean over seeds of each setting
     (bars: one standard deviation), one curve per setting of the other keys along the first key."""
-    fig = _figure(figsize=(5 * len(leakage), 4))
+    fig = _figure(figsize=(5 * len(leakage) + 3, 4))  # + the legend, right of the panels
     axes = fig.subplots(1, len(leakage), squeeze=False)[0]
     for ax, column in zip(axes, leakage, strict=True):
         for label, rows in sweeps.items():
@@ -132,7 +142,7 @@ def tradeoff(sweeps: dict[str, Rows], keys: list[str], utility: str, leakage: li
                 for value, x, _, y, _ in points:
                     ax.annotate(value, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.set(xlabel=f"leakage: {column}", ylabel=f"utility: {utility}")
-        ax.legend(fontsize=7)
+    _legend(axes[-1], len(axes[-1].get_legend_handles_labels()[0]))  # every panel has the same curves
     fig.suptitle(f"trade-off (labels: {keys[0] if keys else 'run'})", fontsize=9)
     return _png(fig)
 
@@ -140,12 +150,12 @@ def tradeoff(sweeps: dict[str, Rows], keys: list[str], utility: str, leakage: li
 def _curves(
     rows: Rows, keys: list[str], utility: str, leakage: str
 ) -> dict[str, list[tuple[str, float, float, float, float]]]:
-    """{other keys' values: [(first key's value, mean leakage, sd, mean utility, sd), ...]}."""
+    """{other keys' settings: [(first key's setting, `scale=0.1`, mean leakage, sd, mean utility, sd), ...]}."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         if isinstance(row.get(leakage), int | float) and isinstance(row.get(utility), int | float):
-            first = str(row.get(keys[0], "")) if keys else row["run"]
-            rest = ", ".join(f"{k}={row.get(k)}" for k in keys[1:])
+            first = setting_label(row, keys[:1])
+            rest = setting_label(row, keys[1:]) if keys[1:] else ""
             groups[(rest, first)].append(row)
     curves: dict[str, list[tuple[str, float, float, float, float]]] = defaultdict(list)
     for (rest, first), members in groups.items():  # insertion order: the sweep's order

@@ -20,7 +20,14 @@ from typing import Any
 
 from vflnet.experiments import capability, figures
 from vflnet.experiments.document import Block, Code, Figure, Heading, Table, Text, write
-from vflnet.experiments.results import RUN_META, columns, read_json, result_row, sweep_run_dirs
+from vflnet.experiments.results import (
+    RUN_META,
+    columns,
+    read_json,
+    result_row,
+    setting_label,
+    sweep_run_dirs,
+)
 from vflnet.runner.report import read_metrics, summary_rows
 
 
@@ -93,9 +100,19 @@ def fmt(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def results_table(rows: list[dict[str, Any]]) -> Table:
+def results_table(rows: list[dict[str, Any]]) -> list[Block]:
+    """The results table, folded: a column with one value in every row (two rows or more) is listed
+    once above it instead; the run column always stays."""
     names = columns(rows)
-    return Table(names, [[fmt(row.get(k)) for k in names] for row in rows])
+    constant = [
+        k for k in names if k != "run" and len(rows) > 1 and len({fmt(row.get(k)) for row in rows}) == 1
+    ]
+    kept = [k for k in names if k not in constant]
+    table = Table(kept, [[fmt(row.get(k)) for k in kept] for row in rows])
+    if not constant:
+        return [table]
+    same = "; ".join(f"{k} = {fmt(rows[0].get(k))}" for k in constant)
+    return [Text(f"The same in every run: {same}."), table]
 
 
 def bytes_per_step(records: list[dict[str, Any]], field: str = "bytes_sent") -> dict[str, float]:
@@ -126,9 +143,10 @@ def score_rows(scores: dict[str, dict[str, Any]]) -> list[list[str]]:
     return [[attack, k, fmt(v)] for attack, metrics in scores.items() for k, v in metrics.items()]
 
 
-def image_blocks(run: RunData, prefix: str) -> list[Block]:
+def image_blocks(run: RunData, prefix: str, label: str = "") -> list[Block]:
+    """The images an attack saved; captioned with ``label`` (a sweep run's settings), else the run."""
     return [
-        Figure(f"{prefix}{run.name}-{p.stem}", p.read_bytes(), f"{run.name}: attacks/{p.name}")
+        Figure(f"{prefix}{run.name}-{p.stem}", p.read_bytes(), f"{label or run.name}: attacks/{p.name}")
         for p in run.images
     ]
 
@@ -139,7 +157,7 @@ def run_blocks(run: RunData, prefix: str = "") -> list[Block]:
         Heading("Summary"),
         Table(["", ""], [list(r) for r in summary_rows(run.dir)]),
         Heading("Run config"),
-        Code(run.config_text),
+        Code(run.config_text, folded="config.yaml (click to show)"),
     ]
     if any(r["kind"] == "step" for r in run.records):
         sent, payload = bytes_per_step(run.records), bytes_per_step(run.records, "payload_bytes")
@@ -179,6 +197,16 @@ def leakage_columns(rows: list[dict[str, Any]]) -> list[str]:
     return (varying or real)[:4]
 
 
+def run_labels(sweep: SweepData) -> list[str]:
+    """Each run's settings and seed (``scale=0.1, seed=0``), in the order of its runs, for its curves and
+    images instead of its run id."""
+    return [setting_label(row, [*sweep.keys, "seed"]) for row in sweep.rows]
+
+
+def named_records(sweep: SweepData) -> dict[str, list[dict[str, Any]]]:
+    return {label: run.records for label, run in zip(run_labels(sweep), sweep.runs, strict=True)}
+
+
 def sweep_blocks(sweep: SweepData, prefix: str = "") -> list[Block]:
     utility, leakage = utility_column(sweep.rows), leakage_columns(sweep.rows)
     blocks: list[Block] = [
@@ -186,7 +214,7 @@ def sweep_blocks(sweep: SweepData, prefix: str = "") -> list[Block]:
             f"{len(sweep.rows)} completed runs in {sweep.dir}; varied: {', '.join(sweep.keys) or 'seed only'}."
         ),
         Heading("Results"),
-        results_table(sweep.rows),
+        *results_table(sweep.rows),
     ]
     if leakage:
         blocks += [
@@ -214,13 +242,19 @@ def sweep_blocks(sweep: SweepData, prefix: str = "") -> list[Block]:
         ]
     blocks += [
         Heading("Loss and accuracy"),
-        Figure(
-            f"{prefix}curves", figures.training_curves({r.name: r.records for r in sweep.runs}), "every run"
-        ),
+        Figure(f"{prefix}curves", figures.training_curves(named_records(sweep)), "every run"),
         Heading("Timing"),
-        Figure(f"{prefix}run-times", figures.run_times({sweep.name: sweep.rows}), "wall time per run"),
+        Figure(
+            f"{prefix}run-times",
+            figures.run_times({sweep.name: (sweep.keys, sweep.rows)}),
+            "wall time per run",
+        ),
     ]
-    images = [b for run in sweep.runs for b in image_blocks(run, prefix)]
+    images = [
+        b
+        for run, label in zip(sweep.runs, run_labels(sweep), strict=True)
+        for b in image_blocks(run, prefix, label)
+    ]
     if images:
         blocks += [Heading("Attack images"), *images]
     return blocks

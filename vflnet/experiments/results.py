@@ -76,6 +76,14 @@ def columns(rows: list[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(k for row in rows for k in row))
 
 
+def setting_label(row: dict[str, Any], keys: list[str]) -> str:
+    """A run's varied settings as ``name=value`` pairs, each key by its last dotted part when that is
+    unambiguous (``defenses[0].params.scale`` -> ``scale=0.1``); the run's name when nothing varies."""
+    short = {k: k.rsplit(".", 1)[-1] for k in keys}
+    unique = len(set(short.values())) == len(short)
+    return ", ".join(f"{short[k] if unique else k}={row.get(k)}" for k in keys) or str(row["run"])
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return ""

@@ -86,11 +86,13 @@ def binary_auc(scores: ArrayLike | torch.Tensor, truth: ArrayLike) -> float:
 
 
 def plot_confusion_matrix(counts: np.ndarray, path: str | Path, title: str, normalize: bool = True) -> Path:
-    """Save a confusion (or, normalised, PD) matrix as a PNG heat map; rows = true, columns = inferred."""
+    """Save a confusion (or, normalised, PD) matrix as a PNG heat map; rows = true, columns = inferred.
+    A PD matrix's colours span [0, 1] whatever its values, so every saved PD matrix (the runs a sweep
+    report shows side by side) reads on one colour scale."""
     values = probability_distribution_matrix(counts) if normalize else counts
     fig = agg_figure("the confusion matrix plot", figsize=(5, 4.5))
     ax = fig.subplots()
-    image = ax.imshow(values, cmap="Blues", vmin=0)
+    image = ax.imshow(values, cmap="Blues", vmin=0, vmax=1 if normalize else None)
     fig.colorbar(image, ax=ax)
     ax.set_xlabel("inferred label")
     ax.set_ylabel("true label")
