@@ -57,7 +57,7 @@ from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, PartySide, Protoco
 from vflnet.protocols.predictions import PredictionsKeeper
 from vflnet.registry import Param
 from vflnet.roles import deadlines
-from vflnet.roles.common import check_run, check_sender, wait_for
+from vflnet.roles.common import check_run, check_sender
 from vflnet.v1 import messages_pb2, secureboost_pb2
 from vflnet.wire import tensors
 from vflnet.wire.bridge import add_handlers, unary
@@ -149,9 +149,9 @@ class SecureBoostPassive(PartySide):
         )
 
     def _check(self, h: messages_pb2.Header, context: Any) -> None:
-        wait_for(self.host.ready, self.host.step_deadline_s, f"{self.host.name} to finish joining")
         check_run(self.cfg, h.run_id)
         check_sender(self.cfg, h.sender, {"active"}, context)
+        self.host.waitroom.wait(h.sender, context, self.host.step_deadline_s)
 
     def _rows(self, ids: Sequence[int]) -> np.ndarray:
         try:

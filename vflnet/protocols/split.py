@@ -34,7 +34,7 @@ from vflnet.models.zoo import TopModel, aggregate
 from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, PartySide, Protocol
 from vflnet.protocols.predictions import PredictionsKeeper
 from vflnet.registry import DEFENSES
-from vflnet.roles.common import check_run, check_sender, wait_for
+from vflnet.roles.common import check_run, check_sender
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tensors
 from vflnet.wire.bridge import add_handlers
@@ -293,6 +293,10 @@ class SplitActive(PartySide):
             raise invalid(f"split protocol expects plaintext embeddings, got {msg.WhichOneof('payload')}")
         return tensors.from_proto(msg.values, expect_dtype="float32", expect_shape=expect, what=what)
 
+    def precheck(self, msg: messages_pb2.Embeddings, expect: tuple[int, int], what: str) -> None:
+        """Before this party has joined: what ``decode`` checks that needs nothing from admission."""
+        self.decode(msg, expect, what)
+
     def run(
         self, x_own: np.ndarray | None, received: list[Any], y: np.ndarray | None, train: bool
     ) -> StepResult:
@@ -316,8 +320,11 @@ class SplitActive(PartySide):
         check_run(cfg, h.run_id)
         check_sender(cfg, h.sender, {"passive"}, context)
         ids = np.asarray(msg.sample_ids, dtype=np.int64)
-        wait_for(self.host.ready, self.host.step_deadline_s, f"{self.host.name} to finish joining")
-        values = self.decode(msg, (len(ids), self.embedding_dims[h.sender]), f"embeddings from {h.sender}")
+        expect, what = (len(ids), self.embedding_dims[h.sender]), f"embeddings from {h.sender}"
+        if not self.host.ready.is_set():  # malformed messages are refused now, not after the wait
+            self.precheck(msg, expect, what)
+            self.host.waitroom.wait(h.sender, context, self.host.step_deadline_s)
+        values = self.decode(msg, expect, what)
         with self.cond:
             slot = self._slot(h.step)
             if h.sender in slot.embeddings:

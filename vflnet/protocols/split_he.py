@@ -379,9 +379,15 @@ class SplitHEActive(SplitActive):
             self.defense,
         )
 
-    def decode(self, msg: messages_pb2.Embeddings, expect: tuple[int, int], what: str) -> Any:
+    def precheck(self, msg: messages_pb2.Embeddings, expect: tuple[int, int], what: str) -> None:
+        """Before admission there is no public key yet: the payload's kind and declared shape."""
         if msg.WhichOneof("payload") != "cipher":
             raise invalid(f"split-he expects encrypted embeddings, got {msg.WhichOneof('payload')}")
+        if tuple(msg.cipher.shape) != expect:
+            raise invalid(f"{what}: ciphertext shape {tuple(msg.cipher.shape)} where {expect} was expected")
+
+    def decode(self, msg: messages_pb2.Embeddings, expect: tuple[int, int], what: str) -> Any:
+        self.precheck(msg, expect, what)
         return cipher_from_proto_checked(msg.cipher, self.decryption.public_key, expect, what)
 
     def run(

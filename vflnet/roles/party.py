@@ -26,7 +26,7 @@ from vflnet.interceptors.setup import party_interception
 from vflnet.models.zoo import build_party_modules
 from vflnet.protocols.base import PROTOCOLS, PartySide
 from vflnet.roles import checkpoints
-from vflnet.roles.common import Liveness, check_run, check_sender, header, wait_for
+from vflnet.roles.common import JoinWaitroom, Liveness, check_run, check_sender, header
 from vflnet.roles.heartbeat import watch_coordinator
 from vflnet.roles.step_order import STEPS_IN_FLIGHT, StepTurns
 from vflnet.v1 import messages_pb2, services_pb2_grpc
@@ -58,6 +58,8 @@ class PartyHost:
         self.meter = Meter()
         self.liveness = Liveness(cfg.transport.idle_timeout_s)
         self.ready = threading.Event()
+        # messages before it is ready, at most one per step in flight from each sender
+        self.waitroom = JoinWaitroom(self.ready, name, per_sender=STEPS_IN_FLIGHT)
         dataset = load_dataset(cfg.data.dataset, cfg.data.params)
         self.is_image = dataset.is_image
         self.data: PartyData = party_view(cfg, name, dataset)
@@ -197,7 +199,7 @@ class PartyHost:
         then does the message count as a sign of life from the coordinator."""
         check_run(self.cfg, h.run_id)
         check_sender(self.cfg, h.sender, {"coordinator"}, context)
-        wait_for(self.ready, self.step_deadline_s, f"{self.name} to finish joining")
+        self.waitroom.wait(h.sender, context, self.step_deadline_s)
         self.liveness.touch()
 
     def run_step(self, cmd: messages_pb2.StepCommand, context: Any = None) -> messages_pb2.StepReport:
