@@ -7,6 +7,8 @@ the held-out quarter."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from vflnet.defenses.training_defenses import (
     distance_correlation,
 )
 from vflnet.metrics.labels import label_recovery_accuracy
+from vflnet.runner.loopback import run_loopback
 from vflnet.validation import config_from_dict
 
 DEFENSES = {
@@ -87,6 +90,41 @@ def test_refused_by_name_where_it_would_not_act(name: str, protocol: str) -> Non
     data["protocol"]["kind"] = protocol
     with pytest.raises(ConfigError, match=f"defense '{name}'.*acts only under \\['split'\\]"):
         config_from_dict(data)
+
+
+@pytest.mark.parametrize("name", sorted(DEFENSES))
+def test_a_resumed_run_ends_as_the_run_left_alone(tmp_path, name: str) -> None:
+    """Resumed from the checkpoint before the last (the newest removed, as if the run died after it):
+    MID's layers are modules of the active party's model and MID's and GradPerturb's generators are
+    in the checkpoint, so the resumed run ends with the same parameters and metrics."""
+    data = config(batch=64, epochs=2, defense=(name, DEFENSES[name]))
+    data["train"]["checkpoint_every_steps"] = 10
+    data["run"].update(dir=str(tmp_path), id=name)
+    cfg = config_from_dict(data)
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    run_loopback(cfg, run_dir)
+    alone = final_state(run_dir)
+    *_, before, newest = sorted((run_dir / "checkpoints").glob("step-*"))
+    shutil.rmtree(newest)
+    run_loopback(cfg, run_dir, resume=True)
+    assert json.loads((run_dir / "summary.json").read_text())["resumed_from_step"] == int(before.name[5:])
+    resumed = final_state(run_dir)
+    assert resumed[0] == alone[0]
+    assert ("defense" in alone[1]["active"]) == (name == "mid")
+    for party, modules in alone[1].items():
+        for module, state in modules.items():
+            for key, value in state.items():
+                assert torch.equal(resumed[1][party][module][key], value), (party, module, key)
+
+
+def final_state(run_dir: Path) -> tuple[dict[str, Any], dict[str, dict[str, dict[str, torch.Tensor]]]]:
+    """The final metrics (without the time) and every party's modules at the end of a run."""
+    final = json.loads((run_dir / "summary.json").read_text())["final"]
+    modules = {
+        p.stem: torch.load(p, weights_only=True)["modules"] for p in (run_dir / "checkpoints").glob("*.pt")
+    }
+    return {k: v for k, v in final.items() if k != "time_s"}, modules
 
 
 def test_distance_correlation_is_one_for_a_linear_map_and_zero_for_a_constant() -> None:

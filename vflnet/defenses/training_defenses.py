@@ -67,14 +67,14 @@ class MID(LabelDefense):
         self.mid_lambda = mid_lambda
         self.bottleneck_scale = bottleneck_scale
         self.seed = seed
+        self.generator = torch.Generator().manual_seed(seed)  # the layers' samples (a checkpoint keeps it)
         self.layers: nn.ModuleList | None = None
 
     def trainable(self, embedding_dims: list[int]) -> nn.Module:
-        generator = torch.Generator().manual_seed(self.seed)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             self.layers = nn.ModuleList(
-                VariationalBottleneck(d, self.bottleneck_scale, generator) for d in embedding_dims
+                VariationalBottleneck(d, self.bottleneck_scale, self.generator) for d in embedding_dims
             )
         return self.layers
 
