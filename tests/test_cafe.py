@@ -566,3 +566,175 @@ def test_an_attack_failing_on_its_thread_fails_the_run() -> None:
     with pytest.raises(RuntimeError, match="CAFE attack failed") as failure:
         tap.output()  # waits for the attack thread, then re-raises what it hit
     assert isinstance(failure.value.__cause__, ValueError)
+
+
+# ---------------------------------------------------------------- the authors' code, progress, resuming
+
+
+def test_global_bias_correction_is_the_authors_formula() -> None:
+    """``t=T``: lr * sqrt(1 - b2^T) / (1 - b1^T) * m^ / (sqrt(v^) + eps), m^ and v^ corrected by T too;
+    without it each row is corrected by its own step count."""
+    from vflnet.attacks.cafe import RowAdam
+
+    b1, b2, eps, lr = 0.9, 0.999, 1e-7, 0.01
+    grad = torch.tensor([[[0.5], [-2.0]]])
+    rows = torch.tensor([0, 1])
+    for t in (None, 7):
+        param = torch.zeros(1, 3, 1)
+        RowAdam(param.shape, lr, (b1, b2), eps).step(param, rows, grad, t)
+        m, v = (1 - b1) * grad, (1 - b2) * grad**2
+        count = 1 if t is None else t
+        step_lr = lr if t is None else lr * math.sqrt(1 - b2**t) / (1 - b1**t)
+        expected = -step_lr * (m / (1 - b1**count)) / ((v / (1 - b2**count)).sqrt() + eps)
+        torch.testing.assert_close(param[:, :2], expected)
+        assert param[0, 2, 0] == 0  # a row outside the batch does not move
+    # the same rows seen once: global correction at T = 7 takes a different step than the row's own
+    a, b = torch.zeros(1, 3, 1), torch.zeros(1, 3, 1)
+    RowAdam(a.shape, lr, (b1, b2), eps).step(a, rows, grad)
+    RowAdam(b.shape, lr, (b1, b2), eps).step(b, rows, grad, 7)
+    assert not torch.equal(a, b)
+
+
+def test_tv_per_worker_weights_every_worker_by_beta() -> None:
+    """With the TV term on (its mean over workers above xi) and nothing else, each worker's images get
+    beta * dTV_m (the authors' code), not beta / M * dTV_m."""
+    from vflnet.attacks.cafe import CafeObjective
+
+    images = [torch.rand(5, 1, 6, 6, requires_grad=True) for _ in range(3)]
+    grads = {}
+    for per_worker in (False, True):
+        none = [torch.zeros(1)]  # alpha = gamma = 0: the gradient and internal terms weigh nothing
+        loss = CafeObjective(0.0, 1e-2, 0.0, 0.0, per_worker)(none, none, images, none, none)
+        grads[per_worker] = torch.autograd.grad(loss, images)
+    for mean, each in zip(grads[False], grads[True], strict=True):
+        torch.testing.assert_close(each, 3 * mean)
+
+
+def _one_observation(params: CafeParams) -> tuple[CafeAttack, dict[str, Tensor]]:
+    torch.manual_seed(0)  # the same victim and images on every call
+    cfg = CafeNetConfig(n_workers=2, region_shape=(1, 4, 4), n_classes=3, conv_channels=(2, 2), fc1_out=4)
+    model = CafeVFL(cfg)
+    images, labels = torch.rand(6, 2, 1, 4, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    ids = np.array([1, 3, 4])
+    _, grads = party_gradients(model, list(images[ids].unbind(1)), labels[ids])
+    attack = CafeAttack(params, CafeVFL(cfg))
+    before = {"V": attack.V.clone(), "X": attack.X.clone(), "Y": attack.Y.clone()}
+    attack.observe(ServerObservation(1, ids, party_parameters(model), grads))
+    v_sums = before["V"][:, torch.as_tensor(ids)].sum(1)
+    bias = torch.stack([grads[w]["fc1.bias"] for w in attack.workers])
+    before["residual"] = (v_sums - bias).norm() / bias.norm()
+    return attack, before
+
+
+def test_step1_residual_is_the_batch_residual_and_label_scale_moves_only_the_labels() -> None:
+    attack, before = _one_observation(CafeParams(n_samples=6, seed=1))
+    result = attack.result()
+    # the attacker's own progress signal: ||sum over the batch of V - uploaded fc1 bias grad|| / ||grad||
+    assert result.last_losses["step1_residual"] == pytest.approx(float(before["residual"]), rel=1e-6)
+    scaled, _ = _one_observation(CafeParams(n_samples=6, seed=1, label_grad_scale=1e4))
+    assert torch.equal(scaled.X, attack.X)  # the images' update does not depend on the labels' scale
+    assert not torch.equal(scaled.Y, attack.Y)  # Adam's eps makes a x1e4 gradient a different step
+
+
+def test_attack_state_round_trips_and_continues_identically() -> None:
+    """``state_dict`` / ``load_state_dict``: a second attack loaded with the first's state, fed the
+    same next observation, ends where the first does."""
+    cfg = CafeNetConfig(n_workers=2, region_shape=(1, 4, 4), n_classes=3, conv_channels=(2, 2), fc1_out=4)
+    model = CafeVFL(cfg)
+    images, labels = torch.rand(6, 2, 1, 4, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    params = CafeParams(n_samples=6, adam_bias_correction="global", tv_per_worker=True, xi=0.0)
+    observations = []
+    for t, ids in enumerate((np.array([0, 2, 5]), np.array([1, 2, 3]))):
+        _, grads = party_gradients(model, list(images[ids].unbind(1)), labels[ids])
+        observations.append(ServerObservation(t, ids, party_parameters(model), grads))
+    first = CafeAttack(params, CafeVFL(cfg))
+    first.observe(observations[0])
+    second = CafeAttack(replace_seed(params), CafeVFL(cfg))
+    second.load_state_dict(first.state_dict())
+    for attack in (first, second):
+        attack.observe(observations[1])
+    for name in ("V", "H", "X", "Y"):
+        assert torch.equal(getattr(first, name), getattr(second, name)), name
+    assert np.array_equal(first.result().seen, second.result().seen) and second.iterations == 2
+
+
+def replace_seed(params: CafeParams) -> CafeParams:
+    """Other starting values: only the loaded state can make the two attacks agree."""
+    from dataclasses import replace
+
+    return replace(params, seed=params.seed + 1)
+
+
+def test_reproduce_stopped_and_resumed_ends_bit_identical(tmp_path: Path) -> None:
+    """A report stopped by --max-seconds after its first piece, then continued with `--resume DIR`
+    (its own settings), ends with the attack output of the uninterrupted report, bit for bit."""
+    sizes: dict[str, Any] = dict(
+        n=16, k=4, iterations=12, sweep_k=(), baselines=(), conv_channels=(2, 4), fc1_out=8, eval_every=4
+    )
+    options = {"adam_bias_correction": "global", "tv_per_worker": True, "label_grad_scale": 1e4}
+    quiet = dict(time_paper=False, attack_options=options, checkpoint_every=4, log=lambda _: None)
+    whole = reproduce(**sizes, **quiet, out_dir=tmp_path / "whole")
+    stopped = reproduce(**sizes, **quiet, out_dir=tmp_path / "pieces", max_seconds=0)
+    assert (stopped["main"][0]["iterations"], stopped["main"][0]["stopped"]) == (4, "max-seconds")
+    assert reproduce_main(["--resume", str(tmp_path / "pieces")]) == 0
+    resumed = __import__("json").loads((tmp_path / "pieces" / "cafe_report.json").read_text())
+    assert (resumed["main"][0]["iterations"], resumed["main"][0]["stopped"]) == (12, "budget")
+    a = attack_output(tmp_path / "whole" / "runs" / "cafe-k4")
+    b = attack_output(tmp_path / "pieces" / "runs" / "cafe-k4")
+    assert sorted(a) == sorted(b) and int(a["iterations"]) == 12
+    assert all(np.array_equal(a[key], b[key]) for key in a), [k for k in a if not np.array_equal(a[k], b[k])]
+    # both PSNR forms and Step I's residual curve are in the record
+    record = whole["main"][0]
+    assert [t for t, _ in record["residuals"]] == [4, 8, 12] and math.isfinite(record["psnr_region"])
+    assert "PSNR per region" in (tmp_path / "whole" / "cafe_report.md").read_text()
+
+
+def test_resume_of_a_directory_without_settings_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce_main(["--resume", str(tmp_path)])
+    assert exit_info.value.code == 2 and "cafe_settings.json" in capsys.readouterr().err
+
+
+def test_the_authors_victim_keras_init_and_double_softmax_and_the_attackers_template_mirrors_it() -> None:
+    """`init: keras` gives Glorot-uniform weights and zero biases; `output_activation: softmax` makes the
+    top end in probabilities that the loss softmaxes again; the coordinator's architecture knowledge
+    carries it, so the attacker's template computes the victim's outputs."""
+    from vflnet.attacks.knowledge import deliver_server_knowledge
+    from vflnet.models.zoo import build_party_modules
+    from vflnet.reproduce.cafe import config_in, top_model, worker_model
+
+    data = run_config(
+        n=16, k=4, iterations=2, bottom=worker_model((2, 4), 8, "keras"), top=top_model("keras", True)
+    )
+    cfg = config_in(data, Path("/nonexistent/run"))
+    modules = {p.name: build_party_modules(cfg, p, (1, 14, 14), 10) for p in cfg.parties[1:]}
+    bottom, top = modules["worker-0"][0], modules["active"][1]
+    assert bottom is not None and top is not None
+    for layer in [*bottom.modules(), *top.modules()]:
+        if isinstance(layer, torch.nn.Linear | torch.nn.Conv2d):
+            fan_out, fan_in = layer.weight.shape[0], layer.weight[0].numel()
+            receptive = layer.weight[0, 0].numel()
+            bound = math.sqrt(6 / (fan_in + fan_out * receptive))
+            assert layer.weight.abs().max() <= bound and torch.equal(layer.bias, torch.zeros_like(layer.bias))
+    x = [torch.rand(3, 1, 14, 14) for _ in range(4)]
+    embeddings = torch.cat([modules[f"worker-{m}"][0](x[m]) for m in range(4)], dim=1)
+    victim = top(embeddings)
+    torch.testing.assert_close(victim.sum(1), torch.ones(3))  # probabilities, then the loss's softmax
+    knowledge: dict[str, Any] = {}
+    joined = {
+        "active": messages_pb2.JoinRequest(
+            initial_params=to_tensor_map({"top.net.weight": np.zeros((10, 40))})
+        )
+    }
+    roster = [messages_pb2.PartyInfo(name=p.name, role=p.role, address=p.name) for p in cfg.parties[1:]]
+    deliver_server_knowledge(
+        cfg, knowledge, messages_pb2.JoinReply(train_ids=range(16), roster=roster), joined
+    )
+    template = CafeVFL(knowledge["architecture"])
+    with torch.no_grad():
+        for m in range(4):
+            template.bottoms[m].load_state_dict(modules[f"worker-{m}"][0].state_dict())
+        template.top.out.load_state_dict(top.net.state_dict())
+    torch.testing.assert_close(template(x), victim)

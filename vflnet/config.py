@@ -148,6 +148,16 @@ class ModelConfig:
     input_activation: Literal["none", "relu", "tanh", "sigmoid"] = setting(
         "none", "top only: nonlinearity applied to the aggregate first"
     )
+    output_activation: Literal["none", "softmax"] = setting(
+        "none",
+        "top only: `softmax` turns the top's outputs into probabilities that the loss then treats as "
+        "logits, a second softmax (the CAFE authors' victim model, paper 002)",
+    )
+    init: Literal["torch", "keras"] = setting(
+        "torch",
+        "parameter initialisation: torch's defaults, or `keras`: Glorot-uniform weights and zero biases "
+        "in every linear and conv layer (the CAFE authors' TensorFlow model)",
+    )
 
 
 @dataclass

@@ -115,6 +115,11 @@ def _check_models(cfg: Config) -> None:
             continue
         key = f"parties[{i}].bottom.kind"
         kind = _model_kind(cfg, p.bottom, key, "bottom")
+        for top_only in ("input_activation", "output_activation"):  # a bottom would ignore them
+            if getattr(p.bottom, top_only) != "none":
+                raise ConfigError(
+                    cfg.source, f"parties[{i}].bottom.{top_only}", "applies to the top model only (model.top)"
+                )
         if kind.image_input and p.features is not None and p.features.region is None:
             raise ConfigError(
                 cfg.source, key, f"a {p.bottom.kind} bottom needs an image 'region', not 'columns'"

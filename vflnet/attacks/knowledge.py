@@ -203,5 +203,9 @@ def deliver_server_knowledge(
         region = cfg.passives[0].features.region  # type: ignore[union-attr]
         shape = (1, region[1] - region[0], region[3] - region[2])
         knowledge["architecture"] = cafe_config(
-            bottoms[0], shape, n_workers=len(bottoms), n_classes=int(top.shape[0])
-        )  # type: ignore[arg-type]
+            bottoms[0],
+            shape,  # type: ignore[arg-type]
+            n_workers=len(bottoms),
+            n_classes=int(top.shape[0]),
+            top_softmax=cfg.model.top.output_activation == "softmax",
+        )

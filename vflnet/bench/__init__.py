@@ -24,6 +24,10 @@ BENCHMARKS = {
         "vflnet.bench.secureboost",
         "seconds and bytes per SecureBoost tree: engine vs phe objects vs plaintext",
     ),
+    "cafe": (
+        "vflnet.bench.cafe",
+        "ms per CAFE iteration at the paper's setting: the attack alone and a training step with it, CPU and GPU",
+    ),
     "scaling": (
         "vflnet.bench.scaling",
         "step time, CPU seconds and peak memory of every role against the number of passive parties",

