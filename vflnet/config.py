@@ -186,6 +186,11 @@ class PartyConfig:
         None, "the party's bottom model (a model block); required with features"
     )
     sample_fraction: float = setting(1.0, "keep a seeded subset of the IDs (exercises alignment)")
+    device: str = setting(
+        "",
+        "where this party trains its models: cpu, cuda or cuda:N (empty: `train.device`)",
+        shown="`train.device`",
+    )
 
 
 @dataclass
@@ -227,6 +232,11 @@ class TrainConfig:
     batch_size: int = setting(64, "samples per training step")
     drop_last: bool = setting(False, "drop a final short batch")
     max_steps: int = setting(0, "stop after this many training steps (0 = no limit)")
+    device: str = setting(
+        "cpu",
+        "where every party trains its bottom and top models (`parties[].device` per party): `cpu`, `cuda` "
+        "or `cuda:N`; the messages are the same; protocols split and param-server",
+    )
     optimizer: OptimizerConfig = setting(factory=OptimizerConfig, help="")
     lr_schedule: LRScheduleConfig = setting(factory=LRScheduleConfig, help="")
     eval_every: int = setting(1, "evaluate on the test split every N epochs (and after the last)")
@@ -394,6 +404,10 @@ class Config:
     source: str = field(default="", metadata={"internal": True})
 
     # --------------------------------------------------------------------------- convenience
+    def device(self, party: PartyConfig) -> str:
+        """Where ``party`` trains its models: its own ``device``, else ``train.device``."""
+        return party.device or self.train.device
+
     def party(self, name: str) -> PartyConfig:
         for p in self.parties:
             if p.name == name:

@@ -18,6 +18,7 @@ was expected.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from vflnet.attacks.knowledge import missing_knowledge
 from vflnet.config import NO_MODEL, Config, ConfigError, ModelConfig, parse, read_yaml
 from vflnet.data.datasets import check_params, load_dataset
 from vflnet.data.partition import select_features, takes_image
+from vflnet.models.device import DEVICE_NAMES, resolve_device
 from vflnet.overrides import apply_overrides, blame, parse_overrides
 from vflnet.registry import (
     ATTACKS,
@@ -68,6 +70,7 @@ def check(cfg: Config, *, check_data: bool = False) -> None:
     _check_dataset_name(cfg)
     _check_models(cfg)
     _check_plugins(cfg)
+    _check_devices(cfg)
     if check_data:
         check_against_dataset(cfg)
 
@@ -125,6 +128,51 @@ def _check_models(cfg: Config) -> None:
                 cfg.source, key, f"a {p.bottom.kind} bottom needs an image 'region', not 'columns'"
             )
     _model_kind(cfg, cfg.model.top, "model.top.kind", "top")
+
+
+def _check_devices(cfg: Config) -> None:
+    """``train.device`` and each ``parties[].device``: a device torch can use here, under a protocol that
+    moves its tensors there, at a party whose defenses and attacks act on what it sends (host arrays)
+    and not inside its models (their own randomness is drawn on the CPU)."""
+    src = cfg.source
+    for i, p in enumerate(cfg.parties):
+        key = f"parties[{i}].device" if p.device else "train.device"
+        name = cfg.device(p)
+        if p.role == "coordinator":
+            if p.device:
+                raise ConfigError(src, key, "the coordinator trains no model; set devices on the parties")
+            continue
+        if name == "cpu":
+            continue
+        if not re.fullmatch(r"cuda(:\d+)?", name):
+            raise ConfigError(src, key, f"expected {DEVICE_NAMES}, got {name!r}")
+        protocol = PROTOCOLS.get(cfg.protocol.kind)
+        if not protocol.trains_on_device:
+            on = [n for n, c in PROTOCOLS.all().items() if c.trains_on_device]
+            raise ConfigError(
+                src, key, f"protocol {protocol.name!r} trains on the CPU only; {name!r} needs one of {on}"
+            )
+        inside = [
+            d.name for d in cfg.defenses if d.party == p.name and DEFENSES.get(d.name).acts_on != "upload"
+        ]
+        own_view = [
+            a.name
+            for a in cfg.attacks
+            if a.party == p.name
+            and (ATTACKS.get(a.name).wants_own_view or ATTACKS.get(a.name).changes_own_data)
+        ]
+        if inside or own_view:
+            what = ", ".join([f"defense {n!r}" for n in inside] + [f"attack {n!r}" for n in own_view])
+            raise ConfigError(
+                src,
+                key,
+                f"{p.name} trains on {name!r} but {what} acts inside its training (on the CPU only); "
+                "use device 'cpu' for this party",
+            )
+        try:  # last: the checks above hold on any machine, this one on the machine that runs the party
+            resolve_device(name)
+        except RuntimeError as exc:
+            raise ConfigError(src, key, str(exc)) from exc
 
 
 def _check_plugins(cfg: Config) -> None:

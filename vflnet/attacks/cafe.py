@@ -31,6 +31,7 @@ from torch import Tensor
 from torch.func import functional_call
 
 from vflnet.models.cafe_net import CafeVFL, Params, flat_name, soft_cross_entropy
+from vflnet.models.device import resolve_device
 
 
 @dataclass(frozen=True)
@@ -129,24 +130,6 @@ def total_variation(images: Tensor) -> Tensor:
     dv = (images[:, :, 1:, :] - images[:, :, :-1, :]).abs().flatten(1).sum(1)
     dh = (images[:, :, :, 1:] - images[:, :, :, :-1]).abs().flatten(1).sum(1)
     return (dv + dh).mean()
-
-
-def resolve_device(name: str | torch.device) -> torch.device:
-    """``name`` as a torch device, failing clearly where CUDA is asked for but torch cannot use it."""
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        built = (
-            "built without CUDA"
-            if torch.version.cuda is None
-            else f"CUDA {torch.version.cuda}, no GPU visible"
-        )
-        raise RuntimeError(
-            f"device {str(name)!r} was asked for but torch {torch.__version__} ({built}) cannot use CUDA "
-            "on this machine; use the CPU (device 'cpu') here"
-        )
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {str(name)!r}")
-    return device
 
 
 class Step3Objective(Protocol):

@@ -32,11 +32,14 @@ class LocalModel:
     )
     last_grads: dict[str, torch.Tensor] = field(default_factory=dict)
     optimizer: torch.optim.Optimizer | None = field(init=False)
+    device: torch.device = field(init=False)
     schedule: Any = field(init=False)
 
     def __post_init__(self) -> None:
         # An active party with no features and no top model ("sum" of passive logits) has no parameters.
         params = [p for m in self.modules.values() for p in m.parameters()]
+        # where the modules are (`train.device`, moved there before): inputs go there, outputs come back
+        self.device = params[0].device if params else torch.device("cpu")
         self.optimizer = (
             build_optimizer(params, self.optimizer_cfg) if params and self.own_optimizer else None
         )
@@ -81,7 +84,9 @@ class LocalModel:
         out = {}
         for name, p in self.named_parameters():
             out[name] = (
-                p.grad.detach().numpy().copy() if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
+                p.grad.detach().cpu().numpy().copy()
+                if p.grad is not None
+                else np.zeros(tuple(p.shape), np.float32)
             )
             p.grad = None
         return out

@@ -141,7 +141,9 @@ class PartySide:
 
         local = self.host.local
         params = {
-            f"{k}.{n}": v.detach().numpy() for k in modules for n, v in local.modules[k].state_dict().items()
+            f"{k}.{n}": v.detach().cpu().numpy()
+            for k in modules
+            for n, v in local.modules[k].state_dict().items()
         }
         spec = {k: self.host.model_spec(k) for k in modules}
         return to_tensor_map(params), spec
@@ -176,6 +178,8 @@ class Protocol:
     passive: ClassVar[type[PartySide]]
     roles: ClassVar[frozenset[str]] = frozenset({"coordinator", "active", "passive"})  # for `describe`
     resumable: ClassVar[bool] = True  # its sides keep all their state in state_dict (`vflnet run --resume`)
+    # its party sides move tensors to the party's device (`train.device`); others train on the CPU only
+    trains_on_device: ClassVar[bool] = False
 
     @classmethod
     def check_config(cls, cfg: Config) -> list[tuple[str, str]]:

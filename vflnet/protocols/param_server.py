@@ -191,6 +191,7 @@ class ParamServerActive(CentralParams, SplitActive):
 
 @PROTOCOLS.register
 class ParamServerProtocol(Protocol):
+    trains_on_device = True
     name = "param-server"
     description = "paper 002's setting: the coordinator broadcasts parameters and applies the uploaded gradients (or keeps them static)"
     coordinator = ParamServerCoordinator

@@ -54,15 +54,15 @@ class PassiveSplit:
     def forward(self, x: np.ndarray, train: bool) -> np.ndarray:
         self.local.train(train)
         with torch.set_grad_enabled(train):
-            emb = self.bottom(torch.from_numpy(x))
+            emb = self.bottom(torch.from_numpy(x).to(self.local.device))
         self._pending = emb if train else None
-        return emb.detach().numpy()
+        return emb.detach().cpu().numpy()
 
     def backward(self, grad: np.ndarray) -> None:
         if self._pending is None:
             raise RuntimeError("backward without a training forward pass")
         emb, self._pending = self._pending, None
-        emb.backward(torch.from_numpy(grad))
+        emb.backward(torch.from_numpy(grad).to(emb.device))
         self.local.apply_update()
 
 
@@ -95,10 +95,11 @@ def outcome(
 ) -> StepResult:
     """A step's result; without labels (prediction) it only carries the logits."""
     n = logits.shape[0]
+    out = logits.detach().cpu().numpy()
     if y is None or loss is None:
-        return StepResult(grads, 0.0, 0, n, logits.detach().numpy())
-    correct = int((predict(logits.detach(), defense) == torch.from_numpy(y)).sum())
-    return StepResult(grads, float(loss.detach()) * n, correct, n, logits.detach().numpy())
+        return StepResult(grads, 0.0, 0, n, out)
+    correct = int((predict(logits.detach(), defense).cpu() == torch.from_numpy(y)).sum())
+    return StepResult(grads, float(loss.detach()) * n, correct, n, out)
 
 
 class ActiveSplit:
@@ -117,15 +118,16 @@ class ActiveSplit:
         train = train and y is not None
         self.local.train(train)
         with torch.set_grad_enabled(train):
-            inputs = [torch.from_numpy(e).requires_grad_(train) for e in received]
-            target = None if y is None else torch.from_numpy(y)
+            device = self.local.device  # on the CPU, .to() is the tensor itself: no copy
+            inputs = [torch.from_numpy(e).to(device).requires_grad_(train) for e in received]
+            target = None if y is None else torch.from_numpy(y).to(device)
             parts, penalty = (
                 (inputs, None) if self.defense is None else self.defense.embeddings(inputs, target)
             )
             parts = list(parts)
             if self.bottom is not None:
                 assert x_own is not None
-                parts.insert(0, self.bottom(torch.from_numpy(x_own)))
+                parts.insert(0, self.bottom(torch.from_numpy(x_own).to(device)))
             logits = self.top(aggregate(parts, self.aggregation))
             loss = None if target is None else label_loss(logits, target, self.defense)
             if loss is not None and penalty is not None:
@@ -150,7 +152,7 @@ class ActiveSplit:
         assert grad is not None
         if self.defense is not None:
             grad = self.defense.transform(grad, target).to(torch.float32)
-        return grad.numpy()
+        return grad.cpu().numpy()
 
 
 # --------------------------------------------------------------------------------- sides
@@ -449,6 +451,7 @@ class SplitCoordinator(CoordinatorSide):
 
 @PROTOCOLS.register
 class Split(Protocol):
+    trains_on_device = True
     name = "split"
     description = (
         "plaintext split learning: embeddings up, gradients down (concat + top model, or sum of logits)"

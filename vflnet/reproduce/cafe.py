@@ -49,10 +49,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from vflnet import progress
-from vflnet.attacks.cafe import AUTHORS_CODE, resolve_device, table9_params
+from vflnet.attacks.cafe import AUTHORS_CODE, table9_params
 from vflnet.config import Config
 from vflnet.metrics.images import iterations_to_psnr
 from vflnet.models.cafe_net import grid_for
+from vflnet.models.device import resolve_device
 from vflnet.reproduce import add_size_flags
 from vflnet.runner.loopback import run_loopback
 from vflnet.runner.scoring import score_run
@@ -64,6 +65,7 @@ SETTINGS = (
     "n", "k", "m", "iterations", "sweep_k", "baselines", "conv_channels", "fc1_out", "loop", "lr_step3",
     "eval_every", "seed", "threads", "train_lr", "optimizer", "time_paper", "device", "jobs",
     "attack_options", "checkpoint_every", "until_psnr", "until_residual", "victim_init", "double_softmax",
+    "party_device",
 )  # fmt: skip
 PAPER_TABLE2_MNIST = {"cafe": 43.15, "dlg": 7.96, "cosine": 7.84, "sapag": 3.86, "bn": 13.38, "gc": 9.24}
 PAPER_TABLE3_MNIST = {10: 32.60, 20: 39.00, 40: 43.15, 80: 47.05, 100: 47.50}
@@ -127,6 +129,7 @@ def run_config(
     max_steps: int | None = None,
     checkpoint_every: int = 0,
     top: dict[str, Any] | None = None,
+    party_device: str = "cpu",
 ) -> dict[str, Any]:
     """A ``param-server`` run config of the CAFE setting: N training images of ``dataset`` (drawn with
     ``seed``), M passive parties each holding one region of every image with the worker model
@@ -163,6 +166,7 @@ def run_config(
             "eval_every": 1_000_000,
             "checkpoint_every": 1_000_000,
             "checkpoint_every_steps": checkpoint_every,
+            "device": party_device,
             "optimizer": {"kind": optimizer, "lr": train_lr or 1e-3},
         },
         "transport": {"bridge": "loopback", "rpc_timeout_s": 3600, "join_timeout_s": 600},
@@ -254,6 +258,7 @@ class RunSettings:
     device: str = "cpu"  # where the attack computes
     attack_options: dict[str, Any] = field(default_factory=dict)  # the authors'-code options (AUTHORS_CODE)
     top: dict[str, Any] = field(default_factory=lambda: {"kind": "linear"})  # the label holder's model
+    party_device: str = "cpu"  # where the parties train (train.device)
     stops: Stops = field(default_factory=Stops)
 
 
@@ -310,6 +315,7 @@ def run_attack(
             max_steps=target,
             checkpoint_every=every,
             top=run.top,
+            party_device=run.party_device,
         )
         if finished:  # an earlier call ended it: score it again
             score = score_run(config_in(data, run_dir), run_dir).get(SCORE_KEY, {})
@@ -519,12 +525,14 @@ def reproduce(
     max_seconds: float | None = None,
     victim_init: str = "torch",
     double_softmax: bool = False,
+    party_device: str = "cpu",
     resume: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict:
     """Run the MNIST reproduction and write ``out_dir/cafe_report.md`` (+ JSON and pictures).
 
     ``device``: where the attacks compute (``cuda`` fails at once where torch cannot use CUDA);
+    ``party_device``: where the parties train (``train.device``);
     ``jobs``: how many of the independent runs go at a time, each in its own process;
     ``attack_options``: CafeParams fields (``AUTHORS_CODE``'s, and ``lr_step1``); ``victim_init``
     (``keras``) and ``double_softmax``: the authors' victim model;
@@ -565,6 +573,7 @@ def reproduce(
         device,
         attack_options=dict(attack_options or {}),
         top=top_model(victim_init, double_softmax),
+        party_device=party_device,
         stops=Stops(
             checkpoint_every,
             until_psnr,
@@ -656,8 +665,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--device",
         choices=["cpu", "cuda"],
         default="cpu",
-        help="where the attack computes (the parties' training stays on the CPU); cuda fails at once "
+        help="where the attack computes (--party-device: where the parties train); cuda fails at once "
         "where torch cannot use CUDA",
+    )
+    ap.add_argument(
+        "--party-device",
+        default="cpu",
+        help="where the parties train their models (train.device: cpu, cuda or cuda:N)",
     )
     ap.add_argument(
         "--jobs",
@@ -763,14 +777,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings["conv_channels"] = tuple(settings["conv_channels"])
         try:  # the GPU named when the report started must be here too
             resolve_device(settings["device"])
-        except RuntimeError as e:
-            ap.error(f"--resume: device {settings['device']}: {e}")
+            resolve_device(settings.get("party_device", "cpu"))
+        except (RuntimeError, ValueError) as e:
+            ap.error(f"--resume: {e}")
         reproduce(**settings, out_dir=a.resume, max_seconds=a.max_seconds, resume=True)
         return 0
     try:  # before any run starts: a missing GPU is a usage error, not a failure an hour in
         resolve_device(a.device)
-    except RuntimeError as e:
-        ap.error(f"--device {a.device}: {e}")
+        resolve_device(a.party_device)
+    except (RuntimeError, ValueError) as e:
+        ap.error(f"--device {a.device} / --party-device {a.party_device}: {e}")
     if a.quick:
         a.n, a.k, a.iterations, a.sweep_k, a.baselines = 40, 8, 200, [], ["dlg"]
         a.conv_channels, a.fc1_out, a.eval_every, a.no_paper_timing = [8, 16], 32, 50, True
@@ -812,6 +828,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_seconds=a.max_seconds,
         victim_init=victim_init,
         double_softmax=double_softmax,
+        party_device=a.party_device,
     )
     return 0
 

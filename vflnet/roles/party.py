@@ -23,6 +23,7 @@ from vflnet.config import Config
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import PartyData, normalize, party_view
 from vflnet.interceptors.setup import party_interception
+from vflnet.models.device import resolve_device
 from vflnet.models.zoo import build_party_modules
 from vflnet.protocols.base import PROTOCOLS, PartySide
 from vflnet.roles import checkpoints
@@ -74,8 +75,9 @@ class PartyHost:
         self.side: PartySide = PROTOCOLS.get(cfg.protocol.kind).side(self.role)(self)
         input_shape = tuple(self.data.x.shape[1:]) if self.data.x is not None else None
         bottom, top = build_party_modules(cfg, self.me, input_shape, self.data.n_classes)
+        device = resolve_device(cfg.device(self.me))  # before the optimizer sees the parameters
         self.local = self.side.make_local(
-            {k: m for k, m in (("bottom", bottom), ("top", top)) if m is not None}
+            {k: m.to(device) for k, m in (("bottom", bottom), ("top", top)) if m is not None}
         )
 
     # ------------------------------------------------------------------------------- setup
