@@ -116,6 +116,11 @@ class DataConfig:
         "`auto` (images: none, already in [0,1]; tabular: standard), `none`, `standard`, `minmax`; "
         "each party uses statistics of its own training rows only",
     )
+    allow_overlap: bool = setting(
+        False,
+        "let parties hold some of the same feature columns or pixels (refused by default: vertical "
+        "partitions are disjoint, and an overlap is usually a typo in `features`)",
+    )
 
 
 @dataclass

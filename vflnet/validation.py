@@ -7,7 +7,8 @@ the rest of the package.
 - every model block's ``kind`` against `vflnet.registry.MODELS` (can it sit there, does it take
   image regions);
 - attack and defense names, the roles they sit at and their params against ATTACKS and DEFENSES, and
-  that every attack's party can have the knowledge it declares (`vflnet.attacks.knowledge`);
+  that every attack's party can have the knowledge it declares (`vflnet.attacks.knowledge`); that the
+  protocol applies every defense's hook point (`Protocol.defense_hooks`);
 - with ``check_data``: the roster against the dataset's shape (columns and regions in range, the
   width of a top-less aggregate equal to the class count).
 
@@ -23,10 +24,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vflnet.attacks.base import Tap
 from vflnet.attacks.knowledge import missing_knowledge
 from vflnet.config import NO_MODEL, Config, ConfigError, ModelConfig, parse, read_yaml
-from vflnet.data.datasets import check_params, load_dataset
-from vflnet.data.partition import select_features, takes_image
+from vflnet.data.datasets import Dataset, check_params, load_dataset
+from vflnet.data.partition import flat_columns, select_features, takes_image
+from vflnet.interceptors.events import DIRECTIONS, PARTY_SIDES
 from vflnet.models.device import DEVICE_NAMES, resolve_device
 from vflnet.overrides import apply_overrides, blame, parse_overrides
 from vflnet.registry import (
@@ -196,13 +199,72 @@ def _check_plugins(cfg: Config) -> None:
                 validate_params(registry.kind, entry.name, cls.params, entry.params)
             except ValueError as exc:
                 raise ConfigError(src, f"{key}.params", str(exc)) from exc
-            if section == "attacks":  # what its threat model grants it must reach its party
+            if section == "defenses":
+                _check_defense_hook(cfg, key, entry.name, cls.acts_on)
+            if (
+                section == "attacks"
+            ):  # its taps can match, and what its threat model grants it reaches its party
+                _check_attack_taps(cfg, key, entry.name, cls.taps + cls.rewrites)
                 for problem in missing_knowledge(cfg, entry.party, cls):
                     raise ConfigError(
                         src, f"{key}.name", f"attack {entry.name!r} at {entry.party!r} {problem}"
                     )
             for bad_key, problem in cls.check_config(cfg, entry.party):
                 raise ConfigError(src, bad_key, f"{registry.kind} {entry.name!r}: {problem}")
+
+
+def _check_defense_hook(cfg: Config, key: str, name: str, hook: str) -> None:
+    """The run's protocol applies the hook point the defense acts on (`Protocol.defense_hooks`)."""
+    offered = PROTOCOLS.get(cfg.protocol.kind).defense_hooks
+    if hook in offered:
+        return
+    elsewhere = [n for n, p in PROTOCOLS.all().items() if hook in p.defense_hooks]
+    raise ConfigError(
+        cfg.source,
+        f"{key}.name",
+        f"defense {name!r} acts on {hook!r}, which protocol {cfg.protocol.kind!r} does not apply "
+        f"(it offers {sorted(offered) or 'no defense hooks'}); protocols that apply {hook!r}: "
+        f"{elsewhere or 'none'}",
+    )
+
+
+def _check_attack_taps(cfg: Config, key: str, name: str, taps: tuple[Tap, ...]) -> None:
+    """Every tap and rewrite of the attack names a direction, a side of its party's channel and a
+    method of the run's protocol: one that never matches would leave the attack seeing nothing."""
+    methods = PROTOCOLS.get(cfg.protocol.kind).method_names()
+    for tap in taps:
+        for what, value, valid in (
+            ("direction", tap.direction, DIRECTIONS),
+            ("side", tap.side, PARTY_SIDES),
+            ("method", tap.method, methods),
+        ):
+            if value not in valid:
+                raise ConfigError(
+                    cfg.source,
+                    f"{key}.name",
+                    f"attack {name!r} taps {tap.method} {tap.direction} on the {tap.side} side, but {what} "
+                    f"{value!r} never occurs under protocol {cfg.protocol.kind!r}; valid: {list(valid)}",
+                )
+
+
+def _check_disjoint_features(cfg: Config, data: Dataset) -> None:
+    """No two parties hold the same feature column (or pixel)."""
+    held: list[tuple[str, set[int]]] = []
+    for i, party in enumerate(cfg.parties):
+        if party.features is None:
+            continue
+        mine = set(flat_columns(data, party.features).tolist())
+        for other, theirs in held:
+            shared = sorted(mine & theirs)
+            if shared:
+                shown = ", ".join(map(str, shared[:10])) + (", ..." if len(shared) > 10 else "")
+                raise ConfigError(
+                    cfg.source,
+                    f"parties[{i}].features",
+                    f"{party.name!r} and {other!r} both hold {len(shared)} feature column(s) [{shown}] "
+                    "(flat indices); give each party its own columns, or set data.allow_overlap: true",
+                )
+        held.append((party.name, mine))
 
 
 def check_against_dataset(cfg: Config) -> None:
@@ -220,6 +282,8 @@ def check_against_dataset(cfg: Config) -> None:
             select_features(data, party.features, as_image=takes_image(party.bottom))
         except ValueError as exc:
             raise ConfigError(src, f"parties[{i}].features", str(exc)) from exc
+    if not cfg.data.allow_overlap:
+        _check_disjoint_features(cfg, data)
     outs = [p.bottom.out for p in cfg.feature_parties if p.bottom is not None]
     if cfg.model.top.kind == NO_MODEL:
         width = outs[0] if cfg.protocol.aggregation == "sum" else sum(outs)

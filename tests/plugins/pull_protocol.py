@@ -149,6 +149,7 @@ class Pull(Protocol):
     coordinator = PullCoordinator
     active = PullActive
     passive = PullPassive
+    methods = frozenset({FORWARD, BACKWARD})
 
     @classmethod
     def check_config(cls, cfg: Any) -> list[tuple[str, str]]:

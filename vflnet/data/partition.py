@@ -71,6 +71,15 @@ def select_features(data: Dataset, features: FeaturesConfig, as_image: bool) -> 
     return flat[:, parse_columns(features.columns, flat.shape[1])]  # type: ignore[arg-type]
 
 
+def flat_columns(data: Dataset, features: FeaturesConfig) -> np.ndarray:
+    """The flat feature indices a party holds (an image region's pixels as row * width + column)."""
+    flat = np.arange(int(np.prod(data.features.shape[1:])))
+    if features.region is not None:
+        r0, r1, c0, c1 = features.region
+        return flat.reshape(data.features.shape[1:])[r0:r1, c0:c1].ravel()
+    return parse_columns(features.columns, len(flat))  # type: ignore[arg-type]
+
+
 def party_seed(cfg: Config, party: PartyConfig) -> int:
     return cfg.run.seed * 1000 + [p.name for p in cfg.parties].index(party.name)
 

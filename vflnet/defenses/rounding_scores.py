@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from vflnet.config import Config
 from vflnet.defenses.base import Defense
 from vflnet.registry import DEFENSES, Param
 
@@ -30,6 +31,19 @@ class RoundScores(Defense):
             "an integer >= 0",
         )
     }
+
+    @classmethod
+    def check_config(cls, cfg: Config, party: str) -> list[tuple[str, str]]:
+        """Only the prediction phase's scores are rounded: a run without one would round nothing."""
+        problems = super().check_config(cfg, party)
+        if cfg.predict.set == "none":
+            problems.append(
+                (
+                    "predict.set",
+                    "rounds the scores of the prediction phase, and this run has none: set test or train",
+                )
+            )
+        return problems
 
     def build(self, num_classes: int, seed: int) -> Callable[[np.ndarray], np.ndarray]:
         decimals = int(self.p["decimals"])

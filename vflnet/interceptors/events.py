@@ -23,6 +23,7 @@ Direction = Literal["request", "response"]
 Side = Literal["client", "server", "proxy"]
 DIRECTIONS: tuple[str, ...] = ("request", "response")
 SIDES: tuple[str, ...] = ("client", "server", "proxy")
+PARTY_SIDES: tuple[str, ...] = ("client", "server")  # a party's own channels (a proxy is no party)
 
 
 def _method_table() -> dict[str, tuple[type[Message], type[Message]]]:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from vflnet.interceptors.events import short_name
 from vflnet.registry import PROTOCOLS, Param
 from vflnet.v1 import messages_pb2, tensor_pb2
 
@@ -33,6 +34,20 @@ if TYPE_CHECKING:
     from vflnet.roles.coordinator import CoordinatorHost
     from vflnet.roles.party import PartyHost
     from vflnet.wire.bridge import Server
+
+
+# The methods the generic hosts serve under every protocol (vflnet/roles/): admission, model release to
+# the coordinator, and every party's step, shutdown and model release.
+HOST_METHODS = frozenset(
+    {
+        "/vflnet.v1.Coordinator/Join",
+        "/vflnet.v1.Coordinator/ReceiveModel",
+        "/vflnet.v1.Party/RunStep",
+        "/vflnet.v1.Party/Shutdown",
+        "/vflnet.v1.Party/ReleaseModel",
+        "/vflnet.v1.Party/ReceiveModel",
+    }
+)
 
 
 class RunFailed(RuntimeError):
@@ -178,6 +193,20 @@ class Protocol:
     passive: ClassVar[type[PartySide]]
     roles: ClassVar[frozenset[str]] = frozenset({"coordinator", "active", "passive"})  # for `describe`
     resumable: ClassVar[bool] = True  # its sides keep all their state in state_dict (`vflnet run --resume`)
+    # The defense hook points its sides apply (a defense's `acts_on`): "labels" (the active party's label
+    # defense on its loss, gradients and predictions), "bottom" (a passive party's bottom replaced or
+    # wrapped), "scores" (released confidence vectors, PREDICT phase), "upload" (the gradient upload);
+    # config validation refuses a defense whose hook is not here.
+    defense_hooks: ClassVar[frozenset[str]] = frozenset()
+    # The full gRPC method names its sides serve beyond the hosts' (HOST_METHODS); with those, the
+    # methods an attack's taps and rewrites may name (config validation refuses any other).
+    methods: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def method_names(cls) -> list[str]:
+        """The short names of every method that crosses the wire in a run of this protocol."""
+        return sorted({short_name(m) for m in HOST_METHODS | cls.methods})
+
     # its party sides move tensors to the party's device (`train.device`); others train on the CPU only
     trains_on_device: ClassVar[bool] = False
 

@@ -37,6 +37,8 @@ from vflnet.models.local import LocalModel
 from vflnet.models.zoo import TopModel, build_bottom
 from vflnet.protocols.base import PROTOCOLS, Protocol
 from vflnet.protocols.split import (
+    EXCHANGE,
+    SPLIT_HOOKS,
     ActiveSplit,
     PassiveSplit,
     SplitActive,
@@ -231,6 +233,8 @@ class HashVFL(Protocol):
     coordinator = SplitCoordinator
     active = HashActive
     passive = HashPassive
+    defense_hooks = SPLIT_HOOKS
+    methods = frozenset({EXCHANGE})
 
     @classmethod
     def check_config(cls, cfg: Config) -> list[tuple[str, str]]:

@@ -22,7 +22,7 @@ from vflnet.defenses.base import build_upload_defenses
 from vflnet.models.local import LocalModel
 from vflnet.models.optim import build_optimizer, build_schedule
 from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, Protocol, RunFailed
-from vflnet.protocols.split import SplitActive, SplitPassive
+from vflnet.protocols.split import EXCHANGE, SPLIT_HOOKS, SplitActive, SplitPassive
 from vflnet.v1 import messages_pb2, tensor_pb2
 from vflnet.wire.errors import RpcFailure
 from vflnet.wire.tensors import from_tensor_map, to_tensor_map
@@ -197,3 +197,5 @@ class ParamServerProtocol(Protocol):
     coordinator = ParamServerCoordinator
     active = ParamServerActive
     passive = ParamServerPassive
+    defense_hooks = SPLIT_HOOKS | {"upload"}  # CentralParams: the upload defenses
+    methods = frozenset({EXCHANGE})

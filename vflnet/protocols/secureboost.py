@@ -567,6 +567,8 @@ class SecureBoost(Protocol):
     coordinator = SecureBoostCoordinator
     active = SecureBoostActive
     passive = SecureBoostPassive
+    defense_hooks = frozenset({"scores"})  # SecureBoostActive's PredictionsKeeper; no gradients, no bottom
+    methods = frozenset(f"/{SERVICE.full_name}/{m.name}" for m in SERVICE.methods)
 
     @classmethod
     def check_config(cls, cfg: Config) -> list[tuple[str, str]]:

@@ -442,6 +442,11 @@ class SplitActive(PartySide):
         self.keeper.parts = state["predictions"]
 
 
+# What a SplitActive / SplitPassive side applies: the active party's label defense, the passive party's
+# bottom defenses (the host builds its bottom with them), score defenses (PredictionsKeeper).
+SPLIT_HOOKS = frozenset({"labels", "bottom", "scores"})
+
+
 class SplitCoordinator(CoordinatorSide):
     """The generic schedule, pipelined: a passive party's whole part of a step is its step, and the
     active party takes the next step's embeddings as soon as this step completes (``_slot``)."""
@@ -459,3 +464,5 @@ class Split(Protocol):
     coordinator = SplitCoordinator
     active = SplitActive
     passive = SplitPassive
+    defense_hooks = SPLIT_HOOKS
+    methods = frozenset({EXCHANGE})

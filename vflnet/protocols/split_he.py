@@ -38,7 +38,15 @@ from vflnet.protocols.he_backprop import (
     forward_with_cache,
     packed_param_grads,
 )
-from vflnet.protocols.split import SplitActive, SplitPassive, StepResult, label_loss, outcome
+from vflnet.protocols.split import (
+    EXCHANGE,
+    SPLIT_HOOKS,
+    SplitActive,
+    SplitPassive,
+    StepResult,
+    label_loss,
+    outcome,
+)
 from vflnet.roles import deadlines
 from vflnet.roles.common import check_run, check_sender, header
 from vflnet.v1 import messages_pb2, services_pb2_grpc
@@ -409,6 +417,8 @@ class SplitHE(Protocol):
     coordinator = DecryptionService
     active = SplitHEActive
     passive = SplitHEPassive
+    defense_hooks = SPLIT_HOOKS
+    methods = frozenset({EXCHANGE, DECRYPT})
 
     @classmethod
     def check_config(cls, cfg: Config) -> list[tuple[str, str]]:
