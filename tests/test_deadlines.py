@@ -12,6 +12,7 @@ from tests.conftest import base_config, served_coordinator, write_config
 from vflnet.interceptors import Chain
 from vflnet.roles.party import PartyHost
 from vflnet.runner.local import run_local
+from vflnet.shared_config import shared_json
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.validation import config_from_dict
 from vflnet.wire.bridge import GrpcBridge
@@ -54,6 +55,7 @@ def test_a_hostile_work_estimate_is_refused_and_the_coordinator_keeps_admitting(
                 address="127.0.0.1:1",
                 sample_ids=[1, 2],
                 step_work_s=work,
+                config=shared_json(cfg),
             )
             stub.Join(req, timeout=1)  # a valid join waits for the roster: DEADLINE_EXCEEDED here
 

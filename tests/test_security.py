@@ -17,6 +17,7 @@ from tests.conftest import base_config, served_coordinator
 from vflnet.crypto.wire import cipher_to_proto
 from vflnet.interceptors.chain import Chain
 from vflnet.roles.coordinator import CoordinatorHost
+from vflnet.shared_config import shared_json
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.validation import config_from_dict
 from vflnet.wire import tls
@@ -54,7 +55,12 @@ def coordinator(tmp_path, pki):
 def _join(cfg, bridge, address, as_name, cert_name, role):
     channel = bridge.open_channel(address, cert_name, Chain(), peer="coordinator")
     req = messages_pb2.JoinRequest(
-        run_id="sec", name=as_name, role=role, address="127.0.0.1:1", sample_ids=[1, 2]
+        run_id="sec",
+        name=as_name,
+        role=role,
+        address="127.0.0.1:1",
+        sample_ids=[1, 2],
+        config=shared_json(cfg),
     )
     with pytest.raises(grpc.RpcError) as info:
         services_pb2_grpc.CoordinatorStub(channel).Join(req, timeout=DEADLINE)

@@ -30,6 +30,7 @@ from vflnet.roles.common import check_run, check_sender, header, wait_for
 from vflnet.roles.heartbeat import Abort, PartyWatch
 from vflnet.roles.party import accept_release
 from vflnet.roles.step_order import STEPS_IN_FLIGHT
+from vflnet.shared_config import config_mismatch
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.bridge import Bridge, add_handlers, allow_step_deadline
 from vflnet.wire.channels import stop_server
@@ -74,6 +75,9 @@ class Admission:
             raise invalid(
                 f"step_work_s of {req.name!r} must lie in [0, {deadlines.MAX_ESTIMATE_S:g}] s, got {req.step_work_s}"
             )
+        mismatch = config_mismatch(self.cfg, req.name, req.config)
+        if mismatch is not None:
+            raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, mismatch)
         with self.lock:
             if req.name in self.joined:
                 raise RpcFailure(grpc.StatusCode.ALREADY_EXISTS, f"party {req.name!r} has already joined")

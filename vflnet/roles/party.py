@@ -30,6 +30,7 @@ from vflnet.roles import checkpoints
 from vflnet.roles.common import JoinWaitroom, Liveness, check_run, check_sender, header
 from vflnet.roles.heartbeat import watch_coordinator
 from vflnet.roles.step_order import STEPS_IN_FLIGHT, StepTurns
+from vflnet.shared_config import shared_json
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.bridge import Bridge, add_handlers, allow_step_deadline
 from vflnet.wire.channels import stop_server
@@ -113,6 +114,7 @@ class PartyHost:
             sample_ids=self.data.ids,
             resume=self.resume,
             step_work_s=self.side.step_work_s(),
+            config=shared_json(self.cfg),
         )
         self.side.join_request(req)
         deadline = time.monotonic() + self.cfg.transport.join_timeout_s

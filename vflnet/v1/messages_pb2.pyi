@@ -38,7 +38,7 @@ class Header(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., batch_id: _Optional[int] = ..., sender: _Optional[str] = ..., model_version: _Optional[int] = ..., epoch: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("run_id", "name", "role", "address", "sample_ids", "initial_params", "resume", "step_work_s")
+    __slots__ = ("run_id", "name", "role", "address", "sample_ids", "initial_params", "resume", "step_work_s", "config")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class JoinRequest(_message.Message):
     INITIAL_PARAMS_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     STEP_WORK_S_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     name: str
     role: str
@@ -55,7 +56,8 @@ class JoinRequest(_message.Message):
     initial_params: _tensor_pb2.TensorMap
     resume: bool
     step_work_s: float
-    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., sample_ids: _Optional[_Iterable[int]] = ..., initial_params: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., resume: _Optional[bool] = ..., step_work_s: _Optional[float] = ...) -> None: ...
+    config: str
+    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., sample_ids: _Optional[_Iterable[int]] = ..., initial_params: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., resume: _Optional[bool] = ..., step_work_s: _Optional[float] = ..., config: _Optional[str] = ...) -> None: ...
 
 class PartyInfo(_message.Message):
     __slots__ = ("name", "role", "address")
