@@ -135,6 +135,7 @@ def test_passive_model_completion_beats_chance_and_improves_with_more_labels(tmp
     data = base_config(n_passive=2, aggregation="sum", active_features=True)
     data["parties"][1]["features"] = {"region": [0, 8, 0, 4]}
     data["parties"][3]["features"] = data["parties"][2]["features"] = {"region": [0, 8, 4, 8]}
+    data["data"]["allow_overlap"] = True  # on purpose (config check refuses an overlap otherwise)
     data["train"].update(epochs=1, batch_size=32)
     data["attacks"] = [
         {"name": "passive-model-completion", "party": "passive-1", "params": {"aux_labels_per_class": 1}},
