@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         smoke={"n": 16, "k": 4, "conv_channels": [2, 4], "fc1_out": 8, "iterations": 2, "steps": QUEUED + 3},
     )
+    # one intra-op thread, as every role of the runs (runtime.torch_threads): on a loaded 2-core machine
+    # two spinning OpenMP threads make an iteration several times slower, not faster
+    torch.set_num_threads(1)
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     size = (args.n, args.k, args.m, tuple(args.conv_channels), args.fc1_out)
     rows: list[Row] = []
