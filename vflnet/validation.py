@@ -8,9 +8,11 @@ the rest of the package.
   image regions);
 - attack and defense names, the roles they sit at and their params against ATTACKS and DEFENSES, and
   that every attack's party can have the knowledge it declares (`vflnet.attacks.knowledge`); that the
-  protocol applies every defense's hook point (`Protocol.defense_hooks`);
-- with ``check_data``: the roster against the dataset's shape (columns and regions in range, the
-  width of a top-less aggregate equal to the class count).
+  protocol applies every defense's hook point (`Protocol.defense_hooks`) and has every method an
+  attack taps or rewrites (`Protocol.methods`), in a direction and on a side that exist;
+- with ``check_data``: the roster against the dataset's shape (columns and regions in range, no two
+  parties holding the same feature unless ``data.allow_overlap``, the width of a top-less aggregate
+  equal to the class count).
 
 Every process that reads a config calls :func:`load_config` (or :func:`config_from_dict` for a
 mapping); every failure is a :class:`vflnet.config.ConfigError` naming the file, the key and what
@@ -201,9 +203,7 @@ def _check_plugins(cfg: Config) -> None:
                 raise ConfigError(src, f"{key}.params", str(exc)) from exc
             if section == "defenses":
                 _check_defense_hook(cfg, key, entry.name, cls.acts_on)
-            if (
-                section == "attacks"
-            ):  # its taps can match, and what its threat model grants it reaches its party
+            if section == "attacks":  # its taps can match; what its threat model grants reaches its party
                 _check_attack_taps(cfg, key, entry.name, cls.taps + cls.rewrites)
                 for problem in missing_knowledge(cfg, entry.party, cls):
                     raise ConfigError(
