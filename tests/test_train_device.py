@@ -110,3 +110,19 @@ def test_a_gpu_run_trains_as_the_cpu_run_with_the_same_messages(tmp_path: Path, 
     assert [s["bytes_sent"] for s in gpu_steps] == [s["bytes_sent"] for s in cpu_steps]
     # float results may differ in the last bits (other kernels), not in what was learnt
     assert abs(gpu["final"]["test_accuracy"] - cpu["final"]["test_accuracy"]) <= 0.05
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="checks the refusal on a machine without CUDA")
+def test_only_the_parties_on_this_machine_need_their_device_here() -> None:
+    """A lab machine starting one party (`vflnet party`) checks its own party's device, not the GPU
+    another machine holds for another party; `config check` and `vflnet run` check every party."""
+    from vflnet.config import parse
+    from vflnet.validation import check
+
+    data = digits()
+    data["parties"][3]["device"] = "cuda"
+    check(parse(copy.deepcopy(data), "run.yaml"), here=["active", "passive-1"])
+    with pytest.raises(ConfigError, match="cannot use CUDA"):
+        check(parse(copy.deepcopy(data), "run.yaml"), here=["passive-2"])
+    with pytest.raises(ConfigError, match="parties\\[3\\].device"):
+        check(parse(data, "run.yaml"))

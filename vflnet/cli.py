@@ -167,7 +167,7 @@ def _cmd_party(args: argparse.Namespace) -> int:
     from vflnet.config import ConfigError
     from vflnet.validation import load_config
 
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, here=[args.name])  # the other parties' devices are on their machines
     try:
         me = cfg.party(args.name)
     except KeyError as exc:

@@ -45,15 +45,22 @@ from vflnet.registry import (
 )
 
 
-def load_config(path: str | Path, *, check_data: bool = True, overrides: Sequence[str] = ()) -> Config:
+def load_config(
+    path: str | Path,
+    *,
+    check_data: bool = True,
+    overrides: Sequence[str] = (),
+    here: Sequence[str] | None = None,
+) -> Config:
     """Read, parse and check a config file; by default also against the dataset's shape. ``overrides``
     are the command line's ``KEY=VALUE`` strings (`vflnet.overrides`), set into the file's mapping
-    first; an error about an overridden key names the command line."""
+    first; an error about an overridden key names the command line. ``here``: the parties that run on
+    this machine (default: all), whose devices torch must be able to use here."""
     parsed = parse_overrides(overrides)
     data = apply_overrides(read_yaml(path), parsed)
     with blame(parsed):
         cfg = parse(data, str(path))
-        check(cfg, check_data=check_data)
+        check(cfg, check_data=check_data, here=here)
     return cfg
 
 
@@ -64,8 +71,9 @@ def config_from_dict(data: Any, source: str = "", *, check_data: bool = False) -
     return cfg
 
 
-def check(cfg: Config, *, check_data: bool = False) -> None:
-    """The checks of a parsed config that need the registries (and, with ``check_data``, the dataset)."""
+def check(cfg: Config, *, check_data: bool = False, here: Sequence[str] | None = None) -> None:
+    """The checks of a parsed config that need the registries (and, with ``check_data``, the dataset);
+    ``here``: the parties that run on this machine (default: all)."""
     src = cfg.source
     try:
         load_plugin_modules(cfg.plugins)
@@ -75,7 +83,7 @@ def check(cfg: Config, *, check_data: bool = False) -> None:
     _check_dataset_name(cfg)
     _check_models(cfg)
     _check_plugins(cfg)
-    _check_devices(cfg)
+    _check_devices(cfg, here)
     if check_data:
         check_against_dataset(cfg)
 
@@ -135,10 +143,11 @@ def _check_models(cfg: Config) -> None:
     _model_kind(cfg, cfg.model.top, "model.top.kind", "top")
 
 
-def _check_devices(cfg: Config) -> None:
-    """``train.device`` and each ``parties[].device``: a device torch can use here, under a protocol that
-    moves its tensors there, at a party whose defenses and attacks act on what it sends (host arrays)
-    and not inside its models (their own randomness is drawn on the CPU)."""
+def _check_devices(cfg: Config, here: Sequence[str] | None) -> None:
+    """``train.device`` and each ``parties[].device``: a device under a protocol that moves its tensors
+    there, at a party whose defenses and attacks act on what it sends (host arrays) and not inside its
+    models (their own randomness is drawn on the CPU), and, for the parties ``here`` (default: all),
+    a device torch can use on this machine (a lab's other machines may hold the GPUs)."""
     src = cfg.source
     for i, p in enumerate(cfg.parties):
         key = f"parties[{i}].device" if p.device else "train.device"
@@ -174,6 +183,8 @@ def _check_devices(cfg: Config) -> None:
                 f"{p.name} trains on {name!r} but {what} acts inside its training (on the CPU only); "
                 "use device 'cpu' for this party",
             )
+        if here is not None and p.name not in here:
+            continue
         try:  # last: the checks above hold on any machine, this one on the machine that runs the party
             resolve_device(name)
         except RuntimeError as exc:
