@@ -86,6 +86,7 @@ POSITIVE = {
     "secureboost": ["seconds_per_tree", "bytes_per_tree"],
     "scaling": ["step_ms", "cpu_s", "peak_rss_mib", "bytes_per_step"],
     "cafe": ["attack_iteration_ms", "step_without_attack_ms"],
+    "startup": ["warm_s"],
 }
 
 

@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="limit on the whole run: past it every process is stopped and the exit code is 124",
     )
+    add_start_argument(p)
 
     text = "start one role's process (how docker-compose and lab machines start parties)"
     p = sub.add_parser(
@@ -151,6 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("what", nargs="?", default="all", choices=[*BENCHMARKS, "all"], help="a benchmark (below)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's flags (NAME --help)")
     return parser
+
+
+def add_start_argument(parser: argparse.ArgumentParser) -> None:
+    """``--start``: how a run's role processes start (vflnet/runner/warm.py)."""
+    parser.add_argument(
+        "--start",
+        choices=("warm", "cold"),
+        default=os.environ.get("VFLNET_START") or "warm",
+        help="warm: forked from one interpreter that has torch and vflnet imported (a fork server); "
+        "cold: each a new `python -m vflnet party` (default: $VFLNET_START, else warm)",
+    )
 
 
 def _add_overrides(parser: argparse.ArgumentParser) -> None:
@@ -260,13 +272,16 @@ def _main(argv: list[str]) -> int:
                         "vflnet run --resume: a resumed run keeps its config (no KEY=VALUE)", file=sys.stderr
                     )
                     return 2
-                return resume_local(args.resume, progress=not args.no_progress, timeout_s=args.timeout)
+                return resume_local(
+                    args.resume, progress=not args.no_progress, timeout_s=args.timeout, start=args.start
+                )
             return run_local(
                 args.config,
                 run_dir=args.run_dir,
                 progress=not args.no_progress,
                 timeout_s=args.timeout,
                 overrides=args.overrides,
+                start=args.start,
             )
         if args.command == "party":
             return _cmd_party(args)

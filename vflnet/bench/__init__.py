@@ -28,6 +28,10 @@ BENCHMARKS = {
         "vflnet.bench.cafe",
         "ms per CAFE iteration at the paper's setting: the attack alone and a training step with it, CPU and GPU",
     ),
+    "startup": (
+        "vflnet.bench.startup",
+        "seconds to start a role process, a run and a sweep's runs: cold (new interpreters) vs warm (fork server)",
+    ),
     "scaling": (
         "vflnet.bench.scaling",
         "step time, CPU seconds and peak memory of every role against the number of passive parties",

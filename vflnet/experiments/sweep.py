@@ -13,6 +13,11 @@ loopback bridge where the run config says so). It runs into ``<run>.partial/`` a
 ``<run>/`` only once the run completed, so a directory under ``runs/`` named after a run is always a
 finished run: a killed sweep, started again, skips those and redoes the rest. Kubernetes Jobs run the
 same `vflnet sweep one` (vflnet.experiments.k8s).
+
+With ``--start warm`` (the default) the sweep starts one fork server (vflnet/runner/warm.py): every
+`vflnet sweep one` is forked from it, and so are the role processes of every run, so no run pays for
+starting an interpreter or importing torch. Runs that differ in ``runtime.torch_threads`` (an
+import-time setting) each start a fork server of their own instead.
 """
 
 from __future__ import annotations
@@ -21,18 +26,20 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
-from vflnet.config import ConfigError
+from vflnet.cli import add_start_argument
+from vflnet.config import ConfigError, RuntimeConfig
 from vflnet.experiments.plan import PlannedRun, Sweep, load_sweep, plan_json, run_meta
 from vflnet.experiments.results import PARTIAL, RUN_META, collect, is_completed, write_atomic, write_table
-from vflnet.runner.local import stop_processes
-from vflnet.runner.parent_death import child_env
+from vflnet.runner.local import role_env, stop_processes
+from vflnet.runner.warm import SOCKET_ENV, ForkServer, Process, fork_server, start_vflnet
 
 
 def write_run_files(sweep: Sweep, run: PlannedRun, configs_dir: Path) -> tuple[Path, Path]:
@@ -43,7 +50,7 @@ def write_run_files(sweep: Sweep, run: PlannedRun, configs_dir: Path) -> tuple[P
     return config_path, meta_path
 
 
-def run_one(config_path: Path, meta_path: Path, dest: Path) -> int:
+def run_one(config_path: Path, meta_path: Path, dest: Path, start: str = "warm") -> int:
     """Run one config into ``dest`` unless it is already there; ``dest`` appears only when complete."""
     from vflnet.runner.local import run_local
 
@@ -52,7 +59,7 @@ def run_one(config_path: Path, meta_path: Path, dest: Path) -> int:
     partial = dest.with_name(dest.name + PARTIAL)
     shutil.rmtree(partial, ignore_errors=True)  # what a killed attempt left
     partial.mkdir(parents=True)
-    rc = run_local(config_path, run_dir=partial, progress=False)
+    rc = run_local(config_path, run_dir=partial, progress=False, start=start)
     if rc != 0 or not is_completed(partial):
         return rc or 1
     shutil.copyfile(meta_path, partial / RUN_META)
@@ -60,7 +67,7 @@ def run_one(config_path: Path, meta_path: Path, dest: Path) -> int:
     return 0
 
 
-def run_sweep(sweep: Sweep, out: Path, jobs: int, quiet: bool) -> int:
+def run_sweep(sweep: Sweep, out: Path, jobs: int, quiet: bool, start: str = "warm") -> int:
     """Run the runs not yet done, ``jobs`` at a time; write the table; 1 if any run failed."""
     from tqdm import tqdm
 
@@ -77,25 +84,26 @@ def run_sweep(sweep: Sweep, out: Path, jobs: int, quiet: bool) -> int:
         file=sys.stderr,
         disable=quiet,
     )
-    running: dict[str, subprocess.Popen[bytes]] = {}
+    running: dict[str, Process] = {}
     failed: list[str] = []
-    try:
-        while pending or running:
-            while pending and len(running) < jobs:
-                run = pending.pop(0)
-                running[run.name] = _start(sweep, run, configs_dir, runs_dir, logs_dir)
-            time.sleep(0.2)
-            for name, proc in list(running.items()):
-                if proc.poll() is None:
-                    continue
-                del running[name]
-                bar.update(1)
-                if proc.returncode != 0:
-                    failed.append(name)
-                    bar.write(f"run {name} FAILED (exit {proc.returncode}); log: {logs_dir / name}.log")
-    finally:
-        stop_processes(list(running.values()))  # on Ctrl-C: no run goes on without the sweep
-        bar.close()
+    with _sweep_server(sweep, start) as server:
+        try:
+            while pending or running:
+                while pending and len(running) < jobs:
+                    run = pending.pop(0)
+                    running[run.name] = _start(sweep, run, out, start, server)
+                time.sleep(0.2)
+                for name, proc in list(running.items()):
+                    if proc.poll() is None:
+                        continue
+                    del running[name]
+                    bar.update(1)
+                    if proc.returncode != 0:
+                        failed.append(name)
+                        bar.write(f"run {name} FAILED (exit {proc.returncode}); log: {logs_dir / name}.log")
+        finally:
+            stop_processes(list(running.values()))  # on Ctrl-C: no run goes on without the sweep
+            bar.close()
     # this plan's runs only: runs of an earlier version of the sweep file may share the folder
     csv_path, _ = write_table(collect(runs_dir, {r.name for r in sweep.runs}), out)
     if not quiet:
@@ -107,21 +115,35 @@ def run_sweep(sweep: Sweep, out: Path, jobs: int, quiet: bool) -> int:
     return 1 if failed else 0
 
 
-def _start(
-    sweep: Sweep, run: PlannedRun, configs_dir: Path, runs_dir: Path, logs_dir: Path
-) -> subprocess.Popen:
-    config_path, meta_path = write_run_files(sweep, run, configs_dir)
-    cmd = [sys.executable, "-m", "vflnet", "sweep", "one", str(config_path)]
-    cmd += ["--meta", str(meta_path), "--dest", str(runs_dir / run.name)]
-    with (logs_dir / f"{run.name}.log").open("wb") as log:
-        # the run dies with the sweep (PR_SET_PDEATHSIG), so a killed sweep leaves no run behind
-        return subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=child_env(dict(os.environ)),
-        )
+@contextmanager
+def _sweep_server(sweep: Sweep, start: str) -> Iterator[ForkServer | None]:
+    """The fork server every run of the sweep starts from (warm start, one torch thread count)."""
+    default = RuntimeConfig().torch_threads
+    threads = {r.config.get("runtime", {}).get("torch_threads", default) for r in sweep.runs}
+    if start == "cold" or len(threads) != 1:
+        yield None
+        return
+    with fork_server(role_env(threads.pop())) as server:
+        yield server
+
+
+def _start(sweep: Sweep, run: PlannedRun, out: Path, start: str, server: ForkServer | None) -> Process:
+    config_path, meta_path = write_run_files(sweep, run, out / "configs")
+    args = [
+        "sweep",
+        "one",
+        str(config_path),
+        "--meta",
+        str(meta_path),
+        "--dest",
+        str(out / "runs" / run.name),
+    ]
+    args += ["--start", start]
+    # the run starts its role processes from the same server
+    env = dict(os.environ) if server is None else dict(os.environ, **{SOCKET_ENV: str(server.path)})
+    with (out / "logs" / f"{run.name}.log").open("wb") as log:
+        # the run dies with the sweep, so a killed sweep leaves no run behind
+        return start_vflnet(args, env, log, server, timeout_s=None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs", type=int, default=os.cpu_count() or 1, help="runs at a time (default: cores)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
+    add_start_argument(parser)
     parser.add_argument(
         "--emit",
         choices=["k8s"],
@@ -175,6 +198,7 @@ def _one_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dest", type=Path, required=True, help="its run directory, created when it completes"
     )
+    add_start_argument(parser)
     return parser
 
 
@@ -198,7 +222,7 @@ def _main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["one"]:
         args = _one_parser().parse_args(argv[1:])
-        return run_one(args.config, args.meta, args.dest)
+        return run_one(args.config, args.meta, args.dest, args.start)
     args = build_parser().parse_intermixed_args(argv)
     sweep = load_sweep(args.sweep, args.overrides)
     out = args.out or Path("sweeps") / sweep.name
@@ -211,4 +235,4 @@ def _main(argv: list[str]) -> int:
     if args.jobs < 1:
         print("error: --jobs must be at least 1", file=sys.stderr)
         return 2
-    return run_sweep(sweep, out, args.jobs, args.quiet)
+    return run_sweep(sweep, out, args.jobs, args.quiet, args.start)

@@ -4,6 +4,11 @@ The coordinator starts first on a free port and writes its address to the run di
 parties start next, bind their own free ports and join it. The launcher shows progress from
 metrics.jsonl, and if any process fails (or on Ctrl-C) tears every process down: children also get
 SIGTERM from the kernel if the launcher itself dies (PR_SET_PDEATHSIG), so none is orphaned.
+
+Role processes start warm by default: forked from a fork server that has torch and vflnet imported
+(vflnet/runner/warm.py), started once per launcher (or offered by ``vflnet sweep`` to all its runs);
+``start="cold"`` (``vflnet run --start cold``, ``VFLNET_START=cold``) starts each as
+``python -m vflnet party ...``.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -22,17 +28,19 @@ from typing import IO, Any
 from vflnet.config import Config, dump
 from vflnet.progress import quiet
 from vflnet.roles.run_lock import role_lock
-from vflnet.runner.parent_death import child_env
 from vflnet.runner.report import print_summary
 from vflnet.runner.scoring import score_run
+from vflnet.runner.warm import ForkServer, ForkServerError, Process, fork_server, shared_server, start_vflnet
 from vflnet.validation import load_config
+
+START_MODES = ("warm", "cold")
 
 
 @dataclass
 class Child:
     name: str
     role: str
-    proc: subprocess.Popen[bytes]
+    proc: Process
     log_path: Path
     log_file: IO[bytes]
 
@@ -45,9 +53,11 @@ class LocalCluster:
         config_path: Path,
         deadline: Deadline | None = None,
         resume: bool = False,
+        server: ForkServer | None = None,
     ) -> None:
         self.cfg, self.run_dir, self.config_path = cfg, run_dir, config_path
         self.resume = resume
+        self.server = server  # None: cold start
         self.children: dict[str, Child] = {}
         self.deadline = deadline or Deadline(None)
 
@@ -69,17 +79,12 @@ class LocalCluster:
     def _spawn_command(self, name: str, role: str, args: list[str]) -> Child:
         log_path = self.run_dir / "logs" / f"{name}.log"
         log_file = log_path.open("ab")
-        cmd = [sys.executable, "-m", "vflnet", *args]
-        env = child_env(
-            dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.cfg.runtime.torch_threads))
-        )
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
+        env = role_env(self.cfg.runtime.torch_threads)
+        try:
+            proc = start_vflnet(args, env, log_file, self.server, self.cfg.transport.join_timeout_s)
+        except ForkServerError as exc:
+            log_file.close()
+            raise ClusterFailure(f"{name}: {exc}") from exc
         child = Child(name, role, proc, log_path, log_file)
         self.children[name] = child
         return child
@@ -216,7 +221,12 @@ class LocalCluster:
             c.log_file.close()
 
 
-def stop_processes(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+def role_env(torch_threads: int) -> dict[str, str]:
+    """The environment of a run's role processes, cold or warm (a fork server is started with it)."""
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(torch_threads))
+
+
+def stop_processes(procs: Sequence[Process], grace_s: float = 5.0) -> None:
     """SIGTERM every process still running, SIGKILL those still alive ``grace_s`` later."""
     live = [p for p in procs if p.poll() is None]
     for p in live:
@@ -343,10 +353,12 @@ def run_local(
     progress: bool = True,
     timeout_s: float | None = None,
     overrides: Sequence[str] = (),
+    start: str = "warm",
 ) -> int:
     """Run ``config_path``'s cluster, with the command line's ``KEY=VALUE`` ``overrides`` (the run
     directory's config.yaml holds the result); ``timeout_s`` (``--timeout``) limits the whole run: past
-    it every process is stopped and the exit code is 124."""
+    it every process is stopped and the exit code is 124. ``start``: how role processes start (warm:
+    forked from a fork server; cold: each a new interpreter)."""
     deadline = Deadline(timeout_s)  # counted from the command's start, set-up included
     config_path = Path(config_path)
     cfg = load_config(config_path, overrides=overrides)
@@ -356,13 +368,15 @@ def run_local(
         resolved = run_dir / "config.yaml"
         dump(cfg, resolved)
         try:
-            return _run_resuming(cfg, run_dir, resolved, progress, deadline)
+            return _run_resuming(cfg, run_dir, resolved, progress, deadline, start)
         except RunTimeout:  # every process is stopped by now (the teardowns below)
             print(f"\nrun {cfg.run.id} exceeded --timeout {deadline.seconds:g} s", file=sys.stderr)
             return TIMEOUT_EXIT
 
 
-def resume_local(run_dir: Path, *, progress: bool = True, timeout_s: float | None = None) -> int:
+def resume_local(
+    run_dir: Path, *, progress: bool = True, timeout_s: float | None = None, start: str = "warm"
+) -> int:
     """`vflnet run --resume RUN_DIR`: the same run (its resolved config.yaml) restarted in every
     process with --resume; the coordinator continues from the newest valid checkpoint."""
     resolved = run_dir / "config.yaml"
@@ -376,7 +390,7 @@ def resume_local(run_dir: Path, *, progress: bool = True, timeout_s: float | Non
     deadline = Deadline(timeout_s)
     with role_lock(run_dir, "launcher"):
         try:
-            return _run_resuming(cfg, run_dir, resolved, progress, deadline, resume=True)
+            return _run_resuming(cfg, run_dir, resolved, progress, deadline, start, resume=True)
         except RunTimeout:
             print(f"\nrun {cfg.run.id} exceeded --timeout {deadline.seconds:g} s", file=sys.stderr)
             return TIMEOUT_EXIT
@@ -387,7 +401,13 @@ LAST_RUNS_FILES = ("coordinator.addr", "plan.json", "summary.json", "processes.j
 
 
 def _run_resuming(
-    cfg: Config, run_dir: Path, resolved: Path, progress: bool, deadline: Deadline, resume: bool = False
+    cfg: Config,
+    run_dir: Path,
+    resolved: Path,
+    progress: bool,
+    deadline: Deadline,
+    start: str,
+    resume: bool = False,
 ) -> int:
     """The run, resumed by this launcher up to ``run.auto_resume`` times after it failed (a process
     died, a step failed): each time every process restarts with --resume from the newest checkpoint."""
@@ -395,24 +415,41 @@ def _run_resuming(
     from vflnet.roles.checkpoints import latest_manifest
 
     resumable = cfg.transport.bridge != "loopback" and PROTOCOLS.get(cfg.protocol.kind).resumable
-    attempt = 0
-    while True:
-        if resume:
-            for stale in LAST_RUNS_FILES:
-                (run_dir / stale).unlink(missing_ok=True)
-            if not _resumable_from_a_valid_checkpoint(cfg, run_dir):
-                return 1
-        rc = _run(cfg, run_dir, resolved, progress, deadline, resume)
-        if rc != 1 or not resumable or attempt >= cfg.run.auto_resume:
-            return rc
-        attempt += 1
-        manifest = latest_manifest(run_dir, cfg.run.id, cfg.coordinator.name)
-        print(
-            f"run {cfg.run.id}: resuming by itself from step {manifest.step if manifest else 0} "
-            f"(run.auto_resume: attempt {attempt} of {cfg.run.auto_resume})",
-            file=sys.stderr,
-        )
-        resume = True
+    with _fork_server(cfg, start) as server:  # one for every attempt
+        attempt = 0
+        while True:
+            if resume:
+                for stale in LAST_RUNS_FILES:
+                    (run_dir / stale).unlink(missing_ok=True)
+                if not _resumable_from_a_valid_checkpoint(cfg, run_dir):
+                    return 1
+            rc = _run(cfg, run_dir, resolved, progress, deadline, resume, server)
+            if rc != 1 or not resumable or attempt >= cfg.run.auto_resume:
+                return rc
+            attempt += 1
+            manifest = latest_manifest(run_dir, cfg.run.id, cfg.coordinator.name)
+            print(
+                f"run {cfg.run.id}: resuming by itself from step {manifest.step if manifest else 0} "
+                f"(run.auto_resume: attempt {attempt} of {cfg.run.auto_resume})",
+                file=sys.stderr,
+            )
+            resume = True
+
+
+@contextmanager
+def _fork_server(cfg: Config, start: str) -> Iterator[ForkServer | None]:
+    """The fork server a run's role processes start from: the one a sweep offers, else one of its
+    own; None for a cold start and for the loopback bridge (no role processes)."""
+    if start not in START_MODES:
+        raise ValueError(f"start must be one of {START_MODES}, not {start!r}")
+    offered = shared_server()
+    if start == "cold" or cfg.transport.bridge == "loopback":
+        yield None
+    elif offered is not None:
+        yield offered
+    else:
+        with fork_server(role_env(cfg.runtime.torch_threads)) as server:
+            yield server
 
 
 def _resumable_from_a_valid_checkpoint(cfg: Config, run_dir: Path) -> bool:
@@ -437,12 +474,18 @@ def _resumable_from_a_valid_checkpoint(cfg: Config, run_dir: Path) -> bool:
 
 
 def _run(
-    cfg: Config, run_dir: Path, resolved: Path, progress: bool, deadline: Deadline, resume: bool = False
+    cfg: Config,
+    run_dir: Path,
+    resolved: Path,
+    progress: bool,
+    deadline: Deadline,
+    resume: bool,
+    server: ForkServer | None,
 ) -> int:
     if cfg.transport.bridge == "loopback":
         return _run_in_process(cfg, run_dir, progress, deadline)
     print(f"run {cfg.run.id}: {len(cfg.parties)} processes, run directory {run_dir}", file=sys.stderr)
-    cluster = LocalCluster(cfg, run_dir, resolved, deadline, resume)
+    cluster = LocalCluster(cfg, run_dir, resolved, deadline, resume, server)
     # Ctrl-C and SIGTERM stop the run; set explicitly: a process started with SIGINT ignored (a
     # nohup, a CI runner, a pytest-xdist worker) would otherwise inherit the ignoring
     previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}

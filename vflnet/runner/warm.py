@@ -1,0 +1,340 @@
+"""Warm start: role processes forked from a fork server that has torch and vflnet imported already.
+
+A cold start (`python -m vflnet party ...`) spends seconds importing torch in every process. The fork
+server is one such interpreter, started once with the children's environment; it imports everything
+a role process imports (:data:`PRELOAD`) and then only forks. Each child is a fresh process: it gets
+its command line, environment, working directory and log file from the request, runs ``vflnet ARGS``
+exactly as ``python -m vflnet ARGS`` would, and exits through the interpreter's normal shutdown (its
+exit code, or the signal that killed it, reaches the requester). Nothing a child does reaches the
+server or another child. The server only imports: no torch op runs and no gRPC channel or server is
+made in it, so no thread pool exists to be lost by a fork (numpy's OpenBLAS pool is OpenBLAS's own:
+it stops its threads around fork).
+
+Lifetimes, as for cold children (vflnet/runner/parent_death.py):
+
+- the server dies with the process that started it (PR_SET_PDEATHSIG), and every child dies with the
+  server;
+- a child dies with the process that asked for it: the server holds each requester's connection and
+  sends the child SIGTERM when the requester hangs up (it died, or dropped the handle);
+- a child that crashes or is killed is reaped by the server, which reports its exit status; the
+  server goes on serving.
+
+A process the server started can ask it for more children (``vflnet sweep``'s runs start their role
+processes from the sweep's server): :data:`SOCKET_ENV` names its socket.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import importlib
+import importlib.util
+import json
+import os
+import select
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from vflnet.runner.parent_death import ENV as PARENT_ENV
+from vflnet.runner.parent_death import child_env
+
+# what the server imports before it forks, with every registry's built-ins: what a role process or a
+# run's launcher imports anyway
+PRELOAD = (
+    "torch",
+    "torch._dynamo",  # torch.optim imports it with the first optimizer (~2 s)
+    "torch._dynamo.convert_frame",  # and this at its first step
+    "grpc",
+    "vflnet.cli",
+    "vflnet.roles.party",
+    "vflnet.roles.coordinator",
+    "vflnet.roles.proxy",
+    "vflnet.runner.local",
+    "vflnet.runner.loopback",
+    "vflnet.runner.scoring",
+    "vflnet.experiments.sweep",
+)
+PRELOAD_IF_INSTALLED = ("matplotlib.figure",)  # the plots extra: an attack's pictures
+SOCKET_ENV = "VFLNET_FORK_SERVER"
+STATUS = struct.Struct("i")  # a child's pid, then its exit code (negative: the signal that killed it)
+SERVER_GONE = 255  # the exit code reported when the server died before the child's status came
+MAX_REQUEST = 1 << 20
+INTERRUPTED = -int(signal.SIGINT)  # _run_vflnet's code for an uncaught KeyboardInterrupt
+
+
+class ForkServerError(RuntimeError):
+    """The fork server could not start a process."""
+
+
+class WarmProcess:
+    """A child of the fork server, handled like a ``subprocess.Popen``: pid, poll, wait, returncode,
+    terminate, kill. Its exit status comes over the connection that asked for it."""
+
+    def __init__(self, pid: int, conn: socket.socket) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._conn = conn
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
+            self._read_status()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self._conn], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(f"warm child {self.pid}", timeout or 0.0)
+            self._read_status()
+        assert self.returncode is not None
+        return self.returncode
+
+    def _read_status(self) -> None:
+        data = self._conn.recv(STATUS.size)
+        self.returncode = STATUS.unpack(data)[0] if data else SERVER_GONE
+        self._conn.close()
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # not yet reaped: the pid is still this child's
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+@dataclass
+class ForkServer:
+    """A fork server's socket, and the server process itself when this process started it."""
+
+    path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def spawn(
+        self, args: list[str], env: dict[str, str], log: IO[bytes], timeout_s: float | None
+    ) -> WarmProcess:
+        """Start ``vflnet ARGS`` with ``env``, stdout and stderr to ``log``, this working directory.
+        Waits up to ``timeout_s`` (None: no limit) for the pid: the server may still be importing."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            conn.settimeout(timeout_s)
+            conn.connect(str(self.path))
+            request = json.dumps({"args": args, "env": env, "cwd": os.getcwd()}).encode()
+            socket.send_fds(conn, [request], [log.fileno()])
+            data = conn.recv(STATUS.size)
+        except OSError as exc:  # timeouts included
+            conn.close()
+            raise ForkServerError(f"the fork server at {self.path} did not start {args[:1]}: {exc}") from exc
+        if not data:
+            conn.close()
+            raise ForkServerError(
+                f"the fork server at {self.path} exited (its errors are on the launcher's stderr)"
+            )
+        conn.settimeout(None)
+        return WarmProcess(STATUS.unpack(data)[0], conn)
+
+
+Process = subprocess.Popen[bytes] | WarmProcess
+
+
+def start_vflnet(
+    args: list[str], env: dict[str, str], log: IO[bytes], server: ForkServer | None, timeout_s: float | None
+) -> Process:
+    """``vflnet ARGS`` with ``env``, stdout and stderr to ``log``, that dies with this process: forked
+    from ``server`` (warm), or a new interpreter when it is None (cold)."""
+    if server is not None:
+        return server.spawn(args, env, log, timeout_s)
+    return subprocess.Popen(
+        [sys.executable, "-m", "vflnet", *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=child_env(env),
+    )
+
+
+@contextmanager
+def fork_server(env: dict[str, str]) -> Iterator[ForkServer]:
+    """Start a fork server whose children get ``env``'s import-time settings (OMP_NUM_THREADS...);
+    stopped, by its pid, on leaving. It dies with this process if this process dies first."""
+    folder = Path(tempfile.mkdtemp(prefix="vflnet-fork-"))
+    path = folder / "server.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        # bound and listening before the server starts: requests wait in the backlog while it imports
+        listener.bind(str(path))
+        listener.listen(64)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from vflnet.runner.warm import main; main()", str(listener.fileno())],
+            pass_fds=[listener.fileno()],
+            stdin=subprocess.DEVNULL,
+            env=child_env(dict(env, PYTHONUNBUFFERED="1")),
+        )
+    finally:
+        listener.close()
+    try:
+        yield ForkServer(path, proc)
+    finally:
+        proc.terminate()  # its children have ended (or end with it: PR_SET_PDEATHSIG)
+        proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def shared_server() -> ForkServer | None:
+    """The fork server this process was started from, when its starter offers it (``SOCKET_ENV``)."""
+    path = os.environ.get(SOCKET_ENV)
+    return ForkServer(Path(path)) if path else None
+
+
+@dataclass
+class _Request:
+    args: list[str]
+    env: dict[str, str]
+    cwd: str
+    log_fd: int
+    server_pid: int
+
+
+def _serve(listener: socket.socket) -> _Request:
+    """Fork a child for every request. Returns only in a child: its request."""
+    server_pid = os.getpid()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)  # SIGCHLD wakes the selector
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the children, not the server
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    requesters: dict[int, socket.socket] = {}  # child pid -> the connection that asked for it
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is listener:
+                conn, _ = listener.accept()
+                message, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 1)
+                request = json.loads(message)
+                pid = os.fork()
+                if pid == 0:
+                    for fd in (wake_r, wake_w):
+                        os.close(fd)
+                    for other in (listener, conn, *requesters.values()):
+                        other.close()
+                    selector.close()
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    signal.signal(signal.SIGINT, signal.default_int_handler)
+                    return _Request(request["args"], request["env"], request["cwd"], fds[0], server_pid)
+                os.close(fds[0])
+                conn.send(STATUS.pack(pid))
+                requesters[pid] = conn
+                selector.register(conn, selectors.EVENT_READ, pid)
+            elif key.fileobj == wake_r:
+                os.read(wake_r, 4096)
+                _reap(requesters, selector)
+            else:  # the requester hung up: its child goes with it, as with PR_SET_PDEATHSIG
+                selector.unregister(key.fileobj)
+                os.kill(key.data, signal.SIGTERM)
+
+
+def _reap(requesters: dict[int, socket.socket], selector: selectors.BaseSelector) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = requesters.pop(pid)
+        if conn in selector.get_map():  # not if its requester hung up already
+            selector.unregister(conn)
+        try:
+            conn.send(STATUS.pack(os.waitstatus_to_exitcode(status)))
+        except OSError:  # the requester is gone
+            pass
+        conn.close()
+
+
+def _become(request: _Request) -> None:
+    """Turn this forked copy of the server into the requested ``vflnet ARGS`` process."""
+    os.dup2(request.log_fd, 1)
+    os.dup2(request.log_fd, 2)
+    os.close(request.log_fd)
+    os.chdir(request.cwd)
+    os.environ.clear()
+    # vflnet's main asks for SIGTERM when the server (this process's parent) dies
+    os.environ.update(request.env, **{PARENT_ENV: str(request.server_pid)})
+    sys.argv = ["vflnet", *request.args]
+    import numpy
+
+    numpy.random.seed()  # fresh entropy, as a new interpreter has (random reseeds itself at fork)
+
+
+def main() -> None:
+    from vflnet.runner.parent_death import die_with_parent_if_asked
+
+    die_with_parent_if_asked()
+    listener = socket.socket(fileno=int(sys.argv[1]))
+    for module in PRELOAD:
+        importlib.import_module(module)
+    for module in PRELOAD_IF_INSTALLED:
+        if importlib.util.find_spec(module.split(".")[0]) is not None:
+            importlib.import_module(module)
+    from vflnet import registry
+
+    for built_ins in (
+        registry.ATTACKS,
+        registry.DEFENSES,
+        registry.DATASETS,
+        registry.MODELS,
+        registry.PROTOCOLS,
+    ):
+        built_ins.names()  # imports every built-in module, as a process's first lookup does
+    # what is imported stays out of the children's collections (their exit's included): a collection
+    # would touch every object, copying each page the child shares with the server
+    gc.freeze()
+    request = _serve(listener)
+    _become(request)
+    code = _run_vflnet(request.args)
+    # the interpreter's exit without its last step: joining threads (as multiprocessing's children
+    # do), atexit, flushing; tearing down every module would copy each page shared with the server
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == INTERRUPTED:  # an uncaught KeyboardInterrupt: the process ends by SIGINT, as Python's does
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+def _run_vflnet(args: list[str]) -> int:
+    """``vflnet ARGS``, and the exit code the interpreter would give it."""
+    from vflnet.cli import main as vflnet_main
+
+    try:
+        return vflnet_main(args)
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        return INTERRUPTED
+    except Exception:
+        traceback.print_exc()
+        return 1
