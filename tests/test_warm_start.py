@@ -13,7 +13,7 @@ import torch
 from tests.conftest import base_config, write_config
 from tests.test_e2e_runtime import TRANSPORT, _start_long_run, _wait_exited
 from vflnet.config import Config
-from vflnet.runner.local import START_MODES, role_env, run_local
+from vflnet.runner.local import START_MODES, run_local
 from vflnet.runner.warm import SOCKET_ENV, fork_server
 
 pytestmark = pytest.mark.e2e
@@ -42,7 +42,7 @@ def test_warm_and_cold_starts_end_bit_identical(tmp_path):
 
 def test_a_warm_child_reports_its_exit_code_and_writes_its_log(tmp_path):
     log_path = tmp_path / "child.log"
-    with fork_server(role_env(1)) as server, log_path.open("ab") as log:
+    with fork_server(1) as server, log_path.open("ab") as log:
         child = server.spawn(["config", "check", str(tmp_path / "missing.yaml")], dict(os.environ), log, 300)
         assert child.wait(timeout=300) == 2
     assert "missing.yaml" in log_path.read_text()
@@ -51,8 +51,8 @@ def test_a_warm_child_reports_its_exit_code_and_writes_its_log(tmp_path):
 def test_a_killed_warm_party_fails_its_run_and_the_server_starts_the_next(tmp_path, repo, monkeypatch):
     """A role process SIGKILLed mid-run fails that run as a cold one would; the fork server, which a
     sweep keeps across runs, goes on and starts the next run's processes."""
-    with fork_server(role_env(Config().runtime.torch_threads)) as server:
-        monkeypatch.setenv(SOCKET_ENV, str(server.path))  # as `vflnet sweep` offers it to its runs
+    with fork_server(Config().runtime.torch_threads) as server:
+        monkeypatch.setenv(SOCKET_ENV, server.offer()[SOCKET_ENV])  # as `vflnet sweep` offers it to its runs
         (tmp_path / "killed").mkdir()
         proc, run_dir = _start_long_run(tmp_path / "killed", repo)
         pids = json.loads((run_dir / "processes.json").read_text())

@@ -32,8 +32,8 @@ from vflnet.bench.common import Row, parse_args, write_json
 from vflnet.config import Config
 from vflnet.example_configs import EXAMPLES
 from vflnet.experiments.results import collect, sweep_run_dirs
-from vflnet.runner.local import START_MODES, free_port, role_env, stop_processes
-from vflnet.runner.warm import ForkServer, Process, fork_server, start_vflnet
+from vflnet.runner.local import START_MODES, free_port, stop_processes
+from vflnet.runner.warm import ForkServer, Process, fork_server, role_env, start_vflnet
 from vflnet.wire.healthcheck import check
 
 LIMIT_S = 300.0  # any one start, on a loaded machine
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load average {os.getloadavg()[0]:.1f} at the start, {os.cpu_count()} cores", flush=True)
 
         began = time.perf_counter()
-        with fork_server(role_env(threads)) as server, (folder / "server.log").open("ab") as log:
+        with fork_server(threads) as server, (folder / "server.log").open("ab") as log:
             server.spawn(["--version"], role_env(threads), log, LIMIT_S).wait(LIMIT_S)
             rows.append({"what": "fork server: start to first child", "warm_s": time.perf_counter() - began})
             party: dict[str, list[list[float]]] = {start: [] for start in START_MODES}

@@ -16,8 +16,8 @@ same `vflnet sweep one` (vflnet.experiments.k8s).
 
 With ``--start warm`` (the default) the sweep starts one fork server (vflnet/runner/warm.py): every
 `vflnet sweep one` is forked from it, and so are the role processes of every run, so no run pays for
-starting an interpreter or importing torch. Runs that differ in ``runtime.torch_threads`` (an
-import-time setting) each start a fork server of their own instead.
+starting an interpreter or importing torch. A run whose ``runtime.torch_threads`` (an import-time
+setting) differs from the first run's starts its role processes from a fork server of its own.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from vflnet.cli import add_start_argument
 from vflnet.config import ConfigError, RuntimeConfig
 from vflnet.experiments.plan import PlannedRun, Sweep, load_sweep, plan_json, run_meta
 from vflnet.experiments.results import PARTIAL, RUN_META, collect, is_completed, write_atomic, write_table
-from vflnet.runner.local import role_env, stop_processes
-from vflnet.runner.warm import SOCKET_ENV, ForkServer, Process, fork_server, start_vflnet
+from vflnet.runner.local import stop_processes
+from vflnet.runner.warm import ForkServer, Process, fork_server, start_vflnet
 
 
 def write_run_files(sweep: Sweep, run: PlannedRun, configs_dir: Path) -> tuple[Path, Path]:
@@ -117,13 +117,14 @@ def run_sweep(sweep: Sweep, out: Path, jobs: int, quiet: bool, start: str = "war
 
 @contextmanager
 def _sweep_server(sweep: Sweep, start: str) -> Iterator[ForkServer | None]:
-    """The fork server every run of the sweep starts from (warm start, one torch thread count)."""
-    default = RuntimeConfig().torch_threads
-    threads = {r.config.get("runtime", {}).get("torch_threads", default) for r in sweep.runs}
-    if start == "cold" or len(threads) != 1:
+    """The fork server every run of the sweep starts from (warm start), for its first run's torch
+    threads: a run that asks for other threads starts its role processes from a server of its own."""
+    if start == "cold":
         yield None
         return
-    with fork_server(role_env(threads.pop())) as server:
+    with fork_server(
+        sweep.runs[0].config.get("runtime", {}).get("torch_threads", RuntimeConfig().torch_threads)
+    ) as server:
         yield server
 
 
@@ -140,7 +141,7 @@ def _start(sweep: Sweep, run: PlannedRun, out: Path, start: str, server: ForkSer
     ]
     args += ["--start", start]
     # the run starts its role processes from the same server
-    env = dict(os.environ) if server is None else dict(os.environ, **{SOCKET_ENV: str(server.path)})
+    env = dict(os.environ) if server is None else dict(os.environ, **server.offer())
     with (out / "logs" / f"{run.name}.log").open("wb") as log:
         # the run dies with the sweep, so a killed sweep leaves no run behind
         return start_vflnet(args, env, log, server, timeout_s=None)

@@ -14,7 +14,6 @@ Role processes start warm by default: forked from a fork server that has torch a
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -30,7 +29,15 @@ from vflnet.progress import quiet
 from vflnet.roles.run_lock import role_lock
 from vflnet.runner.report import print_summary
 from vflnet.runner.scoring import score_run
-from vflnet.runner.warm import ForkServer, ForkServerError, Process, fork_server, shared_server, start_vflnet
+from vflnet.runner.warm import (
+    ForkServer,
+    ForkServerError,
+    Process,
+    fork_server,
+    role_env,
+    shared_server,
+    start_vflnet,
+)
 from vflnet.validation import load_config
 
 START_MODES = ("warm", "cold")
@@ -219,11 +226,6 @@ class LocalCluster:
         stop_processes([c.proc for c in self.children.values()])
         for c in self.children.values():
             c.log_file.close()
-
-
-def role_env(torch_threads: int) -> dict[str, str]:
-    """The environment of a run's role processes, cold or warm (a fork server is started with it)."""
-    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(torch_threads))
 
 
 def stop_processes(procs: Sequence[Process], grace_s: float = 5.0) -> None:
@@ -438,17 +440,18 @@ def _run_resuming(
 
 @contextmanager
 def _fork_server(cfg: Config, start: str) -> Iterator[ForkServer | None]:
-    """The fork server a run's role processes start from: the one a sweep offers, else one of its
-    own; None for a cold start and for the loopback bridge (no role processes)."""
+    """The fork server a run's role processes start from: the one a sweep offers when it is for the
+    run's torch threads, else one of its own; None for a cold start and for the loopback bridge (no
+    role processes)."""
     if start not in START_MODES:
         raise ValueError(f"start must be one of {START_MODES}, not {start!r}")
     offered = shared_server()
     if start == "cold" or cfg.transport.bridge == "loopback":
         yield None
-    elif offered is not None:
+    elif offered is not None and offered.torch_threads == cfg.runtime.torch_threads:
         yield offered
     else:
-        with fork_server(role_env(cfg.runtime.torch_threads)) as server:
+        with fork_server(cfg.runtime.torch_threads) as server:
             yield server
 
 

@@ -20,7 +20,7 @@ Lifetimes, as for cold children (vflnet/runner/parent_death.py):
   server goes on serving.
 
 A process the server started can ask it for more children (``vflnet sweep``'s runs start their role
-processes from the sweep's server): :data:`SOCKET_ENV` names its socket.
+processes from the sweep's server): :data:`SOCKET_ENV` names its socket and its torch thread count.
 """
 
 from __future__ import annotations
@@ -119,10 +119,16 @@ class WarmProcess:
 
 @dataclass
 class ForkServer:
-    """A fork server's socket, and the server process itself when this process started it."""
+    """A fork server's socket, the ``runtime.torch_threads`` its children's environment is for, and the
+    server process itself when this process started it."""
 
     path: Path
+    torch_threads: int
     proc: subprocess.Popen[bytes] | None = None
+
+    def offer(self) -> dict[str, str]:
+        """The environment entry through which a child uses this server too."""
+        return {SOCKET_ENV: f"{self.torch_threads}:{self.path}"}
 
     def spawn(
         self, args: list[str], env: dict[str, str], log: IO[bytes], timeout_s: float | None
@@ -167,10 +173,16 @@ def start_vflnet(
     )
 
 
+def role_env(torch_threads: int) -> dict[str, str]:
+    """The environment of a run's role processes, cold or warm (a fork server is started with it)."""
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(torch_threads))
+
+
 @contextmanager
-def fork_server(env: dict[str, str]) -> Iterator[ForkServer]:
-    """Start a fork server whose children get ``env``'s import-time settings (OMP_NUM_THREADS...);
-    stopped, by its pid, on leaving. It dies with this process if this process dies first."""
+def fork_server(torch_threads: int) -> Iterator[ForkServer]:
+    """Start a fork server with the environment of role processes for ``torch_threads`` (its
+    import-time settings); stopped, by its pid, on leaving. It dies with this process if this process
+    dies first."""
     folder = Path(tempfile.mkdtemp(prefix="vflnet-fork-"))
     path = folder / "server.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -182,12 +194,12 @@ def fork_server(env: dict[str, str]) -> Iterator[ForkServer]:
             [sys.executable, "-c", "from vflnet.runner.warm import main; main()", str(listener.fileno())],
             pass_fds=[listener.fileno()],
             stdin=subprocess.DEVNULL,
-            env=child_env(dict(env, PYTHONUNBUFFERED="1")),
+            env=child_env(role_env(torch_threads)),
         )
     finally:
         listener.close()
     try:
-        yield ForkServer(path, proc)
+        yield ForkServer(path, torch_threads, proc)
     finally:
         proc.terminate()  # its children have ended (or end with it: PR_SET_PDEATHSIG)
         proc.wait()
@@ -196,8 +208,11 @@ def fork_server(env: dict[str, str]) -> Iterator[ForkServer]:
 
 def shared_server() -> ForkServer | None:
     """The fork server this process was started from, when its starter offers it (``SOCKET_ENV``)."""
-    path = os.environ.get(SOCKET_ENV)
-    return ForkServer(Path(path)) if path else None
+    offered = os.environ.get(SOCKET_ENV)
+    if not offered:
+        return None
+    threads, path = offered.split(":", 1)
+    return ForkServer(Path(path), int(threads))
 
 
 @dataclass
