@@ -232,6 +232,20 @@ def test_a_step_with_any_file_cut_is_skipped_naming_the_step_and_the_file(tmp_pa
     assert manifest is None and "step-00000003" in skipped[1] and "passive-1.pt" in skipped[1]
 
 
+def test_a_party_saving_a_step_keeps_the_two_manifested_checkpoints_before_it(tmp_path):
+    """A party saves step 9 before the coordinator writes its manifest; a run that dies in between
+    must still have two manifested checkpoints, so the newest of them may be cut and the run resumes
+    from the other (a party pruning like the coordinator removed step 3 here)."""
+    _two_checkpoints(tmp_path, "run")
+    checkpoints.save_state(checkpoints.step_dir(tmp_path, 9) / "passive-1.pt", {"step": 9})  # no manifest
+    checkpoints.prune_after_party_save(tmp_path, [3, 6, 9])
+    _cut_in_half(checkpoints.step_dir(tmp_path, 6) / "passive-1.pt")
+    manifest, skipped = checkpoints.newest_valid(tmp_path, "run", "coordinator")
+    assert manifest is not None and manifest.step == 3 and "step-00000006" in skipped[0]
+    checkpoints.prune_after_party_save(tmp_path, [0, 3, 6, 9])  # a fourth save: step 0 would go, not 3
+    assert checkpoints.newest_valid(tmp_path, "run", "coordinator")[0] == manifest
+
+
 def test_resume_without_a_valid_checkpoint_fails_at_once_naming_step_and_file(tmp_path, capsys):
     run_dir = tmp_path / "run"
     path = _config(tmp_path, "split")

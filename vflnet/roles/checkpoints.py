@@ -175,6 +175,14 @@ def prune(run_dir: Path, keep_from: int) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def prune_after_party_save(run_dir: Path, saved_steps: list[int]) -> None:
+    """A party's pruning after it saved ``saved_steps[-1]``: it keeps one checkpoint more than the
+    coordinator, since the step just saved has no manifest yet (the coordinator writes it once every
+    party has saved) and a run that dies before then resumes from the KEEP manifested ones before it."""
+    if len(saved_steps) > KEEP + 1:
+        prune(run_dir, saved_steps[-KEEP - 1])
+
+
 def drop_after(run_dir: Path, step: int) -> None:
     """Remove checkpoints newer than ``step`` (a resumed run replaces them)."""
     root = run_dir / "checkpoints"

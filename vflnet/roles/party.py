@@ -310,8 +310,7 @@ class PartyHost:
         }
         digest = checkpoints.save_state(checkpoints.step_dir(self.run_dir, h.step) / f"{self.name}.pt", state)
         self.saved_steps.append(h.step)
-        if len(self.saved_steps) > checkpoints.KEEP:
-            checkpoints.prune(self.run_dir, self.saved_steps[-checkpoints.KEEP])
+        checkpoints.prune_after_party_save(self.run_dir, self.saved_steps)
         return digest
 
     def restore(self, reply: messages_pb2.JoinReply) -> None:
