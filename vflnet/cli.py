@@ -11,8 +11,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from vflnet.extras import MissingExtra
-
 if TYPE_CHECKING:
     from vflnet.config import Config, PartyConfig
 
@@ -235,8 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent_if_asked()  # a launcher's child never outlives it
     try:
         return _main(sys.argv[1:] if argv is None else argv)
-    except MissingExtra as exc:  # an optional dependency (pyproject.toml's extras) is not installed
-        print(f"error: {exc}", file=sys.stderr)
+    except ImportError as exc:
+        from vflnet.extras import MissingExtra  # here: the health check imports this module, and little
+
+        if not isinstance(exc, MissingExtra):
+            raise
+        print(f"error: {exc}", file=sys.stderr)  # an optional dependency (an extra) is not installed
         return 2
 
 
