@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,16 @@ def test_a_warm_child_reports_its_exit_code_and_writes_its_log(tmp_path):
         child = server.spawn(["config", "check", str(tmp_path / "missing.yaml")], dict(os.environ), log, 300)
         assert child.wait(timeout=300) == 2
     assert "missing.yaml" in log_path.read_text()
+
+
+def test_a_requester_that_hangs_up_before_asking_leaves_the_server_serving(tmp_path):
+    with fork_server(1) as server, (tmp_path / "child.log").open("ab") as log:
+        with socket.socket(
+            socket.AF_UNIX, socket.SOCK_SEQPACKET
+        ) as gone:  # a launcher killed right after connecting
+            gone.connect(str(server.path))
+        assert server.spawn(["--version"], dict(os.environ), log, 300).wait(timeout=300) == 0
+        assert server.proc.poll() is None
 
 
 def test_a_killed_warm_party_fails_its_run_and_the_server_starts_the_next(tmp_path, repo, monkeypatch):

@@ -241,6 +241,9 @@ def _serve(listener: socket.socket) -> _Request:
             if key.fileobj is listener:
                 conn, _ = listener.accept()
                 message, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 1)
+                if not fds:  # the requester hung up (died) before it asked
+                    conn.close()
+                    continue
                 request = json.loads(message)
                 pid = os.fork()
                 if pid == 0:
@@ -254,7 +257,10 @@ def _serve(listener: socket.socket) -> _Request:
                     signal.signal(signal.SIGINT, signal.default_int_handler)
                     return _Request(request["args"], request["env"], request["cwd"], fds[0], server_pid)
                 os.close(fds[0])
-                conn.send(STATUS.pack(pid))
+                try:
+                    conn.send(STATUS.pack(pid))
+                except OSError:  # the requester is gone: the selector sees it hang up, below
+                    pass
                 requesters[pid] = conn
                 selector.register(conn, selectors.EVENT_READ, pid)
             elif key.fileobj == wake_r:
