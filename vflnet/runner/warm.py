@@ -42,7 +42,7 @@ import sys
 import tempfile
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +72,9 @@ SOCKET_ENV = "VFLNET_FORK_SERVER"
 STATUS = struct.Struct("i")  # a child's pid, then its exit code (negative: the signal that killed it)
 SERVER_GONE = 255  # the exit code reported when the server died before the child's status came
 MAX_REQUEST = 1 << 20
+# the server's program: the fork loop below, whose children run the `vflnet` command's entry point
+# (named here, not imported: the CLI starts runs through this module)
+SERVER_COMMAND = "from vflnet.cli import main as entry; from vflnet.runner.warm import main; main(entry)"
 INTERRUPTED = -int(signal.SIGINT)  # _run_vflnet's code for an uncaught KeyboardInterrupt
 
 
@@ -191,7 +194,7 @@ def fork_server(torch_threads: int) -> Iterator[ForkServer]:
         listener.bind(str(path))
         listener.listen(64)
         proc = subprocess.Popen(
-            [sys.executable, "-c", "from vflnet.runner.warm import main; main()", str(listener.fileno())],
+            [sys.executable, "-c", SERVER_COMMAND, str(listener.fileno())],
             pass_fds=[listener.fileno()],
             stdin=subprocess.DEVNULL,
             env=child_env(role_env(torch_threads)),
@@ -304,7 +307,8 @@ def _become(request: _Request) -> None:
     numpy.random.seed()  # fresh entropy, as a new interpreter has (random reseeds itself at fork)
 
 
-def main() -> None:
+def main(entry: Callable[[list[str]], int]) -> None:
+    """The fork server: import, then fork a child per request that runs ``entry(ARGS)`` (`vflnet ARGS`)."""
     from vflnet.runner.parent_death import die_with_parent_if_asked
 
     die_with_parent_if_asked()
@@ -329,7 +333,7 @@ def main() -> None:
     gc.freeze()
     request = _serve(listener)
     _become(request)
-    code = _run_vflnet(request.args)
+    code = _run_vflnet(entry, request.args)
     # the interpreter's exit without its last step: joining threads (as multiprocessing's children
     # do), atexit, flushing; tearing down every module would copy each page shared with the server
     threading._shutdown()  # type: ignore[attr-defined]
@@ -342,12 +346,10 @@ def main() -> None:
     os._exit(code)
 
 
-def _run_vflnet(args: list[str]) -> int:
-    """``vflnet ARGS``, and the exit code the interpreter would give it."""
-    from vflnet.cli import main as vflnet_main
-
+def _run_vflnet(entry: Callable[[list[str]], int], args: list[str]) -> int:
+    """``vflnet ARGS`` (``entry(ARGS)``), and the exit code the interpreter would give it."""
     try:
-        return vflnet_main(args)
+        return entry(args)
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0
