@@ -388,9 +388,15 @@ def run_attacks(
         return [f.result() for f in futures]
 
 
-def time_paper_setting(out: Path, seed: int, threads: int, device: str = "cpu", steps: int = 5) -> float:
+# The tap's attack trails the protocol on its own thread by up to two queued observations: the first
+# steps (set-up, then filling the queue) do not wait for it; from then on each waits for one iteration.
+UNTIMED_STEPS = 4
+
+
+def time_paper_setting(out: Path, seed: int, threads: int, device: str = "cpu", steps: int = 8) -> float:
     """Seconds of one step of a real run at the paper setting (N = 800, K = 40, M = 4, conv 64/128,
-    fc1 256), with the CAFE tap: protocol and attack iteration together."""
+    fc1 256), with the CAFE tap: protocol and attack iteration together, once the attack's queue is
+    full (the steps before it would read as the protocol alone)."""
     run = RunSettings(
         800, 4, steps, worker_model((64, 128), 256), eval_every=0, seed=seed, threads=threads, device=device
     )
@@ -404,7 +410,7 @@ def time_paper_setting(out: Path, seed: int, threads: int, device: str = "cpu", 
         threads=threads,
     )
     records = execute(data, out / "runs" / "paper-setting-timing").steps
-    return median_step_s(records)
+    return median_step_s(records[UNTIMED_STEPS:])
 
 
 def _fmt(value: float | None) -> str:
