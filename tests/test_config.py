@@ -64,6 +64,17 @@ def test_wrong_literal_lists_the_choices(tmp_path):
         (lambda d: d["data"].update(dataset="cifar10"), "data.dataset", "unknown dataset"),
         (lambda d: d["train"].update(batch_size=0), "train.batch_size", "positive"),
         (lambda d: d["protocol"].update(aggregation="sum"), "protocol.aggregation", "equal bottom output"),
+        (
+            lambda d: d["parties"][2]["bottom"].update(output_activation="softmax"),
+            "parties[2].bottom.output_activation",
+            "top model only",
+        ),
+        (
+            lambda d: d["parties"][3]["bottom"].update(input_activation="relu"),
+            "parties[3].bottom.input_activation",
+            "top model only",
+        ),
+        (lambda d: d["parties"][2]["bottom"].update(init="xavier"), "parties[2].bottom.init", "keras"),
     ],
 )
 def test_semantic_errors_name_the_key(tmp_path, change, key, text):
