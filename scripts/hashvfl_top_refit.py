@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vflnet.attacks.knowledge import run_split
 from vflnet.config import Config
 from vflnet.data.datasets import load_dataset
 from vflnet.models.zoo import TopModel
-from vflnet.reproduce.hashvfl import party_blocks, signs, trained_top
+from vflnet.threat.knowledge import run_split
+from vflnet.tools.reproduce.hashvfl import party_blocks, signs, trained_top
 from vflnet.validation import load_config
 
 

@@ -151,7 +151,7 @@ def served_coordinator(cfg: Any, run_dir: Path) -> Iterator[tuple[Any, Any, str]
     """A coordinator host of ``cfg`` behind a real gRPC server on loopback (no schedule runs):
     (host, bridge, address); the server stops on exit."""
     from vflnet.roles.coordinator import CoordinatorHost
-    from vflnet.wire.bridge import GrpcBridge
+    from vflnet.sdk.bridge import GrpcBridge
 
     bridge = GrpcBridge(cfg.transport)
     host = CoordinatorHost(cfg, run_dir, bridge)

@@ -25,13 +25,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from vflnet.attacks.knowledge import run_split
 from vflnet.attacks.label_inference import BatchGradientView, SampleGradientView
 from vflnet.config import Config, ModelConfig
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import party_view
 from vflnet.models.zoo import build_bottom
 from vflnet.runner.loopback import run_loopback
+from vflnet.threat.knowledge import run_split
 from vflnet.validation import config_from_dict
 
 HIDDEN = 32

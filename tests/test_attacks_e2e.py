@@ -13,12 +13,12 @@ import torch
 import yaml
 
 from tests.conftest import base_config, write_config
-from vflnet.attacks.base import AttackContext
 from vflnet.data.partition import party_view
 from vflnet.interceptors.trace import read_trace
 from vflnet.models.zoo import build_party_modules
 from vflnet.registry import ATTACKS
 from vflnet.runner.local import run_local
+from vflnet.threat.attack import AttackContext
 from vflnet.validation import config_from_dict
 
 # A CLI command on a loaded machine: most of it is importing torch. Only a hang runs into it.

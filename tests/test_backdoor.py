@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from tests.conftest import base_config, write_config
-from vflnet.attacks.base import AttackContext
 from vflnet.crypto import generate_keypair
 from vflnet.crypto.wire import cipher_from_proto, cipher_to_proto
 from vflnet.interceptors.events import WireEvent
 from vflnet.interceptors.trace import read_trace
 from vflnet.registry import ATTACKS
-from vflnet.reproduce.backdoor import build_parser, cases
 from vflnet.runner.local import run_local
 from vflnet.runner.reference import train_reference
+from vflnet.threat.attack import AttackContext
+from vflnet.tools.reproduce.backdoor import build_parser, cases
 from vflnet.v1 import messages_pb2
 from vflnet.validation import config_from_dict
 from vflnet.wire import tensors

@@ -14,10 +14,10 @@ import pytest
 from tests.conftest import base_config
 from vflnet.data.alignment import intersect, split_train_test
 from vflnet.roles.party import PartyHost
+from vflnet.sdk.bridge import GrpcBridge
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.validation import config_from_dict
 from vflnet.wire import tensors
-from vflnet.wire.bridge import GrpcBridge
 
 # How long the active party waits for a missing peer (it bounds test_missing_peer_times_out...), and
 # the client-side deadline of every call here: generous, the calls only take it when something hangs.

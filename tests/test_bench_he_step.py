@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from vflnet.bench.he_step import (
+from vflnet.crypto import generate_keypair
+from vflnet.crypto.opcount import OpCounts
+from vflnet.tools.bench.he_step import (
     HIDDEN,
     LOGITS,
     PASSIVES,
@@ -20,8 +22,6 @@ from vflnet.bench.he_step import (
     phe_stages,
     run_engine,
 )
-from vflnet.crypto import generate_keypair
-from vflnet.crypto.opcount import OpCounts
 
 FEATURES, BITS = 32, 512  # 512-bit keys: tests only
 

@@ -18,7 +18,6 @@ from sklearn.datasets import load_digits
 from torch import Tensor
 from torch.func import functional_call
 
-from vflnet.attacks.base import AttackContext
 from vflnet.attacks.cafe import (
     CafeAttack,
     CafeParams,
@@ -27,7 +26,6 @@ from vflnet.attacks.cafe import (
     table9_params,
 )
 from vflnet.attacks.cafe_tap import CafeTap
-from vflnet.attacks.knowledge import deliver_server_knowledge, run_split
 from vflnet.data.datasets import load_dataset
 from vflnet.defenses.dp_gradients import DpGradients
 from vflnet.defenses.fake_gradients import FakeGradients
@@ -50,8 +48,10 @@ from vflnet.models.cafe_net import (
     soft_cross_entropy,
     split_image_grid,
 )
-from vflnet.reproduce.cafe import RunResult, execute, reproduce, run_config
-from vflnet.reproduce.cafe import main as reproduce_main
+from vflnet.threat.attack import AttackContext
+from vflnet.threat.knowledge import deliver_server_knowledge, run_split
+from vflnet.tools.reproduce.cafe import RunResult, execute, reproduce, run_config
+from vflnet.tools.reproduce.cafe import main as reproduce_main
 from vflnet.v1 import messages_pb2
 from vflnet.wire.loopback import SCHEME
 from vflnet.wire.tensors import from_tensor_map, to_tensor_map
@@ -89,7 +89,7 @@ CONV_TINY = {"kind": "cafe-conv", "channels": [4, 8], "hidden": [16, 8], "out": 
 
 
 def cafe_run(root: Path, name: str, **kwargs: Any) -> tuple[RunResult, Path]:
-    """A real param-server run of the CAFE setting (vflnet.reproduce.cafe.run_config) and its directory."""
+    """A real param-server run of the CAFE setting (vflnet.tools.reproduce.cafe.run_config) and its directory."""
     run_dir = root / name
     return execute(run_config(**kwargs), run_dir), run_dir
 
@@ -701,9 +701,9 @@ def test_the_authors_victim_keras_init_and_double_softmax_and_the_attackers_temp
     """`init: keras` gives Glorot-uniform weights and zero biases; `output_activation: softmax` makes the
     top end in probabilities that the loss softmaxes again; the coordinator's architecture knowledge
     carries it, so the attacker's template computes the victim's outputs."""
-    from vflnet.attacks.knowledge import deliver_server_knowledge
     from vflnet.models.zoo import build_party_modules
-    from vflnet.reproduce.cafe import config_in, top_model, worker_model
+    from vflnet.threat.knowledge import deliver_server_knowledge
+    from vflnet.tools.reproduce.cafe import config_in, top_model, worker_model
 
     data = run_config(
         n=16, k=4, iterations=2, bottom=worker_model((2, 4), 8, "keras"), top=top_model("keras", True)

@@ -19,9 +19,9 @@ from vflnet.config import TLSConfig, TransportConfig
 from vflnet.interceptors import Chain, WireEvent, read_trace
 from vflnet.interceptors.grpc_adapters import ClientChainHook, ServerChainHook
 from vflnet.runner.local import run_local
+from vflnet.sdk.bridge import allow_step_deadline
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tensors, tls
-from vflnet.wire.bridge import allow_step_deadline
 from vflnet.wire.channels import bind, grpc_options, make_server, open_channel
 from vflnet.wire.chunking import CALL_METHOD, FETCH_METHOD, METHOD_KEY, TICKET_KEY
 
@@ -550,7 +550,7 @@ def test_a_chunked_stream_whose_sender_goes_quiet_is_dropped(active: Active) -> 
 
 
 def test_a_chunked_call_may_ask_for_the_runs_step_deadline_once_it_is_known(active: Active) -> None:
-    """A step deadline scaled with the work (vflnet/roles/deadlines.py) can exceed rpc_timeout_s and
+    """A step deadline scaled with the work (vflnet/sdk/deadlines.py) can exceed rpc_timeout_s and
     join_timeout_s: once admission announces it, chunked calls may ask for it; before, they may not."""
     transport = dataclasses.replace(SMALL, rpc_timeout_s=5, join_timeout_s=5)  # bound: 10 s
     srv, address = serve(active, transport)

@@ -12,10 +12,10 @@ import pytest
 
 from tests.conftest import REPO
 from vflnet import cli
-from vflnet.bench import BENCHMARKS
 from vflnet.example_configs import EXAMPLES, example_files
-from vflnet.experiments import sweep as sweep_cli
-from vflnet.experiments.plan import load_sweep
+from vflnet.tools.bench import BENCHMARKS
+from vflnet.tools.experiments import sweep as sweep_cli
+from vflnet.tools.experiments.plan import load_sweep
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 

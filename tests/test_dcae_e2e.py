@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import DEADLINES
-from vflnet.reproduce.label_inference import (
+from vflnet.tools.reproduce.label_inference import (
     ANALYTIC,
     DIGITS,
     INVERSION,

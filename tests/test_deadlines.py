@@ -1,4 +1,4 @@
-"""Step deadlines scale with the work (vflnet/roles/deadlines.py): key size, batch, model, protocol."""
+"""Step deadlines scale with the work (vflnet/sdk/deadlines.py): key size, batch, model, protocol."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from tests.conftest import base_config, served_coordinator, write_config
 from vflnet.interceptors import Chain
 from vflnet.roles.party import PartyHost
 from vflnet.runner.local import run_local
+from vflnet.sdk.bridge import GrpcBridge
 from vflnet.shared_config import shared_json
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.validation import config_from_dict
-from vflnet.wire.bridge import GrpcBridge
 
 
 def he_config(key_bits: int = 2048, batch: int = 128) -> dict:

@@ -31,7 +31,7 @@ def test_the_runtime_imports_without_the_extras() -> None:
     code = (
         f"import sys; {blocked}\n"
         "import vflnet.cli, vflnet.runner.local, vflnet.roles.party, vflnet.roles.coordinator\n"
-        "import vflnet.experiments.figures, vflnet.metrics.labels, vflnet.metrics.images\n"
+        "import vflnet.tools.experiments.figures, vflnet.metrics.labels, vflnet.metrics.images\n"
         "from vflnet.registry import ATTACKS, DEFENSES\n"
         "import vflnet.validation\n"
         "print(len(ATTACKS.all()) > 0 and len(DEFENSES.all()) > 0)\n"

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from vflnet.attacks import feature_reconstruction as fr
-from vflnet.attacks.base import AttackContext
 from vflnet.attacks.binary_features import FeatureReconstruction, estimate_rank
 from vflnet.config import LRScheduleConfig, OptimizerConfig
 from vflnet.defenses.embedding_defenses import Masquerade, NoisyEmbedding
 from vflnet.models.local import LocalModel
 from vflnet.models.zoo import TopModel
 from vflnet.protocols.split import ActiveSplit, PassiveSplit
+from vflnet.threat.attack import AttackContext
 
 
 def passive_data(

@@ -17,8 +17,13 @@ from tests.conftest import DEADLINES, write_config
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import party_seed
 from vflnet.defenses.embedding_defenses import Masquerade
-from vflnet.reproduce.feature_reconstruction import experiment, run_one, split_he_config, split_he_recovery
 from vflnet.runner.local import run_local
+from vflnet.tools.reproduce.feature_reconstruction import (
+    experiment,
+    run_one,
+    split_he_config,
+    split_he_recovery,
+)
 from vflnet.validation import config_from_dict
 
 SENDER = "passive-1"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from vflnet.bench import grpc_floor
-from vflnet.bench.grpc_floor import BATCH, EMBEDDING, WARMUP, distributed
+from vflnet.tools.bench import grpc_floor
+from vflnet.tools.bench.grpc_floor import BATCH, EMBEDDING, WARMUP, distributed
 
 EMBEDDINGS = 5 + BATCH * EMBEDDING * 4  # party byte, step, float32 values
 GRADIENT = BATCH * EMBEDDING * 4

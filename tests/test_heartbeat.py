@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DEADLINES, base_config, write_config
-from vflnet.protocols.base import RunFailed
 from vflnet.roles.heartbeat import Abort, Heartbeat, HeartbeatError
+from vflnet.sdk.contract import RunFailed
 
 HEARTBEAT_S, DEAD_AFTER_S = 0.2, 3.0
 RPC_TIMEOUT_S = 300  # far above dead_after_s: a dead peer found by a deadline would fail the test
@@ -261,7 +261,7 @@ def test_health_checks_pass_no_mod():
     from vflnet.config import TransportConfig
     from vflnet.interceptors.chain import Chain
     from vflnet.roles.heartbeat import health_check
-    from vflnet.wire.bridge import GrpcBridge
+    from vflnet.sdk.bridge import GrpcBridge
 
     seen: list[str] = []
     bridge = GrpcBridge(TransportConfig())

@@ -154,7 +154,7 @@ def plain_server(active: EchoActive) -> Iterator[str]:
 def test_method_table_covers_every_service() -> None:
     assert METHODS[EXCHANGE] == (messages_pb2.Embeddings, messages_pb2.EmbeddingGradients)
     assert METHODS[RUN_STEP] == (messages_pb2.StepCommand, messages_pb2.StepReport)
-    # plug-in protocols add their own services (vflnet.protocols.base.register_messages): only vflnet's here
+    # plug-in protocols add their own services (vflnet.sdk.contract.register_messages): only vflnet's here
     assert {m for m in METHODS if m.startswith("/vflnet.v1.")} == {
         "/vflnet.v1.Coordinator/Join",
         "/vflnet.v1.Coordinator/Decrypt",
@@ -475,7 +475,7 @@ def test_empty_chain_leaves_the_channel_alone(plain_server: str) -> None:
 
 @pytest.mark.filterwarnings("ignore:generating an INSECURE")
 def test_event_decodes_ciphertexts_with_the_receivers_public_key() -> None:
-    from vflnet.crypto.keys import generate_keypair
+    from vflnet.crypto.cipher import generate_keypair
     from vflnet.crypto.wire import cipher_to_proto
 
     public, private = generate_keypair(512, allow_insecure=True)

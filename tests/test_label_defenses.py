@@ -282,7 +282,7 @@ def test_every_label_defense_is_the_implementation_of_one_registered_name() -> N
 
 def test_reproduction_sweeps_build_valid_runs_with_accepted_parameters() -> None:
     from vflnet.registry import DEFENSES
-    from vflnet.reproduce.label_inference import BREAST_CANCER, DIGITS, SWEEPS, batch_attacks, config
+    from vflnet.tools.reproduce.label_inference import BREAST_CANCER, DIGITS, SWEEPS, batch_attacks, config
     from vflnet.validation import config_from_dict
 
     # every label defense of the active party has a sweep

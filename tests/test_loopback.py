@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 from vflnet.interceptors.chain import Chain, Refused
+from vflnet.sdk.bridge import LoopbackBridge, add_handlers
 from vflnet.v1 import messages_pb2, services_pb2_grpc
-from vflnet.wire.bridge import LoopbackBridge, add_handlers
 from vflnet.wire.errors import RpcFailure
 
 SHUTDOWN = "/vflnet.v1.Party/Shutdown"

@@ -23,8 +23,8 @@ import torch
 
 from tests.conftest import base_config, write_config
 from vflnet.interceptors.trace import read_trace, trace_path
-from vflnet.lab import cli
-from vflnet.lab.netlab import (
+from vflnet.tools.lab import cli
+from vflnet.tools.lab.netlab import (
     SUBNET,
     Lab,
     LabError,
@@ -35,8 +35,8 @@ from vflnet.lab.netlab import (
     unavailable_reason,
     up,
 )
-from vflnet.lab.run import LabRunResult, run_lab
-from vflnet.lab.switch import Impairment, parse_netem
+from vflnet.tools.lab.run import LabRunResult, run_lab
+from vflnet.tools.lab.switch import Impairment, parse_netem
 from vflnet.wire import tensors
 
 NO_LAB = unavailable_reason()

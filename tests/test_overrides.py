@@ -12,7 +12,7 @@ import yaml
 
 from tests.conftest import REPO, base_config, write_config
 from vflnet.config import ConfigError
-from vflnet.experiments.plan import load_sweep
+from vflnet.tools.experiments.plan import load_sweep
 from vflnet.validation import load_config
 
 DIGITS = REPO / "configs" / "digits-2p.yaml"

@@ -13,8 +13,8 @@ import yaml
 
 from tests.conftest import REPO
 from tests.test_deploy_static import compose_files
-from vflnet.experiments.k8s import manifests
-from vflnet.experiments.plan import load_sweep
+from vflnet.tools.experiments.k8s import manifests
+from vflnet.tools.experiments.plan import load_sweep
 from vflnet.validation import load_config
 
 K8S = REPO / "deploy" / "k8s"

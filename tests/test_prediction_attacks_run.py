@@ -122,7 +122,7 @@ def test_the_attacks_need_a_release_and_the_prediction_phase(tmp_path, attack) -
 def test_the_reproductions_correlation_table_scores_grna_per_target_feature(tmp_path) -> None:
     """`vflnet reproduce prediction-attacks --tables correlations`: one row per target feature (breast_cancer,
     40% of 30 features), each a GRNA MSE and two correlations in [-1, 1] (Eqs. 16-17)."""
-    from vflnet.reproduce import prediction_attacks
+    from vflnet.tools.reproduce import prediction_attacks
 
     assert prediction_attacks.main(["--quick", "--tables", "correlations", "--out-dir", str(tmp_path)]) == 0
     report = (tmp_path / "report.md").read_text()

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, base_config, write_config
-from vflnet.attacks.base import Tap
 from vflnet.config import ConfigError
 from vflnet.registry import ATTACKS, DEFENSES, PROTOCOLS
+from vflnet.threat.attack import Tap
 from vflnet.validation import load_config
 
 SECUREBOOST = yaml.safe_load((REPO / "configs" / "secureboost-digits.yaml").read_text())
@@ -96,7 +96,7 @@ def test_an_attack_on_a_method_the_protocol_lacks_is_refused(tmp_path):
 
 def test_every_vflnet_method_belongs_to_the_hosts_or_a_protocol():
     from vflnet.interceptors.events import METHODS
-    from vflnet.protocols.base import HOST_METHODS
+    from vflnet.sdk.contract import HOST_METHODS
 
     vflnet_methods = {m for m in METHODS if m.startswith("/vflnet.v1.")}
     declared = HOST_METHODS.union(*(p.methods for p in PROTOCOLS.all().values()))

@@ -13,10 +13,10 @@ import yaml
 
 from tests.conftest import base_config, write_config
 from tests.headless import assert_not_blank, render
-from vflnet.experiments import capability, compare, report
-from vflnet.experiments.plan import load_sweep
-from vflnet.experiments.results import collect, write_table
-from vflnet.experiments.sweep import run_one, write_run_files
+from vflnet.tools.experiments import capability, compare, report
+from vflnet.tools.experiments.plan import load_sweep
+from vflnet.tools.experiments.results import collect, write_table
+from vflnet.tools.experiments.sweep import run_one, write_run_files
 
 SCALE = "defenses[0].params.scale"
 

@@ -11,7 +11,6 @@ import torch
 from sklearn.tree import DecisionTreeClassifier
 
 from tests.conftest import write_config
-from vflnet.bench.secureboost_phe import PhePassive, PheRemote, PheWire, encrypt_rows, phe_tree
 from vflnet.crypto import generate_keypair
 from vflnet.models.secureboost import (
     FRAC_BITS,
@@ -30,6 +29,7 @@ from vflnet.models.secureboost import (
 from vflnet.protocols.secureboost import gh_slots
 from vflnet.runner.local import run_local
 from vflnet.runner.reference import tree_views
+from vflnet.tools.bench.secureboost_phe import PhePassive, PheRemote, PheWire, encrypt_rows, phe_tree
 from vflnet.validation import config_from_dict
 
 PARTIES = ["active", "passive-1", "passive-2"]

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from tests.test_secureboost import tree_config
-from vflnet.attacks.knowledge import run_split
 from vflnet.crypto import generate_keypair
 from vflnet.crypto.wire import cipher_to_proto
 from vflnet.data.datasets import load_dataset
@@ -20,10 +19,11 @@ from vflnet.interceptors.chain import Chain
 from vflnet.models.secureboost import FRAC_BITS, grad_hess
 from vflnet.protocols.secureboost import HISTOGRAMS, ROUTE, SPLIT, START
 from vflnet.roles.party import PartyHost
+from vflnet.sdk.bridge import GrpcBridge, add_handlers, unary
+from vflnet.threat.knowledge import run_split
 from vflnet.v1 import messages_pb2, secureboost_pb2, services_pb2_grpc
 from vflnet.validation import config_from_dict
 from vflnet.wire import tensors
-from vflnet.wire.bridge import GrpcBridge, add_handlers, unary
 
 DEADLINE = 30
 

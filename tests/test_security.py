@@ -17,11 +17,11 @@ from tests.conftest import base_config, served_coordinator
 from vflnet.crypto.wire import cipher_to_proto
 from vflnet.interceptors.chain import Chain
 from vflnet.roles.coordinator import CoordinatorHost
+from vflnet.sdk.bridge import GrpcBridge
 from vflnet.shared_config import shared_json
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.validation import config_from_dict
 from vflnet.wire import tls
-from vflnet.wire.bridge import GrpcBridge
 
 DEADLINE = 30
 
@@ -295,7 +295,7 @@ def test_reflection_when_asked_for_lists_what_the_server_serves_under_v1_and_v1a
 
     from vflnet.config import TransportConfig
     from vflnet.roles.party import RUN_STEP, SHUTDOWN
-    from vflnet.wire.bridge import add_handlers
+    from vflnet.sdk.bridge import add_handlers
     from vflnet.wire.channels import stop_server
 
     bridge = GrpcBridge(TransportConfig(reflection=True))

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from vflnet import progress
-from vflnet.bench import BENCHMARKS
-from vflnet.bench.common import markdown_table, parse_args
-from vflnet.bench.scaling import read_proc, scaling_config
-from vflnet.reproduce.cli import EXPERIMENTS
+from vflnet.tools.bench import BENCHMARKS
+from vflnet.tools.bench.common import markdown_table, parse_args
+from vflnet.tools.bench.scaling import read_proc, scaling_config
+from vflnet.tools.reproduce.cli import EXPERIMENTS
 from vflnet.validation import config_from_dict
 
 SMOKE_TIMEOUT_S = 1100  # a hang guard on a loaded machine, not a speed target

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from tests.conftest import base_config, write_config
-from vflnet.attacks.base import AttackContext
-from vflnet.attacks.knowledge import run_split, threat_model_knowledge
 from vflnet.data.datasets import load_dataset
 from vflnet.interceptors.trace import read_trace
 from vflnet.metrics.labels import mean_batch_auc
 from vflnet.registry import ATTACKS
 from vflnet.runner.local import run_local
+from vflnet.threat.attack import AttackContext
+from vflnet.threat.knowledge import run_split, threat_model_knowledge
 from vflnet.validation import config_from_dict, load_config
 
 

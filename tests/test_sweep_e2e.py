@@ -15,7 +15,7 @@ import pytest
 
 from tests.headless import assert_not_blank, render
 from tests.test_report import SCALE, tiny_sweep_file
-from vflnet.experiments.results import read_json
+from vflnet.tools.experiments.results import read_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

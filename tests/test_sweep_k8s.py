@@ -16,8 +16,8 @@ import yaml
 
 from tests.test_k8s_manifests import KUBERNETES_VERSION
 from tests.test_report import SCALE, sweep_dir, tiny_sweep_file  # noqa: F401 (sweep_dir: a fixture)
-from vflnet.experiments import sweep as sweep_cli
-from vflnet.experiments.plan import load_sweep
+from vflnet.tools.experiments import sweep as sweep_cli
+from vflnet.tools.experiments.plan import load_sweep
 from vflnet.validation import config_from_dict
 
 

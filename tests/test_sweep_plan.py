@@ -11,7 +11,7 @@ import yaml
 
 from tests.conftest import REPO, base_config, write_config
 from vflnet.config import ConfigError
-from vflnet.experiments.plan import load_sweep
+from vflnet.tools.experiments.plan import load_sweep
 
 
 def sweep_file(tmp_path: Path, body: dict[str, Any]) -> Path:

@@ -293,7 +293,7 @@ def test_requests_from_outside_the_run_are_counted_not_recorded(tmp_path: Path) 
     """Security finding 8: a party's trace recorded refused garbage from non-roster senders until its
     cap, crowding out the run's own messages."""
     from tests.conftest import base_config
-    from vflnet.interceptors.setup import party_interception
+    from vflnet.threat.interception import party_interception
     from vflnet.validation import config_from_dict
 
     data = base_config()

@@ -22,12 +22,21 @@ _MODULE_COMMANDS = {
     "health": ("vflnet.wire.healthcheck", "gRPC health check of a running party (exit 0 when SERVING)"),
     "proxy": ("vflnet.roles.proxy", "man-in-the-middle proxy between parties (taps, rewrites, TCP relay)"),
     "trace": ("vflnet.interceptors.trace_cli", "list, show and export wire traces"),
-    "attack": ("vflnet.attacks.offline", "run an attack offline over a recorded trace"),
-    "reproduce": ("vflnet.reproduce.cli", "paper reproductions whose results docs/attacks.md reports"),
-    "lab": ("vflnet.lab.cli", "multi-host network lab in Linux network namespaces (root)"),
-    "sweep": ("vflnet.experiments.sweep", "run a sweep file's runs (grid/zip, seeds) and tabulate them"),
-    "report": ("vflnet.experiments.report", "Markdown and self-contained HTML report of a run or a sweep"),
-    "compare": ("vflnet.experiments.compare", "two runs or two sweeps side by side (Markdown and HTML)"),
+    "attack": ("vflnet.runner.offline", "run an attack offline over a recorded trace"),
+    "reproduce": ("vflnet.tools.reproduce.cli", "paper reproductions whose results docs/attacks.md reports"),
+    "lab": ("vflnet.tools.lab.cli", "multi-host network lab in Linux network namespaces (root)"),
+    "sweep": (
+        "vflnet.tools.experiments.sweep",
+        "run a sweep file's runs (grid/zip, seeds) and tabulate them",
+    ),
+    "report": (
+        "vflnet.tools.experiments.report",
+        "Markdown and self-contained HTML report of a run or a sweep",
+    ),
+    "compare": (
+        "vflnet.tools.experiments.compare",
+        "two runs or two sweeps side by side (Markdown and HTML)",
+    ),
 }
 
 # Subcommands that list a registry (vflnet.registry): command -> (registry, help).
@@ -136,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         # (matplotlib, scipy, ...) are not imported by every party process at start
         sub.add_parser(name, add_help=False, help=help_text)
 
-    from vflnet.bench import BENCHMARKS  # here, not at the top: `vflnet health` imports this module
+    from vflnet.tools.bench import BENCHMARKS  # here, not at the top: `vflnet health` imports this module
 
     text = "benchmarks that print figures side by side"
     measures = "\n".join(f"  {name:<24}{what}" for name, (_, what) in BENCHMARKS.items())
@@ -207,7 +216,7 @@ def _run_role(args: argparse.Namespace, cfg: Config, me: PartyConfig, run_dir: P
     setup_logging(args.name, cfg.runtime.log_level)
     setup_torch(cfg)
     listen = args.listen or me.address or "127.0.0.1:0"
-    from vflnet.wire.bridge import GrpcBridge
+    from vflnet.sdk.bridge import GrpcBridge
 
     bridge = GrpcBridge(cfg.transport)  # a party process always talks real gRPC
     if args.role == "coordinator":
@@ -309,9 +318,9 @@ def _main(argv: list[str]) -> int:
 
             return copy_examples(args.dir)
         if args.command == "bench":
-            from vflnet.bench import BENCHMARKS
+            from vflnet.tools.bench import BENCHMARKS
 
-            module = "vflnet.bench.suite" if args.what == "all" else BENCHMARKS[args.what][0]
+            module = "vflnet.tools.bench.suite" if args.what == "all" else BENCHMARKS[args.what][0]
             return int(importlib.import_module(module).main(args.args) or 0)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)

@@ -103,7 +103,7 @@ def blobs(params):
 MODELS.register(ModelKind("affine", "linear bottom with bias", build_bottom=lambda cfg, shape: nn.Linear(shape[0], cfg.out)))
 ```
 
-An attack or a defense is a class (`vflnet.attacks.base.Attack`, `vflnet.defenses.base.Defense`)
+An attack or a defense is a class (`vflnet.threat.attack.Attack`, `vflnet.defenses.base.Defense`)
 decorated with `@ATTACKS.register` / `@DEFENSES.register`; `vflnet attacks`, `vflnet defenses`,
 `vflnet datasets` and `vflnet models` list what is registered."""
 

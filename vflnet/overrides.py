@@ -2,7 +2,7 @@
 
 A key path is dotted; a list is indexed from 0 by ``[i]`` or by a number between dots:
 ``train.batch_size``, ``parties[2].bottom.hidden`` and ``parties.2.bottom.hidden`` are keys. Sweep files
-(`vflnet.experiments.plan`) and the command line (`vflnet run FILE KEY=VALUE ...`) use the same paths.
+(`vflnet.tools.experiments.plan`) and the command line (`vflnet run FILE KEY=VALUE ...`) use the same paths.
 
 An override's value is YAML (``3``, ``0.01``, ``true``, ``null``, ``[32, 16]``, ``{kind: sgd}``), set
 into the file's mapping before the config is parsed, so it is typed and checked exactly like the file.

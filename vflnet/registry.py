@@ -126,7 +126,7 @@ def load_plugin_modules(modules: Iterable[str]) -> None:
         importlib.import_module(module)
 
 
-ATTACKS = Registry("attack", "vflnet.attacks")  # classes: vflnet.attacks.base.Attack
+ATTACKS = Registry("attack", "vflnet.attacks")  # classes: vflnet.threat.attack.Attack
 DEFENSES = Registry("defense", "vflnet.defenses")  # classes: vflnet.defenses.base.Defense
 DATASETS = Registry("dataset", "vflnet.data")  # vflnet.data.datasets.DatasetSource
 MODELS = Registry("model kind", "vflnet.models")  # vflnet.models.zoo.ModelKind

@@ -7,7 +7,7 @@ the rest of the package.
 - every model block's ``kind`` against `vflnet.registry.MODELS` (can it sit there, does it take
   image regions);
 - attack and defense names, the roles they sit at and their params against ATTACKS and DEFENSES, and
-  that every attack's party can have the knowledge it declares (`vflnet.attacks.knowledge`); that the
+  that every attack's party can have the knowledge it declares (`vflnet.threat.knowledge`); that the
   protocol applies every defense's hook point (`Protocol.defense_hooks`) and has every method an
   attack taps or rewrites (`Protocol.methods`), in a direction and on a side that exist;
 - with ``check_data``: the roster against the dataset's shape (columns and regions in range, no two
@@ -26,8 +26,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vflnet.attacks.base import Tap
-from vflnet.attacks.knowledge import missing_knowledge
 from vflnet.config import NO_MODEL, Config, ConfigError, ModelConfig, parse, read_yaml
 from vflnet.data.datasets import Dataset, check_params, load_dataset
 from vflnet.data.partition import flat_columns, select_features, takes_image
@@ -43,6 +41,8 @@ from vflnet.registry import (
     load_plugin_modules,
     validate_params,
 )
+from vflnet.threat.attack import Tap
+from vflnet.threat.knowledge import missing_knowledge
 
 
 def load_config(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from vflnet.attacks.base import Attack, Tap
 from vflnet.registry import ATTACKS
+from vflnet.threat.attack import Attack, Tap
 
 
 @ATTACKS.register

@@ -18,12 +18,12 @@ import torch
 
 from tests.plugins.vflnet_plugin_test import pull_pb2
 from vflnet.models.zoo import aggregate
-from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, PartySide, Protocol, register_messages
 from vflnet.registry import Param
-from vflnet.roles.common import check_run, check_sender
+from vflnet.sdk.bridge import add_handlers, unary
+from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, PartySide, Protocol, register_messages
 from vflnet.v1 import messages_pb2
 from vflnet.wire import tensors
-from vflnet.wire.bridge import add_handlers, unary
+from vflnet.wire.checks import check_run, check_sender
 from vflnet.wire.errors import RpcFailure, describe_rpc_error
 
 SERVICE = pull_pb2.DESCRIPTOR.services_by_name["Pull"]

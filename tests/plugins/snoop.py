@@ -7,8 +7,8 @@ import gc
 
 import numpy as np
 
-from vflnet.attacks.base import Attack, Tap
 from vflnet.registry import ATTACKS
+from vflnet.threat.attack import Attack, Tap
 
 
 @ATTACKS.register

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from vflnet.attacks.base import OwnStepView, PerSampleGradientAttack
 from vflnet.interceptors.events import WireEvent
 from vflnet.registry import ATTACKS, Param
+from vflnet.threat.attack import OwnStepView, PerSampleGradientAttack
 
 
 def _step(default: int, help_: str) -> Param:

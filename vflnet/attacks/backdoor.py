@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import Message
 
-from vflnet.attacks.base import Attack, Tap
 from vflnet.crypto import CipherArray
 from vflnet.crypto.cipher import encrypt_array
 from vflnet.crypto.wire import cipher_from_proto, cipher_to_proto
 from vflnet.interceptors.events import WireEvent
 from vflnet.registry import ATTACKS, Param
+from vflnet.threat.attack import Attack, Tap
 from vflnet.v1 import messages_pb2
 from vflnet.wire import tensors
 

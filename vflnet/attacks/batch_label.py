@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from vflnet.attacks.base import LabelAttack, OwnStepView
 from vflnet.attacks.label_inference import (
     AnalyticLabelRecovery,
     BatchGradientView,
@@ -23,6 +22,7 @@ from vflnet.attacks.label_inference import (
 )
 from vflnet.interceptors.events import WireEvent
 from vflnet.registry import ATTACKS, Param
+from vflnet.threat.attack import LabelAttack, OwnStepView
 
 
 class _BatchLabelAttack(LabelAttack):

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from vflnet.attacks import feature_reconstruction as fr
-from vflnet.attacks.base import Attack, Tap
 from vflnet.interceptors.events import WireEvent
 from vflnet.registry import ATTACKS, Param
+from vflnet.threat.attack import Attack, Tap
 from vflnet.v1 import messages_pb2
 
 _PHASES = {"predict": messages_pb2.PREDICT, "eval": messages_pb2.EVAL, "train": messages_pb2.TRAIN}

@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from vflnet.attacks.base import Attack, Tap
 from vflnet.attacks.cafe import CafeAttack, CafeParams, CafeResult, ServerObservation
 from vflnet.config import Config
 from vflnet.interceptors.events import WireEvent
 from vflnet.models.cafe_net import TOP, CafeVFL, worker_name
 from vflnet.registry import ATTACKS, Param
+from vflnet.threat.attack import Attack, Tap
 from vflnet.v1 import messages_pb2
 from vflnet.wire.tensors import from_tensor_map
 

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import Message
 
-from vflnet.attacks.base import LabelAttack, Tap
 from vflnet.interceptors.events import WireEvent
 from vflnet.registry import ATTACKS
+from vflnet.threat.attack import LabelAttack, Tap
 from vflnet.v1 import messages_pb2
 
 STATISTICAL_BITS = 40  # the mask on the appended rows, as honest parties mask (vflnet.crypto.masking)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vflnet.attacks.base import PerSampleGradientAttack
 from vflnet.attacks.label_inference import DirectLabelInference, SampleGradientView
 from vflnet.config import Config
 from vflnet.interceptors.events import WireEvent
 from vflnet.registry import ATTACKS, Param
+from vflnet.threat.attack import PerSampleGradientAttack
 
 
 @ATTACKS.register

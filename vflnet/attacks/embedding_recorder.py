@@ -7,9 +7,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from vflnet.attacks.base import Attack, Tap
 from vflnet.interceptors.events import WireEvent
 from vflnet.registry import ATTACKS, Param
+from vflnet.threat.attack import Attack, Tap
 from vflnet.v1 import messages_pb2
 
 

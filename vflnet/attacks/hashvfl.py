@@ -28,10 +28,10 @@ import torch
 from google.protobuf.message import Message
 from torch.nn import functional as F
 
-from vflnet.attacks.base import Attack, Tap
 from vflnet.defenses.hashing import hamming, hard_sign
 from vflnet.interceptors.events import WireEvent
 from vflnet.registry import ATTACKS, Param
+from vflnet.threat.attack import Attack, Tap
 from vflnet.v1 import messages_pb2
 from vflnet.wire import tensors
 

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from vflnet.attacks.base import Attack, PredictionView
 from vflnet.interceptors.events import WireEvent
 from vflnet.metrics.features import mse_per_feature, random_guess
+from vflnet.threat.attack import Attack, PredictionView
 
 
 class PredictionAttack(Attack):

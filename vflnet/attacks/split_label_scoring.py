@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from vflnet.attacks.base import LabelAttack, OwnStepView, PerSampleGradientAttack
 from vflnet.attacks.label_inference import (
     DirectionScoring,
     ModelCompletionView,
@@ -36,6 +35,7 @@ from vflnet.attacks.label_inference import (
 from vflnet.interceptors.events import WireEvent
 from vflnet.metrics.labels import mean_batch_auc
 from vflnet.registry import ATTACKS, Param
+from vflnet.threat.attack import LabelAttack, OwnStepView, PerSampleGradientAttack
 
 _SEED = Param(
     0, "seed of the guesses made when gradients are encrypted", lambda v: isinstance(v, int), "an integer"

@@ -4,13 +4,14 @@ See `cipher` for the array type, `encoding` for fixed point and packing, `random
 encryption randomness (and its security note), `wire` for the protobuf codec.
 """
 
-from vflnet.crypto.cipher import DEFAULT_MUL_FRAC_BITS, CipherArray, concatenate
-from vflnet.crypto.errors import KeyMismatchError, PaillierOverflowError
-from vflnet.crypto.keys import (
+from vflnet.crypto.cipher import (
     DEFAULT_FRAC_BITS,
     DEFAULT_KEY_BITS,
+    DEFAULT_MUL_FRAC_BITS,
+    CipherArray,
     PrivateKey,
     PublicKey,
+    concatenate,
     generate_keypair,
     key_id_of,
     load_keypair,
@@ -18,6 +19,7 @@ from vflnet.crypto.keys import (
     save_keypair,
     save_public_key,
 )
+from vflnet.crypto.errors import KeyMismatchError, PaillierOverflowError
 from vflnet.crypto.parallel import shutdown_pools
 
 __all__ = [

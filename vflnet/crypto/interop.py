@@ -13,9 +13,8 @@ import numpy as np
 import phe
 from gmpy2 import mpz
 
-from vflnet.crypto.cipher import CipherArray
+from vflnet.crypto.cipher import CipherArray, PublicKey
 from vflnet.crypto.errors import PaillierOverflowError
-from vflnet.crypto.keys import PublicKey
 from vflnet.crypto.multiexp import powmod_elementwise
 from vflnet.crypto.randomness import object_array
 

@@ -21,8 +21,7 @@ from __future__ import annotations
 from gmpy2 import mpz
 
 from vflnet.crypto import encoding
-from vflnet.crypto.cipher import CipherArray
-from vflnet.crypto.keys import PublicKey
+from vflnet.crypto.cipher import CipherArray, PublicKey
 from vflnet.crypto.randomness import object_array
 from vflnet.v1 import tensor_pb2
 

@@ -45,7 +45,7 @@ METHODS: dict[str, tuple[type[Message], type[Message]]] = _method_table()
 
 def register_service(service: Any) -> None:
     """Add a plug-in protocol's unary methods (a protobuf ServiceDescriptor) to ``METHODS``, so taps,
-    traces, the proxy and ``vflnet.wire.bridge.add_handlers`` know their messages."""
+    traces, the proxy and ``vflnet.sdk.bridge.add_handlers`` know their messages."""
     for method in service.methods:
         if not (method.client_streaming or method.server_streaming):
             METHODS[f"/{service.full_name}/{method.name}"] = (
@@ -173,7 +173,7 @@ class WireEvent:
 
     def ciphertexts(self, public_key: Any = None) -> dict[str, Any]:
         """Every ``CipherTensor`` by field path: the raw protos, or with ``public_key`` (a
-        ``vflnet.crypto.keys.PublicKey``) decoded to ``CipherArray`` (ValueError if key or layout mismatch)."""
+        ``vflnet.crypto.cipher.PublicKey``) decoded to ``CipherArray`` (ValueError if key or layout mismatch)."""
         raw = dict(_walk(self.message, "", tensor_pb2.CipherTensor))
         if public_key is None:
             return raw

@@ -35,7 +35,6 @@ from vflnet.defenses import hashing
 from vflnet.defenses.label_defenses import LabelDefense
 from vflnet.models.local import LocalModel
 from vflnet.models.zoo import TopModel, build_bottom
-from vflnet.protocols.base import PROTOCOLS, Protocol
 from vflnet.protocols.split import (
     EXCHANGE,
     SPLIT_HOOKS,
@@ -49,6 +48,7 @@ from vflnet.protocols.split import (
     outcome,
 )
 from vflnet.registry import Param
+from vflnet.sdk.contract import PROTOCOLS, Protocol
 from vflnet.v1 import messages_pb2, tensor_pb2
 from vflnet.wire import tensors
 from vflnet.wire.errors import invalid

@@ -21,8 +21,8 @@ from vflnet.config import Config
 from vflnet.defenses.base import build_upload_defenses
 from vflnet.models.local import LocalModel
 from vflnet.models.optim import build_optimizer, build_schedule
-from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, Protocol, RunFailed
 from vflnet.protocols.split import EXCHANGE, SPLIT_HOOKS, SplitActive, SplitPassive
+from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, Protocol, RunFailed
 from vflnet.v1 import messages_pb2, tensor_pb2
 from vflnet.wire.errors import RpcFailure
 from vflnet.wire.tensors import from_tensor_map, to_tensor_map

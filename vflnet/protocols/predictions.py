@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from vflnet.attacks.base import PredictionView
 from vflnet.registry import DEFENSES
+from vflnet.threat.attack import PredictionView
 from vflnet.v1 import messages_pb2
 
 

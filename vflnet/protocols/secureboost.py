@@ -53,15 +53,15 @@ from vflnet.models.secureboost import (
     tree_gradients,
     unpack_histograms,
 )
-from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, PartySide, Protocol, register_messages
 from vflnet.protocols.predictions import PredictionsKeeper
 from vflnet.registry import Param
-from vflnet.roles import deadlines
-from vflnet.roles.common import check_run, check_sender
+from vflnet.sdk import deadlines
+from vflnet.sdk.bridge import add_handlers, unary
+from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, PartySide, Protocol, register_messages
 from vflnet.v1 import messages_pb2, secureboost_pb2
 from vflnet.wire import tensors
-from vflnet.wire.bridge import add_handlers, unary
 from vflnet.wire.channels import check_message_size
+from vflnet.wire.checks import check_run, check_sender
 from vflnet.wire.ciphers import cipher_from_proto_checked
 from vflnet.wire.errors import RpcFailure, describe_rpc_error, invalid
 from vflnet.wire.tensors import PayloadError
@@ -97,7 +97,7 @@ def gh_slots(public_key: PublicKey, n_rows: int) -> int:
 
 # ------------------------------------------------------------------------------ passive
 def tree_work_s(cfg: Config, rows: int, features: int, encrypt_rows: bool) -> float:
-    """One tree's work for a party's features (vflnet/roles/deadlines.py): per level, every row's gh
+    """One tree's work for a party's features (vflnet/sdk/deadlines.py): per level, every row's gh
     added into a bucket of every feature, the open nodes' histograms decrypted by the label holder
     (counted here, with the features they cover); the label holder's gh encryptions, one per row."""
     p, bits = tree_params(cfg), cfg.protocol.he.key_bits

@@ -26,19 +26,19 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from vflnet.attacks.base import OwnStepView
 from vflnet.data.partition import party_seed
 from vflnet.defenses.label_defenses import LabelDefense, soft_cross_entropy
 from vflnet.models.local import LocalModel
 from vflnet.models.zoo import TopModel, aggregate
-from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, PartySide, Protocol
 from vflnet.protocols.predictions import PredictionsKeeper
 from vflnet.registry import DEFENSES
-from vflnet.roles.common import check_run, check_sender
+from vflnet.sdk.bridge import add_handlers
+from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, PartySide, Protocol
+from vflnet.threat.attack import OwnStepView
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tensors
-from vflnet.wire.bridge import add_handlers
 from vflnet.wire.channels import MessageTooLarge, check_message_size
+from vflnet.wire.checks import check_run, check_sender
 from vflnet.wire.errors import RpcFailure, describe_rpc_error, invalid, stale_step
 
 EXCHANGE = "/vflnet.v1.Active/ExchangeEmbeddings"

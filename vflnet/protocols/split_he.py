@@ -31,7 +31,6 @@ from vflnet.crypto.masking import HEADROOM_BITS, ints_from_bytes, ints_to_bytes,
 from vflnet.crypto.wire import cipher_from_proto, cipher_to_proto
 from vflnet.defenses.label_defenses import LabelDefense
 from vflnet.models.local import LocalModel
-from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, Protocol
 from vflnet.protocols.he_backprop import (
     ForwardCache,
     check_supported,
@@ -47,11 +46,12 @@ from vflnet.protocols.split import (
     label_loss,
     outcome,
 )
-from vflnet.roles import deadlines
-from vflnet.roles.common import check_run, check_sender, header
+from vflnet.sdk import deadlines
+from vflnet.sdk.bridge import add_handlers
+from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, Protocol
 from vflnet.v1 import messages_pb2, services_pb2_grpc
-from vflnet.wire.bridge import add_handlers
 from vflnet.wire.channels import check_message_size
+from vflnet.wire.checks import check_run, check_sender, header
 from vflnet.wire.ciphers import cipher_from_proto_checked
 from vflnet.wire.errors import RpcFailure, describe_rpc_error, invalid, shown
 

@@ -20,20 +20,22 @@ from typing import Any
 import grpc
 import numpy as np
 
-from vflnet.attacks.knowledge import deliver_server_knowledge
 from vflnet.config import Config
 from vflnet.data.alignment import epoch_batches, eval_batches, intersect, split_train_test
-from vflnet.interceptors.setup import party_interception
-from vflnet.protocols.base import PROTOCOLS, CoordinatorSide, RunFailed
-from vflnet.roles import checkpoints, deadlines
-from vflnet.roles.common import check_run, check_sender, header, wait_for
+from vflnet.roles import checkpoints
+from vflnet.roles.common import wait_for
 from vflnet.roles.heartbeat import Abort, PartyWatch
-from vflnet.roles.party import accept_release
 from vflnet.roles.step_order import STEPS_IN_FLIGHT
+from vflnet.sdk import deadlines
+from vflnet.sdk.bridge import Bridge, add_handlers, allow_step_deadline
+from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, RunFailed
 from vflnet.shared_config import config_mismatch
+from vflnet.threat.interception import party_interception
+from vflnet.threat.knowledge import deliver_server_knowledge
+from vflnet.threat.release import accept_release
 from vflnet.v1 import messages_pb2, services_pb2_grpc
-from vflnet.wire.bridge import Bridge, add_handlers, allow_step_deadline
 from vflnet.wire.channels import stop_server
+from vflnet.wire.checks import check_run, check_sender, header
 from vflnet.wire.errors import RpcFailure, describe_rpc_error, invalid, permission_denied, shown
 
 log = logging.getLogger("vflnet.coordinator")
@@ -190,7 +192,7 @@ class Schedule:
         self.test_ids = np.asarray(reply.test_ids, dtype=np.int64)
         self.cursor = cursor or Cursor()
         self.step = self.cursor.step
-        self.timeout = reply.step_deadline_s  # scaled with the parties' work (vflnet/roles/deadlines.py)
+        self.timeout = reply.step_deadline_s  # scaled with the parties' work (vflnet/sdk/deadlines.py)
         self.checkpointed: list[int] = []  # steps with a manifest written by this process, oldest first
         self.abort = Abort()  # heartbeats end a wait on a dead party (vflnet/roles/heartbeat.py)
         self.window: deque[Sent] = deque()  # steps sent and not yet completed, oldest first

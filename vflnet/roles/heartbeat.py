@@ -8,7 +8,7 @@ stopped, its host gone) is dead:
 
 - a party stops (exit code 3, as when the coordinator goes silent for ``idle_timeout_s``);
 - the coordinator fails the run naming the party, at once rather than when the step's
-  deadline runs out (vflnet/roles/deadlines.py): :class:`Abort` cancels the calls the schedule waits on.
+  deadline runs out (vflnet/sdk/deadlines.py): :class:`Abort` cancels the calls the schedule waits on.
 
 Heartbeats travel on their own channels with an empty mod chain: the same TLS identity checks as
 every channel of the process, but a trace tap or an attack never sees them. They run only on real
@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from vflnet.config import TransportConfig
+from vflnet.config import Config, TransportConfig
 from vflnet.interceptors.chain import Chain
-from vflnet.protocols.base import RunFailed
+from vflnet.sdk.bridge import Bridge, GrpcBridge
+from vflnet.sdk.contract import RunFailed
 from vflnet.v1 import messages_pb2
-from vflnet.wire.bridge import Bridge, GrpcBridge
 from vflnet.wire.errors import describe_rpc_error
 
 if TYPE_CHECKING:
-    from vflnet.roles.party import PartyHost
+    from vflnet.roles.common import Liveness
 
 log = logging.getLogger("vflnet.heartbeat")
 
@@ -117,26 +117,28 @@ class Heartbeat:
 
 
 # ---------------------------------------------------------------------------------- party side
-def watch_coordinator(host: PartyHost, address: str) -> Heartbeat | None:
-    """Start health-checking the coordinator at ``address`` for ``host`` (after its join); when the
-    coordinator is dead, ``host.liveness`` ends with the reason, and the party exits (code 3)."""
-    transport = host.cfg.transport
-    if not enabled(transport, host.bridge):
+def watch_coordinator(
+    cfg: Config, name: str, bridge: Bridge, liveness: Liveness, address: str
+) -> Heartbeat | None:
+    """Start health-checking the coordinator at ``address`` for party ``name`` (after its join); when
+    the coordinator is dead, ``liveness`` ends with the reason, and the party exits (code 3)."""
+    transport = cfg.transport
+    if not enabled(transport, bridge):
         return None
-    channel = host.bridge.open_channel(address, host.name, Chain(), host.cfg.coordinator.name)
+    channel = bridge.open_channel(address, name, Chain(), cfg.coordinator.name)
 
     def dead(silent_s: float, error: str) -> None:
         log.error(
             "%s: coordinator %s unreachable for %.0f s: stopping (last error: %s)",
-            host.name,
+            name,
             address,
             silent_s,
             error,
         )
-        host.liveness.stop(f"coordinator {address} unreachable for {silent_s:.0f} s (last error: {error})")
+        liveness.stop(f"coordinator {address} unreachable for {silent_s:.0f} s (last error: {error})")
 
     return Heartbeat(
-        host.cfg.coordinator.name, health_check(channel), transport.heartbeat_s, transport.dead_after_s, dead
+        cfg.coordinator.name, health_check(channel), transport.heartbeat_s, transport.dead_after_s, dead
     ).start()
 
 

@@ -22,21 +22,22 @@ import numpy as np
 from vflnet.config import Config
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import PartyData, normalize, party_view
-from vflnet.interceptors.setup import party_interception
 from vflnet.models.device import resolve_device
 from vflnet.models.zoo import build_party_modules
-from vflnet.protocols.base import PROTOCOLS, PartySide
 from vflnet.roles import checkpoints
-from vflnet.roles.common import JoinWaitroom, Liveness, check_run, check_sender, header
+from vflnet.roles.common import Liveness
 from vflnet.roles.heartbeat import watch_coordinator
 from vflnet.roles.step_order import STEPS_IN_FLIGHT, StepTurns
+from vflnet.sdk.bridge import Bridge, add_handlers, allow_step_deadline
+from vflnet.sdk.contract import PROTOCOLS, PartySide
 from vflnet.shared_config import shared_json
+from vflnet.threat.interception import party_interception
+from vflnet.threat.release import accept_release
 from vflnet.v1 import messages_pb2, services_pb2_grpc
-from vflnet.wire.bridge import Bridge, add_handlers, allow_step_deadline
 from vflnet.wire.channels import stop_server
+from vflnet.wire.checks import JoinWaitroom, check_run, check_sender, header
 from vflnet.wire.errors import RpcFailure, describe_rpc_error, shown
 from vflnet.wire.meter import Meter
-from vflnet.wire.tensors import from_tensor_map
 
 log = logging.getLogger("vflnet.party")
 
@@ -90,7 +91,7 @@ class PartyHost:
     @property
     def step_deadline_s(self) -> float:
         """The deadline of every RPC and wait within a step: the coordinator's, from the parties' work
-        estimates (vflnet/roles/deadlines.py); before admission, the config's floor."""
+        estimates (vflnet/sdk/deadlines.py); before admission, the config's floor."""
         return self.join_reply.step_deadline_s or self.cfg.transport.rpc_timeout_s
 
     def header(self, h: messages_pb2.Header) -> messages_pb2.Header:
@@ -359,31 +360,6 @@ class PartyHost:
         return messages_pb2.ShutdownReply(checkpoint=path)
 
 
-def accept_release(
-    cfg: Config, name: str, msg: messages_pb2.ModelRelease, context: Any, knowledge: dict[str, Any]
-) -> None:
-    """A recipient's side of a model release: only a release the run config grants is accepted, and it
-    reaches the recipient's attacks as the ``released_model`` knowledge {owner: {module.param: array,
-    "spec": {...}}}."""
-    h = msg.header
-    check_run(cfg, h.run_id)
-    check_sender(cfg, h.sender, {"active", "passive"}, context)
-    granted = {m for r in cfg.model_release if r.owner == h.sender and r.recipient == name for m in r.modules}
-    if not granted or not set(msg.modules) <= granted:
-        raise RpcFailure(
-            grpc.StatusCode.PERMISSION_DENIED,
-            f"{name} is granted {sorted(granted) or 'no'} modules of {h.sender}'s model, "
-            f"got {shown(', '.join(msg.modules))}",
-        )
-    try:
-        params = from_tensor_map(msg.parameters, f"{h.sender}'s released parameter")
-        spec = json.loads(msg.spec) if msg.spec else {}
-    except ValueError as exc:
-        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"malformed model release: {exc}") from exc
-    knowledge.setdefault("released_model", {})[h.sender] = {"parameters": params, "spec": spec}
-    log.info("%s received %s of %s's model", name, list(msg.modules), h.sender)
-
-
 def serve(host: PartyHost, listen: str, coordinator: str, advertise: str) -> int:
     """Serve, join the run, and stay up until the coordinator says shutdown (or goes silent)."""
     server = host.bridge.make_server(host.name, host.interception.chain)
@@ -397,7 +373,9 @@ def serve(host: PartyHost, listen: str, coordinator: str, advertise: str) -> int
         log.error("%s", exc)
         server.stop(grace=0)
         return 2
-    heartbeat = watch_coordinator(host, coordinator)  # a dead coordinator ends the wait below
+    heartbeat = watch_coordinator(
+        host.cfg, host.name, host.bridge, host.liveness, coordinator
+    )  # a dead coordinator ends the wait below
     why = host.liveness.wait()
     if heartbeat is not None:
         heartbeat.stop()

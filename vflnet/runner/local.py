@@ -413,8 +413,8 @@ def _run_resuming(
 ) -> int:
     """The run, resumed by this launcher up to ``run.auto_resume`` times after it failed (a process
     died, a step failed): each time every process restarts with --resume from the newest checkpoint."""
-    from vflnet.protocols.base import PROTOCOLS
     from vflnet.roles.checkpoints import latest_manifest
+    from vflnet.sdk.contract import PROTOCOLS
 
     resumable = cfg.transport.bridge != "loopback" and PROTOCOLS.get(cfg.protocol.kind).resumable
     with _fork_server(cfg, start) as server:  # one for every attempt

@@ -22,7 +22,7 @@ from vflnet.roles import coordinator
 from vflnet.roles.common import setup_torch
 from vflnet.roles.party import PartyHost, serve
 from vflnet.roles.run_lock import role_lock
-from vflnet.wire.bridge import LoopbackBridge
+from vflnet.sdk.bridge import LoopbackBridge
 from vflnet.wire.loopback import SCHEME, LoopbackHub
 
 

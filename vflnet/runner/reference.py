@@ -15,13 +15,13 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from vflnet.attacks.knowledge import run_split
 from vflnet.config import Config
 from vflnet.data.alignment import epoch_batches, eval_batches, intersect, split_train_test
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import normalize, party_view
 from vflnet.models.optim import build_optimizer, build_schedule
 from vflnet.models.zoo import aggregate, build_party_modules
+from vflnet.threat.knowledge import run_split
 
 
 @dataclass

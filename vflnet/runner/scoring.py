@@ -16,8 +16,8 @@ from vflnet.config import Config
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import party_view
 from vflnet.extras import MissingExtra
-from vflnet.interceptors.setup import attack_output_path
 from vflnet.registry import ATTACKS, load_plugin_modules
+from vflnet.threat.interception import attack_output_path
 
 
 def final_test_predictions(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -47,8 +47,8 @@ def ground_truth(cfg: Config, what: str, run_dir: Path | None = None) -> Any:
         return truth
     if what == "normalized-features":  # each passive party's features as its model takes them
         # (normalised over its training rows, as the party does)
-        from vflnet.attacks.knowledge import run_split
         from vflnet.data.partition import normalize
+        from vflnet.threat.knowledge import run_split
 
         data = load_dataset(cfg.data.dataset, cfg.data.params)
         train, _ = run_split(cfg, data)

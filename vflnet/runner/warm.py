@@ -65,7 +65,7 @@ PRELOAD = (
     "vflnet.runner.local",
     "vflnet.runner.loopback",
     "vflnet.runner.scoring",
-    "vflnet.experiments.sweep",
+    "vflnet.tools.experiments.sweep",
 )
 PRELOAD_IF_INSTALLED = ("matplotlib.figure",)  # the plots extra: an attack's pictures
 SOCKET_ENV = "VFLNET_FORK_SERVER"

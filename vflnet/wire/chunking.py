@@ -55,7 +55,7 @@ def _unary_methods(service: Any) -> set[str]:
 
 
 # Every unary vflnet method: each may travel in chunks, and a party's hook (its mod chain) runs on
-# it. A plug-in protocol's methods join through register_chunkable (vflnet/protocols/base.py).
+# it. A plug-in protocol's methods join through register_chunkable (vflnet/sdk/contract.py).
 CHUNKABLE: set[str] = set().union(
     *(_unary_methods(service) for service in services_pb2.DESCRIPTOR.services_by_name.values())
 )
@@ -327,7 +327,7 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
 
     def allow_deadline(self, seconds: float) -> None:
         """Chunked calls may ask for deadlines up to ``seconds`` + 5: the run's step deadline, known once
-        the roster is admitted (vflnet/roles/deadlines.py)."""
+        the roster is admitted (vflnet/sdk/deadlines.py)."""
         self.stream_deadline_s = max(self.stream_deadline_s, seconds + 5.0)
 
     def intercept_service(

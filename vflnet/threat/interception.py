@@ -1,0 +1,177 @@
+"""A party's interceptor chain, from config: its trace tap first, then its attacks in config order.
+
+The same chain sits on the party's gRPC server and on every client channel it opens, so a mod
+sees everything that crosses this party's wire, in both directions, and nothing else."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vflnet.config import Config, PluginConfig
+from vflnet.interceptors.chain import Chain
+from vflnet.interceptors.events import WireEvent
+from vflnet.interceptors.trace import TraceWriter, trace_path
+from vflnet.registry import ATTACKS, load_plugin_modules
+from vflnet.threat.attack import Attack, AttackContext, OwnStepView, PredictionView
+from vflnet.threat.knowledge import threat_model_knowledge
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PartyInterception:
+    party: str
+    chain: Chain
+    attacks: list[tuple[PluginConfig, Attack]] = field(default_factory=list)
+    trace: TraceWriter | None = None
+    knowledge: dict[str, Any] = field(default_factory=dict)  # filled by the protocol, e.g. the public key
+
+    @property
+    def wants_own_view(self) -> bool:
+        return any(a.wants_own_view for _, a in self.attacks)
+
+    def deliver_own_view(self, view: OwnStepView) -> None:
+        for _, attack in self.attacks:
+            if attack.wants_own_view:
+                attack.observe_own(view)
+
+    def deliver_predictions(self, view: PredictionView) -> None:
+        """A prediction step's released confidence vectors, to every attack granted ``predictions``."""
+        for _, attack in self.attacks:
+            if "predictions" in attack.knowledge:
+                attack.observe_predictions(view)
+
+    def own_data(self, ids: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """The party's feature rows after every attack that rewrites its own data (backdoor trigger)."""
+        for _, attack in self.attacks:
+            if attack.changes_own_data:
+                x = attack.own_data(ids, x)
+        return x
+
+    def state(self) -> dict[str, Any]:
+        """For a coordinated checkpoint: each attack's state, the released models received, and the
+        trace's length (a resumed run cuts the trace back to it, so no message appears twice)."""
+        return {
+            "attacks": [_picklable_state(entry.name, attack) for entry, attack in self.attacks],
+            "released_model": self.knowledge.get("released_model"),
+            "trace": (self.trace.size, self.trace.records) if self.trace is not None else None,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        for (entry, attack), saved in zip(self.attacks, state["attacks"], strict=True):
+            if saved is None:
+                log.warning("attack %s restarts with no state of the steps before the checkpoint", entry.name)
+            else:
+                attack.load_state(saved)
+        if state["released_model"] is not None:
+            self.knowledge["released_model"] = state["released_model"]
+        if self.trace is not None and state["trace"] is not None:
+            self.trace.cut(*state["trace"])
+
+    def finish(self, run_dir: Path) -> list[Path]:
+        """Write every attack's output (and close the trace): called when the party shuts down."""
+        written = []
+        for entry, attack in self.attacks:
+            written.append(save_attack_output(run_dir, entry, attack.output(), sorted(self.knowledge)))
+        if self.trace is not None:
+            self.trace.close()
+        return written
+
+
+def _picklable_state(name: str, attack: Attack) -> dict[str, Any] | None:
+    """An attack's checkpoint state, or None (with a warning) if it holds something that cannot be
+    saved (a lock, an open file): the checkpoint must not fail the run."""
+    state = attack.state()
+    try:
+        pickle.dumps(state)
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        log.warning("attack %s: state not checkpointed (%s); a resumed run restarts it", name, exc)
+        return None
+    return state
+
+
+def attack_output_path(run_dir: Path, entry: PluginConfig) -> Path:
+    return run_dir / "attacks" / f"{entry.name}@{entry.party}.npz"
+
+
+def save_attack_output(
+    run_dir: Path, entry: PluginConfig, output: dict[str, np.ndarray], knowledge: list[str]
+) -> Path:
+    path = attack_output_path(run_dir, entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **output)
+    meta = {
+        "name": entry.name,
+        "party": entry.party,
+        "params": entry.params,
+        "knowledge_delivered": knowledge,
+        "arrays": {k: list(np.shape(v)) for k, v in output.items()},
+    }
+    path.with_suffix(".json").write_text(json.dumps(meta, indent=2))
+    return path
+
+
+class RunTrace:
+    """A party's trace tap, minus what arrives from outside the run: a request at this party's server
+    of another run, or from a name outside the roster, is counted and not recorded (a flood of garbage
+    would otherwise fill the trace up to its cap). Everything the party itself sends and receives as a
+    client, and every request of the run, is recorded as before."""
+
+    def __init__(self, writer: TraceWriter, cfg: Config) -> None:
+        self.writer, self.run_id = writer, cfg.run.id
+        self.roster = {p.name for p in cfg.parties}
+        self.left_out = 0
+
+    def __call__(self, event: WireEvent) -> None:
+        if event.side == "server" and event.direction == "request":
+            msg = event.message
+            run_id = event.run_id if event.run_id is not None else getattr(msg, "run_id", None)
+            sender = (
+                event.sender
+                if event.sender is not None
+                else getattr(msg, "sender", getattr(msg, "name", None))
+            )
+            if run_id != self.run_id or (sender is not None and sender not in self.roster):
+                self.left_out += 1
+                if self.left_out & (self.left_out - 1) == 0:  # 1, 2, 4, ...: never a log flood
+                    log.warning(
+                        "%s: %d requests from outside the run left out of the trace",
+                        self.writer.party,
+                        self.left_out,
+                    )
+                return None
+        return self.writer(event)
+
+
+def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyInterception:
+    load_plugin_modules(cfg.plugins)
+    role = cfg.party(name).role
+    knowledge: dict[str, Any] = {}
+    mods: list[Any] = []
+    trace = None
+    if name in cfg.trace.parties or "all" in cfg.trace.parties:
+        trace = TraceWriter(
+            trace_path(run_dir, name), name, cfg.run.id, max_bytes=int(cfg.trace.max_mb * 1024 * 1024)
+        )
+        mods.append(RunTrace(trace, cfg))
+    attacks = []
+    for entry in cfg.attacks:
+        if entry.party == name:
+            attack = ATTACKS.get(entry.name)(AttackContext(name, role, cfg.run.id, knowledge), **entry.params)
+            knowledge.update(threat_model_knowledge(cfg, name, attack))
+            attacks.append((entry, attack))
+            mods.append(attack)
+            log.info(
+                "%s hosts attack %s (%s)",
+                name,
+                entry.name,
+                ", ".join(f"{k}={v}" for k, v in attack.p.items()),
+            )
+    return PartyInterception(name, Chain(mods), attacks, trace, knowledge)

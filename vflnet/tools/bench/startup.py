@@ -1,0 +1,205 @@
+"""`vflnet bench startup`: how long vflnet takes to start processes, cold against warm, in one invocation.
+
+- party: seconds from asking for a role process to its gRPC health check answering SERVING, for the
+  coordinator and then a passive party (which serves before it joins); cold: a new `python -m vflnet
+  party`, warm: forked from a fork server that has finished importing (vflnet/runner/warm.py);
+- fork server: seconds from starting one to its first child (its imports; a warm run or sweep pays it
+  once);
+- run: wall seconds of a whole `vflnet run` command on configs/digits-2p.yaml (`make demo`'s run),
+  and its overhead: the wall minus the training (the epochs' time_s in metrics.jsonl);
+- sweep: `vflnet sweep configs/sweeps/dp-label-leak.yaml --jobs 1` (--smoke: its first two runs), the
+  wall time per run and the overhead per run (wall minus the runs' training, per run), and whether
+  its results table is the same under both starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+import yaml
+
+from vflnet.config import Config
+from vflnet.example_configs import EXAMPLES
+from vflnet.runner.local import START_MODES, free_port, stop_processes
+from vflnet.runner.warm import ForkServer, Process, fork_server, role_env, start_vflnet
+from vflnet.tools.bench.common import Row, parse_args, write_json
+from vflnet.tools.experiments.results import collect, sweep_run_dirs
+from vflnet.wire.healthcheck import check
+
+LIMIT_S = 300.0  # any one start, on a loaded machine
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vflnet bench startup", description=__doc__)
+    p.add_argument("--repeat", type=int, default=3, help="starts of each party and runs of each kind")
+    p.add_argument("--sweep-runs", type=int, default=0, help="the sweep's first N runs (0: all)")
+    return p
+
+
+def _config(folder: Path) -> Path:
+    data = yaml.safe_load((EXAMPLES / "digits-2p.yaml").read_text())
+    data["run"] = {**data.get("run", {}), "id": "bench-startup", "dir": str(folder / "runs")}
+    path = folder / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _serving_s(
+    args: list[str], log: IO[bytes], server: ForkServer | None, torch_threads: int, address: str
+) -> tuple[float, Process]:
+    """Seconds from starting ``vflnet ARGS`` to its health check answering SERVING at ``address``."""
+    began = time.perf_counter()
+    proc = start_vflnet(args, role_env(torch_threads), log, server, LIMIT_S)
+    while time.perf_counter() - began < LIMIT_S:
+        try:
+            if check(address, timeout=1.0) == "SERVING":
+                return time.perf_counter() - began, proc
+        except grpc.RpcError:  # not listening yet
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"the process ended ({proc.returncode}) before serving at {address}")
+        time.sleep(0.01)
+    raise RuntimeError(f"nothing served at {address} within {LIMIT_S:.0f} s")
+
+
+def _party_starts(config: Path, folder: Path, server: ForkServer | None, torch_threads: int) -> list[float]:
+    """A coordinator's and a passive party's seconds to serving; both stopped after."""
+    coord, passive = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    common = ["--config", str(config), "--run-dir", str(folder)]
+    parties = (
+        (["--role", "coordinator", "--name", "coordinator", "--listen", coord], coord),
+        (["--role", "passive", "--name", "passive-1", "--listen", passive, "--coordinator", coord], passive),
+    )
+    procs: list[Process] = []
+    times = []
+    with (folder / "party.log").open("ab") as log:
+        try:
+            for args, address in parties:
+                took, proc = _serving_s(["party", *args, *common], log, server, torch_threads, address)
+                procs.append(proc)
+                times.append(took)
+        finally:
+            stop_processes(procs)
+    return times
+
+
+def _command(args: list[str], log: Path) -> float:
+    began = time.perf_counter()
+    with log.open("wb") as out:
+        rc = subprocess.run(
+            [sys.executable, "-m", "vflnet", *args], stdout=out, stderr=subprocess.STDOUT
+        ).returncode
+    if rc != 0:
+        raise RuntimeError(f"vflnet {' '.join(args)} failed ({rc}); see {log}")
+    return time.perf_counter() - began
+
+
+def _training_s(run_dirs: list[Path]) -> float:
+    """The runs' training time: their epochs' time_s in metrics.jsonl, added up."""
+    records = (json.loads(line) for d in run_dirs for line in (d / "metrics.jsonl").read_text().splitlines())
+    return sum(r["time_s"] for r in records if r["kind"] == "epoch")
+
+
+def _sweep_file(folder: Path, runs: int) -> Path:
+    """dp-label-leak, its base made absolute; with ``runs``, only its first noise scales."""
+    source = EXAMPLES / "sweeps" / "dp-label-leak.yaml"
+    data = yaml.safe_load(source.read_text())
+    data["base"] = str((source.parent / data["base"]).resolve())
+    if runs:
+        key = next(iter(data["grid"]))
+        data["grid"][key] = data["grid"][key][: max(1, runs // len(data["seeds"]))]
+    path = folder / "dp-label-leak.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv, {"repeat": 1, "sweep_runs": 2})
+    threads = Config().runtime.torch_threads
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="vflnet-bench-startup-") as tmp:
+        folder = Path(tmp)
+        config = _config(folder)
+        print(f"load average {os.getloadavg()[0]:.1f} at the start, {os.cpu_count()} cores", flush=True)
+
+        began = time.perf_counter()
+        with fork_server(threads) as server, (folder / "server.log").open("ab") as log:
+            server.spawn(["--version"], role_env(threads), log, LIMIT_S).wait(LIMIT_S)
+            rows.append({"what": "fork server: start to first child", "warm_s": time.perf_counter() - began})
+            party: dict[str, list[list[float]]] = {start: [] for start in START_MODES}
+            for i in range(args.repeat):
+                for start in START_MODES:
+                    where = folder / f"party-{start}-{i}"
+                    where.mkdir()
+                    party[start].append(
+                        _party_starts(config, where, server if start == "warm" else None, threads)
+                    )
+        for j, role in enumerate(("coordinator", "passive party")):
+            cold, warm = (statistics.median(t[j] for t in party[s]) for s in ("cold", "warm"))
+            rows.append({"what": f"{role}: start to serving", "cold_s": cold, "warm_s": warm})
+
+        walls: dict[str, list[float]] = {start: [] for start in START_MODES}
+        overheads: dict[str, list[float]] = {start: [] for start in START_MODES}
+        for i in range(args.repeat):
+            for start in START_MODES:
+                run_dir = folder / f"run-{start}-{i}"
+                wall = _command(
+                    ["run", str(config), "--run-dir", str(run_dir), "--no-progress", "--start", start],
+                    folder / f"{run_dir.name}.log",
+                )
+                walls[start].append(wall)
+                overheads[start].append(wall - _training_s([run_dir]))
+        rows.append(
+            {"what": "run: command wall"} | {f"{s}_s": statistics.median(walls[s]) for s in START_MODES}
+        )
+        rows.append(
+            {"what": "run: overhead (wall - training)"}
+            | {f"{s}_s": statistics.median(overheads[s]) for s in START_MODES}
+        )
+
+        sweep = _sweep_file(folder, args.sweep_runs)
+        per_run: dict[str, dict[str, Any]] = {}
+        for start in START_MODES:
+            out = folder / f"sweep-{start}"
+            wall = _command(
+                ["sweep", str(sweep), "--out", str(out), "--jobs", "1", "--quiet", "--start", start],
+                folder / f"sweep-{start}.log",
+            )
+            dirs = sweep_run_dirs(out / "runs")
+            per_run[start] = {
+                "wall": wall / len(dirs),
+                "overhead": (wall - _training_s(dirs)) / len(dirs),
+                "results": [
+                    {k: v for k, v in r.items() if k != "wall_time_s"} for r in collect(out / "runs")
+                ],
+                "runs": len(dirs),
+            }
+        n = per_run["warm"]["runs"]
+        rows.append(
+            {"what": f"sweep dp-label-leak ({n} runs): wall per run"}
+            | {f"{s}_s": per_run[s]["wall"] for s in START_MODES}
+        )
+        rows.append(
+            {"what": "sweep: overhead per run"} | {f"{s}_s": per_run[s]["overhead"] for s in START_MODES}
+        )
+        same = per_run["warm"]["results"] == per_run["cold"]["results"]
+    load = os.getloadavg()[0]
+    print(f"{'':48}{'cold s':>10}{'warm s':>10}")
+    for row in rows:
+        cells = "".join(f"{row[k]:>10.2f}" if k in row else f"{'-':>10}" for k in ("cold_s", "warm_s"))
+        print(f"{row['what']:<48}{cells}")
+    print(
+        f"sweep results identical under both starts: {'yes' if same else 'NO'}; load average {load:.1f} at the end"
+    )
+    write_json(args.json, rows, sweep_results_identical=same, load_average_end=load)
+    return 0 if same else 1

@@ -1,0 +1,144 @@
+"""`vflnet lab up|run|down`: a multi-host network lab from network namespaces (needs root)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from vflnet.config import ConfigError
+from vflnet.tools.lab.netlab import Lab, LabError, down, up
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vflnet lab",
+        description="One network namespace per party on a private subnet (10.213.0.0/24), optional "
+        "latency and loss, an optional proxy host on the path. Needs root.",
+    )
+    sub = parser.add_subparsers(dest="lab_command", required=True)
+
+    def impairment_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--netem",
+            default="",
+            metavar="SPEC",
+            help="impairment on every host's egress, in tc-netem syntax, e.g. 'delay 100ms loss 1%%'",
+        )
+        p.add_argument(
+            "--emulator",
+            choices=["auto", "netem", "userspace"],
+            default="auto",
+            help="auto: kernel tc netem if the kernel has it, else the userspace hub (delay and loss only)",
+        )
+        p.add_argument("--proxy-host", action="store_true", help="add a host for `vflnet proxy`")
+
+    p = sub.add_parser("up", help="create the namespaces and links for a config's roster")
+    p.add_argument("config", type=Path)
+    p.add_argument("--prefix", default="vfl", help="namespace name prefix; one lab per prefix (default vfl)")
+    p.add_argument("--dir", type=Path, default=None, help="lab directory (default runs/lab-PREFIX)")
+    impairment_options(p)
+
+    p = sub.add_parser("run", help="run the training job across the lab's hosts")
+    p.add_argument(
+        "target",
+        type=Path,
+        metavar="CONFIG|LABDIR",
+        help="a lab directory from `lab up`, or a config: then the lab is brought up and down around the run",
+    )
+    p.add_argument(
+        "--tls", action="store_true", help="mutual TLS with fresh certificates naming the hosts' addresses"
+    )
+    p.add_argument(
+        "--via-proxy",
+        metavar="PARTY",
+        default=None,
+        help="start `vflnet proxy` on the proxy host in front of PARTY; peers reach PARTY through it",
+    )
+    p.add_argument(
+        "--proxy-mode",
+        choices=["grpc", "tcp"],
+        default="grpc",
+        help="grpc: the proxy decodes, traces and forwards calls; tcp: it relays bytes (default grpc)",
+    )
+    p.add_argument(
+        "--tamper",
+        action="store_true",
+        help="the proxy also tampers: grpc zeroes the embeddings it relays, tcp flips one bit per connection",
+    )
+    p.add_argument(
+        "--proxy-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for the proxy (repeat for several; e.g. --proxy-arg=--tamper ...)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds the whole run may take (default 600)"
+    )
+    p.add_argument("--prefix", default="vfl", help="prefix for the lab made from a CONFIG (default vfl)")
+    impairment_options(p)
+
+    p = sub.add_parser("down", help="stop the lab's processes and delete its namespaces (idempotent)")
+    p.add_argument("--prefix", default="vfl")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from vflnet.tools.lab.run import run_lab
+
+    def run(lab: Lab) -> int:
+        return run_lab(
+            lab,
+            tls=args.tls,
+            via=args.via_proxy,
+            proxy_mode=args.proxy_mode,
+            tamper=args.tamper,
+            proxy_args=args.proxy_arg,
+            timeout_s=args.timeout,
+        ).rc
+
+    try:
+        if args.lab_command == "up":
+            lab = up(
+                args.config,
+                prefix=args.prefix,
+                lab_dir=args.dir,
+                netem=args.netem,
+                proxy_host=args.proxy_host,
+                emulator=args.emulator,
+            )
+            _print_lab(lab)
+            return 0
+        if args.lab_command == "down":
+            deleted = down(args.prefix)
+            print(f"deleted {', '.join(deleted)}" if deleted else f"no lab with prefix {args.prefix!r} is up")
+            return 0
+        if args.target.is_dir():
+            return run(Lab.open(args.target))
+        lab = up(
+            args.target,
+            prefix=args.prefix,
+            netem=args.netem,
+            emulator=args.emulator,
+            proxy_host=args.proxy_host or args.via_proxy is not None,
+        )
+        try:
+            _print_lab(lab)
+            return run(lab)
+        finally:
+            down(lab.prefix)
+    except (LabError, ConfigError) as exc:
+        print(f"vflnet lab: {exc}", file=sys.stderr)
+        return 2
+
+
+def _print_lab(lab: Lab) -> None:
+    impair = f"{lab.netem} ({lab.emulator})" if lab.netem else "none"
+    print(f"lab {lab.prefix!r} is up: {lab.lab_dir} (impairment: {impair})")
+    for h in lab.hosts:
+        print(f"  {h.name:12s} {h.role:11s} netns {h.ns:20s} {h.endpoint}")
+    print(
+        f"config: {lab.config_path}\nrun it:  vflnet lab run {lab.lab_dir}\nremove:  vflnet lab down --prefix {lab.prefix}"
+    )
