@@ -105,6 +105,12 @@ def test_plugin_protocol_runs_over_grpc_and_loopback_like_the_reference(tmp_path
     _assert_identical(grpc_run, loop_run, ["active", "passive-1", "passive-2"])
     summary = json.loads((grpc_run / "summary.json").read_text())
     assert summary["pull"]["train_steps"] == 10
+    sent: dict[str, int] = {}  # the host meters the plug-in's messages both ways
+    for line in (grpc_run / "metrics.jsonl").read_text().splitlines():
+        for key, n in json.loads(line).get("bytes_sent", {}).items():
+            sent[key] = sent.get(key, 0) + n
+    assert sent["active/Forward"] > 0 and sent["active/Backward"] > 0, sent
+    assert sent["passive-1/Forward.reply"] > 0 and sent["passive-1/Backward.reply"] > 0, sent
     seen = {e.short_method for e in read_trace(grpc_run / "traces/passive-1.trace")}
     assert {"Forward", "Backward"} <= seen and "ExchangeEmbeddings" not in seen
     reference = train_reference(
@@ -186,3 +192,21 @@ def test_model_release_is_a_traced_message_and_the_only_way_to_a_model(tmp_path)
     assert len(sent) == 1 and set(sent[0].message.parameters.tensors) == {f"top.{n}" for n in top}
     summary = json.loads((run / "summary.json").read_text())
     assert summary["bytes_sent"]["active/ReceiveModel"] > sum(v.numel() * 4 for v in top.values())
+
+
+def test_plugin_protocol_is_written_on_the_sdk_alone():
+    """The pull plug-in imports only ``vflnet.sdk`` and its own messages, and has no metering, sender,
+    run or size check of its own: the host does them for every ``@handles`` method and ``send``."""
+    import ast
+
+    source = (Path(__file__).parent / "plugins" / "pull_protocol.py").read_text()
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            imported |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            imported |= {a.name for a in node.names}
+    assert {m for m in imported if m.startswith("vflnet")} == {"vflnet.sdk"}, imported
+    assert "grpc" not in imported
+    for manual in (".meter", "check_sender(", "check_run(", "check_message_size(", "RpcFailure("):
+        assert manual not in source, manual

@@ -36,7 +36,6 @@ from vflnet.defenses.label_defenses import LabelDefense
 from vflnet.models.local import LocalModel
 from vflnet.models.zoo import TopModel, build_bottom
 from vflnet.protocols.split import (
-    EXCHANGE,
     SPLIT_HOOKS,
     ActiveSplit,
     PassiveSplit,
@@ -234,7 +233,6 @@ class HashVFL(Protocol):
     active = HashActive
     passive = HashPassive
     defense_hooks = SPLIT_HOOKS
-    methods = frozenset({EXCHANGE})
 
     @classmethod
     def check_config(cls, cfg: Config) -> list[tuple[str, str]]:

@@ -21,7 +21,7 @@ from vflnet.config import Config
 from vflnet.defenses.base import build_upload_defenses
 from vflnet.models.local import LocalModel
 from vflnet.models.optim import build_optimizer, build_schedule
-from vflnet.protocols.split import EXCHANGE, SPLIT_HOOKS, SplitActive, SplitPassive
+from vflnet.protocols.split import SPLIT_HOOKS, SplitActive, SplitPassive
 from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, Protocol, RunFailed
 from vflnet.v1 import messages_pb2, tensor_pb2
 from vflnet.wire.errors import RpcFailure
@@ -198,4 +198,3 @@ class ParamServerProtocol(Protocol):
     active = ParamServerActive
     passive = ParamServerPassive
     defense_hooks = SPLIT_HOOKS | {"upload"}  # CentralParams: the upload defenses
-    methods = frozenset({EXCHANGE})

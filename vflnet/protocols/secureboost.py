@@ -56,14 +56,12 @@ from vflnet.models.secureboost import (
 from vflnet.protocols.predictions import PredictionsKeeper
 from vflnet.registry import Param
 from vflnet.sdk import deadlines
-from vflnet.sdk.bridge import add_handlers, unary
 from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, PartySide, Protocol, register_messages
+from vflnet.sdk.handlers import Pending, handles, send
 from vflnet.v1 import messages_pb2, secureboost_pb2
 from vflnet.wire import tensors
-from vflnet.wire.channels import check_message_size
-from vflnet.wire.checks import check_run, check_sender
 from vflnet.wire.ciphers import cipher_from_proto_checked
-from vflnet.wire.errors import RpcFailure, describe_rpc_error, invalid
+from vflnet.wire.errors import RpcFailure, invalid
 from vflnet.wire.tensors import PayloadError
 
 log = logging.getLogger("vflnet.secureboost")
@@ -73,7 +71,7 @@ START = "/vflnet.secureboost.SecureBoost/StartTree"
 HISTOGRAMS = "/vflnet.secureboost.SecureBoost/Histograms"
 SPLIT = "/vflnet.secureboost.SecureBoost/Split"
 ROUTE = "/vflnet.secureboost.SecureBoost/Route"
-register_messages(SERVICE, {m.name: {"active"} for m in SERVICE.methods})
+register_messages(SERVICE)
 
 
 def tree_params(cfg: Config) -> TreeParams:
@@ -142,17 +140,6 @@ class SecureBoostPassive(PartySide):
         self.tree_step = -1  # the step whose tree is being grown (histograms and splits must belong to it)
         self.lock = threading.Lock()
 
-    def add_services(self, server: Any) -> None:
-        add_handlers(
-            server,
-            {START: self.start_tree, HISTOGRAMS: self.histograms, SPLIT: self.split, ROUTE: self.route},
-        )
-
-    def _check(self, h: messages_pb2.Header, context: Any) -> None:
-        check_run(self.cfg, h.run_id)
-        check_sender(self.cfg, h.sender, {"active"}, context)
-        self.host.waitroom.wait(h.sender, context, self.host.step_deadline_s)
-
     def _rows(self, ids: Sequence[int]) -> np.ndarray:
         try:
             return self.host.data.rows(np.asarray(ids, dtype=np.int64))
@@ -184,8 +171,8 @@ class SecureBoostPassive(PartySide):
             raise invalid(f"gradient statistics of shape {gh.shape} for {n} rows (expected [n, 2c])")
         return gh
 
+    @handles(START, callers={"active"}, wait_for_admission=True)
     def start_tree(self, req: secureboost_pb2.TreeStart, context: Any) -> secureboost_pb2.TreeStartAck:
-        self._check(req.header, context)
         rows = self._rows(req.sample_ids)
         gh = self._gh(req, len(rows))
         with self.lock:
@@ -193,10 +180,10 @@ class SecureBoostPassive(PartySide):
             self.tree_step = req.header.step
         return secureboost_pb2.TreeStartAck(header=self.host.header(req.header))
 
+    @handles(HISTOGRAMS, callers={"active"}, wait_for_admission=True)
     def histograms(
         self, req: secureboost_pb2.HistogramRequest, context: Any
     ) -> secureboost_pb2.HistogramReply:
-        self._check(req.header, context)
         with self.lock:
             if req.header.step != self.tree_step:
                 raise RpcFailure(
@@ -217,8 +204,6 @@ class SecureBoostPassive(PartySide):
                 reply.cipher.CopyFrom(cipher_to_proto(sums, workers=self.cfg.protocol.he.workers))
             else:
                 reply.plain.CopyFrom(tensors.to_proto(sums))
-        check_message_size(reply, self.cfg.transport, f"{self.host.name}'s histograms")
-        self.host.meter.record("Histograms.reply", reply)
         return reply
 
     def state_dict(self) -> dict[str, Any]:
@@ -234,8 +219,8 @@ class SecureBoostPassive(PartySide):
         self.party.features, self.party.cuts = list(state["features"]), list(state["cuts"])
         self.public_key, self.tree_step = state["public_key"], int(state["tree_step"])
 
+    @handles(SPLIT, callers={"active"}, wait_for_admission=True)
     def split(self, req: secureboost_pb2.SplitRequest, context: Any) -> secureboost_pb2.SplitReply:
-        self._check(req.header, context)
         with self.lock:
             if req.header.step != self.tree_step or req.node not in self.party.nodes:
                 raise RpcFailure(
@@ -249,11 +234,10 @@ class SecureBoostPassive(PartySide):
         reply = secureboost_pb2.SplitReply(
             header=self.host.header(req.header), split_id=split_id, go_left=tensors.to_proto(left)
         )
-        self.host.meter.record("Split.reply", reply)
         return reply
 
+    @handles(ROUTE, callers={"active"}, wait_for_admission=True)
     def route(self, req: secureboost_pb2.RouteRequest, context: Any) -> secureboost_pb2.RouteReply:
-        self._check(req.header, context)
         rows = self._rows(req.sample_ids)
         with self.lock:
             try:
@@ -263,7 +247,6 @@ class SecureBoostPassive(PartySide):
         reply = secureboost_pb2.RouteReply(
             header=self.host.header(req.header), go_left=tensors.to_proto(bits)
         )
-        self.host.meter.record("Route.reply", reply)
         return reply
 
     def step(self, cmd: messages_pb2.StepCommand, rows: np.ndarray) -> dict[str, float]:
@@ -277,17 +260,8 @@ class RemoteParty:
     def __init__(self, side: SecureBoostActive, name: str, channel: Any) -> None:
         self.side, self.name, self.channel = side, name, channel
 
-    def _call(self, method: str, req: Any) -> Any:
-        self.side.host.meter.record(method.rsplit("/", 1)[1], req)
-        return unary(self.channel, method).future(req, timeout=self.side.host.step_deadline_s)
-
-    def result(self, future: Any, what: str) -> Any:
-        try:
-            return future.result()
-        except grpc.RpcError as exc:
-            raise RpcFailure(
-                grpc.StatusCode.ABORTED, f"{self.name} refused {what}: {describe_rpc_error(exc)}"
-            ) from exc
+    def _call(self, method: str, req: Any) -> Pending:
+        return send(self.side.host, self.channel, self.name, method, req)
 
     def ask_histograms(self, node_of: np.ndarray, nodes: list[int]) -> Any:
         req = secureboost_pb2.HistogramRequest(
@@ -298,7 +272,7 @@ class RemoteParty:
         return self._call(HISTOGRAMS, req)
 
     def decode_histograms(self, future: Any, n_nodes: int, k: int) -> np.ndarray:
-        reply = self.result(future, "histograms")
+        reply = future.result()
         what = f"histograms from {self.name}"
         try:
             cands = list(reply.candidates)
@@ -326,7 +300,7 @@ class RemoteParty:
         req = secureboost_pb2.SplitRequest(
             header=self.side.host.header(self.side.host.current), node=node, candidate=candidate
         )
-        reply = self.result(self._call(SPLIT, req), "a split")
+        reply = self._call(SPLIT, req).result()
         try:
             left = tensors.from_proto(reply.go_left, expect_dtype="bool", what=f"split from {self.name}")
         except PayloadError as exc:
@@ -337,7 +311,7 @@ class RemoteParty:
         req = secureboost_pb2.RouteRequest(
             header=self.side.host.header(self.side.host.current), sample_ids=ids, split_ids=split_ids
         )
-        reply = self.result(self._call(ROUTE, req), "routing")
+        reply = self._call(ROUTE, req).result()
         try:
             return tensors.from_proto(
                 reply.go_left,
@@ -404,12 +378,11 @@ class SecureBoostActive(PartySide):
             req.cipher.CopyFrom(cipher_to_proto(ca))
         else:
             req.plain.CopyFrom(tensors.to_proto(gh))
-        check_message_size(req, self.cfg.transport, f"{host.name}'s gradient statistics")
-        futures = [(r, r._call(START, req)) for r in self.remotes]
+        futures = [r._call(START, req) for r in self.remotes]
         if self.own is not None:
             self.own.start_tree(rows, gh)
-        for remote, future in futures:
-            remote.result(future, "the tree's gradient statistics")
+        for future in futures:
+            future.result()
 
     def _gather(self, node_of: np.ndarray, nodes: list[int], k: int) -> list[np.ndarray]:
         futures = [(r, r.ask_histograms(node_of, nodes)) for r in self.remotes]
@@ -568,7 +541,6 @@ class SecureBoost(Protocol):
     active = SecureBoostActive
     passive = SecureBoostPassive
     defense_hooks = frozenset({"scores"})  # SecureBoostActive's PredictionsKeeper; no gradients, no bottom
-    methods = frozenset(f"/{SERVICE.full_name}/{m.name}" for m in SERVICE.methods)
 
     @classmethod
     def check_config(cls, cfg: Config) -> list[tuple[str, str]]:

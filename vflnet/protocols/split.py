@@ -32,14 +32,13 @@ from vflnet.models.local import LocalModel
 from vflnet.models.zoo import TopModel, aggregate
 from vflnet.protocols.predictions import PredictionsKeeper
 from vflnet.registry import DEFENSES
-from vflnet.sdk.bridge import add_handlers
 from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, PartySide, Protocol
+from vflnet.sdk.handlers import handles, send
 from vflnet.threat.attack import OwnStepView
-from vflnet.v1 import messages_pb2, services_pb2_grpc
+from vflnet.v1 import messages_pb2
 from vflnet.wire import tensors
 from vflnet.wire.channels import MessageTooLarge, check_message_size
-from vflnet.wire.checks import check_run, check_sender
-from vflnet.wire.errors import RpcFailure, describe_rpc_error, invalid, stale_step
+from vflnet.wire.errors import RpcFailure, invalid, stale_step
 
 EXCHANGE = "/vflnet.v1.Active/ExchangeEmbeddings"
 
@@ -162,7 +161,7 @@ class SplitPassive(PartySide):
     def joined(self, reply: messages_pb2.JoinReply) -> None:
         self.compute = self.make_compute()
         active = next(p for p in reply.roster if p.role == "active")
-        self.active = services_pb2_grpc.ActiveStub(self.host.channel(active.address, active.name))
+        self.active, self.active_channel = active.name, self.host.channel(active.address, active.name)
 
     def make_compute(self) -> Any:
         return PassiveSplit(self.host.local)
@@ -195,14 +194,7 @@ class SplitPassive(PartySide):
         emb = self.compute.forward(host.data.x[rows], train)
         msg = messages_pb2.Embeddings(header=host.header(h), sample_ids=cmd.sample_ids)
         self.encode(msg, emb)
-        check_message_size(msg, self.cfg.transport, f"{host.name}'s embeddings for step {h.step}")
-        host.meter.record("ExchangeEmbeddings", msg)
-        try:
-            reply = self.active.ExchangeEmbeddings(msg, timeout=self.host.step_deadline_s)
-        except grpc.RpcError as exc:
-            raise RpcFailure(
-                grpc.StatusCode.ABORTED, f"active party refused embeddings: {describe_rpc_error(exc)}"
-            ) from exc
+        reply = send(host, self.active_channel, self.active, EXCHANGE, msg).result()
         if reply.header.step != h.step:
             raise RpcFailure(
                 grpc.StatusCode.DATA_LOSS, f"gradients for step {reply.header.step}, expected {h.step}"
@@ -272,9 +264,6 @@ class SplitActive(PartySide):
         host.log.info("%s defends with %s (%s)", host.name, entry.name, entry.params)
         return built
 
-    def add_services(self, server: Any) -> None:
-        add_handlers(server, {EXCHANGE: self.receive})
-
     def joined(self, reply: messages_pb2.JoinReply) -> None:
         self.compute = self.make_compute()
 
@@ -317,10 +306,10 @@ class SplitActive(PartySide):
             self.slots[step] = StepSlot(step)
         return self.slots[step]
 
+    # the replies are metered as they are built (``_build_replies``), so their bytes count in this step's report
+    @handles(EXCHANGE, callers={"passive"}, meter_reply=False)
     def receive(self, msg: messages_pb2.Embeddings, context: Any) -> messages_pb2.EmbeddingGradients:
-        h, cfg = msg.header, self.cfg
-        check_run(cfg, h.run_id)
-        check_sender(cfg, h.sender, {"passive"}, context)
+        h = msg.header
         ids = np.asarray(msg.sample_ids, dtype=np.int64)
         expect, what = (len(ids), self.embedding_dims[h.sender]), f"embeddings from {h.sender}"
         if not self.host.ready.is_set():  # malformed messages are refused now, not after the wait
@@ -465,4 +454,3 @@ class Split(Protocol):
     active = SplitActive
     passive = SplitPassive
     defense_hooks = SPLIT_HOOKS
-    methods = frozenset({EXCHANGE})

@@ -38,7 +38,6 @@ from vflnet.protocols.he_backprop import (
     packed_param_grads,
 )
 from vflnet.protocols.split import (
-    EXCHANGE,
     SPLIT_HOOKS,
     SplitActive,
     SplitPassive,
@@ -47,13 +46,12 @@ from vflnet.protocols.split import (
     outcome,
 )
 from vflnet.sdk import deadlines
-from vflnet.sdk.bridge import add_handlers
 from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, Protocol
-from vflnet.v1 import messages_pb2, services_pb2_grpc
-from vflnet.wire.channels import check_message_size
-from vflnet.wire.checks import check_run, check_sender, header
+from vflnet.sdk.handlers import handles, send
+from vflnet.v1 import messages_pb2
+from vflnet.wire.checks import check_sender, header
 from vflnet.wire.ciphers import cipher_from_proto_checked
-from vflnet.wire.errors import RpcFailure, describe_rpc_error, invalid, shown
+from vflnet.wire.errors import RpcFailure, invalid, shown
 
 log = logging.getLogger("vflnet.split_he")
 DECRYPT = "/vflnet.v1.Coordinator/Decrypt"
@@ -210,20 +208,17 @@ class DecryptionService(CoordinatorSide):
                 self.step, self.batch_size, self.served = cmd.header, len(cmd.sample_ids), set()
         return cmd
 
-    def add_services(self, server: Any) -> None:
-        add_handlers(server, {DECRYPT: self.decrypt})
-
     def join_reply(self, reply: messages_pb2.JoinReply) -> None:
         reply.public_key = json.dumps(self.public_key.to_json()).encode()
 
+    @handles(DECRYPT, callers={"active", "passive"})
     def decrypt(
         self, req: messages_pb2.DecryptRequest, context: grpc.ServicerContext | None
     ) -> messages_pb2.DecryptReply:
-        check_run(self.cfg, req.header.run_id)
         allowed = self.PURPOSES.get(req.purpose)
         if allowed is None:
             raise invalid(f"unknown decryption purpose {shown(req.purpose)}; known: {sorted(self.PURPOSES)}")
-        check_sender(self.cfg, req.header.sender, allowed, context)
+        check_sender(self.cfg, req.header.sender, allowed, context)  # the purpose's roles, within the callers
         try:
             masked = cipher_from_proto(req.cipher, self.public_key)
         except (ValueError, OverflowError) as exc:
@@ -302,7 +297,6 @@ class Decryption:
         self.host = host
         self.public_key = PublicKey.from_json(json.loads(reply.public_key))
         host.interception.knowledge["public_key"] = self.public_key  # public: any attack may use it
-        self.stub = services_pb2_grpc.CoordinatorStub(host.coordinator_channel)
 
     def __call__(self, purpose: str, masked: CipherArray) -> np.ndarray:
         """The coordinator's decryption of masked ciphertexts (exact masked integers)."""
@@ -312,14 +306,7 @@ class Decryption:
             purpose=purpose,
             cipher=cipher_to_proto(masked, workers=cfg.protocol.he.workers),
         )
-        check_message_size(req, cfg.transport, f"{host.name}'s {purpose} decryption request")
-        host.meter.record("Decrypt", req)
-        try:
-            reply = self.stub.Decrypt(req, timeout=self.host.step_deadline_s)
-        except grpc.RpcError as exc:
-            raise RpcFailure(
-                grpc.StatusCode.ABORTED, f"coordinator refused decryption: {describe_rpc_error(exc)}"
-            ) from exc
+        reply = send(host, host.coordinator_channel, cfg.coordinator.name, DECRYPT, req).result()
         return ints_from_bytes(reply.integers, reply.integer_width, tuple(reply.shape))
 
 
@@ -418,7 +405,6 @@ class SplitHE(Protocol):
     active = SplitHEActive
     passive = SplitHEPassive
     defense_hooks = SPLIT_HOOKS
-    methods = frozenset({EXCHANGE, DECRYPT})
 
     @classmethod
     def check_config(cls, cfg: Config) -> list[tuple[str, str]]:

@@ -1,7 +1,53 @@
-"""The plug-in SDK: the one module a protocol imports (see docs/architecture.md, "Writing a protocol").
+"""The plug-in SDK: the one module a protocol imports (docs/architecture.md, "Writing a protocol").
 
-``contract`` (a protocol's registered class, its sides and what it declares), ``context`` (what a side
-may use of its host), ``handlers`` (``@handles``: a side's service methods, checked, metered and
-answered with a status by the host), ``bridge`` (servers and channels, gRPC or in-process), ``checks``
-``deadlines`` (what the hosts check on every message, and how long a step may take).
+A protocol is a registered ``Protocol`` naming its three sides (``contract``); each side sees its
+role process through a typed context (``context``); its service methods are marked ``@handles`` and
+its calls go out through ``send`` (``handlers``), so the host checks, meters and answers with a
+status, and the protocol never touches gRPC. ``bridge``, ``deadlines`` and vflnet/wire/checks.py are
+what the hosts build on.
 """
+
+from vflnet.models.zoo import aggregate
+from vflnet.registry import Param
+from vflnet.sdk.context import CoordinatorContext, PartyContext
+from vflnet.sdk.contract import (
+    HOST_METHODS,
+    PROTOCOLS,
+    CoordinatorSide,
+    PartySide,
+    Protocol,
+    RunFailed,
+    register_messages,
+)
+from vflnet.sdk.handlers import Pending, handles, send
+from vflnet.v1.messages_pb2 import EVAL, PREDICT, TRAIN, Header, JoinReply, StepCommand, StepReport
+from vflnet.wire.errors import invalid, stale_step
+from vflnet.wire.tensors import from_proto, to_proto
+
+__all__ = [
+    "EVAL",
+    "HOST_METHODS",
+    "PREDICT",
+    "PROTOCOLS",
+    "TRAIN",
+    "CoordinatorContext",
+    "CoordinatorSide",
+    "Header",
+    "JoinReply",
+    "Param",
+    "PartyContext",
+    "PartySide",
+    "Pending",
+    "Protocol",
+    "RunFailed",
+    "StepCommand",
+    "StepReport",
+    "aggregate",
+    "from_proto",
+    "handles",
+    "invalid",
+    "register_messages",
+    "send",
+    "stale_step",
+    "to_proto",
+]

@@ -24,9 +24,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from vflnet.interceptors.events import short_name
+from vflnet.interceptors.events import register_service, short_name
 from vflnet.registry import PROTOCOLS, Param
+from vflnet.sdk.handlers import handlers_of, serve_handlers
 from vflnet.v1 import messages_pb2, tensor_pb2
+from vflnet.wire.chunking import register_chunkable
+from vflnet.wire.permissions import register_permissions
 
 if TYPE_CHECKING:
     from vflnet.config import Config
@@ -68,7 +71,8 @@ class CoordinatorSide:
         self.cfg = host.cfg
 
     def add_services(self, server: Server) -> None:
-        """Register the protocol's own coordinator services (``vflnet.sdk.bridge.add_handlers``)."""
+        """Serve this side's ``@handles`` methods, wrapped with the host's checks (vflnet/sdk/handlers.py)."""
+        serve_handlers(server, self, self.host)
 
     def join_reply(self, reply: messages_pb2.JoinReply) -> None:
         """Fill in what every party learns on admission beyond roster and IDs (split-he: the public key)."""
@@ -122,7 +126,8 @@ class PartySide:
         """Add to the join request (param-server: the freshly initialised parameters)."""
 
     def add_services(self, server: Server) -> None:
-        """Register the protocol's own services on this party's server."""
+        """Serve this side's ``@handles`` methods, wrapped with the host's checks (vflnet/sdk/handlers.py)."""
+        serve_handlers(server, self, self.host)
 
     def joined(self, reply: messages_pb2.JoinReply) -> None:
         """Admission is done (roster, IDs, the protocol's fields of the reply): open channels to peers."""
@@ -197,9 +202,28 @@ class Protocol:
     # wrapped), "scores" (released confidence vectors, PREDICT phase), "upload" (the gradient upload);
     # config validation refuses a defense whose hook is not here.
     defense_hooks: ClassVar[frozenset[str]] = frozenset()
-    # The full gRPC method names its sides serve beyond the hosts' (HOST_METHODS); with those, the
-    # methods an attack's taps and rewrites may name (config validation refuses any other).
+    # The full gRPC method names its sides serve beyond the hosts' (HOST_METHODS): their ``@handles``
+    # methods, gathered when the class is defined; with HOST_METHODS, the methods an attack's taps and
+    # rewrites may name (config validation refuses any other).
     methods: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Gather the sides' ``@handles`` declarations: the method table, and who may call each method
+        under mutual TLS (one declaration, on the handler)."""
+        super().__init_subclass__(**kwargs)
+        callers: dict[str, set[str]] = {}
+        for side in (
+            getattr(cls, "coordinator", None),
+            getattr(cls, "active", None),
+            getattr(cls, "passive", None),
+        ):
+            if side is None:
+                continue
+            for spec in handlers_of(side).values():
+                callers.setdefault(spec.method, set()).update(spec.callers)
+        if callers:
+            register_permissions(callers)
+            cls.methods = cls.methods | frozenset(callers)
 
     @classmethod
     def method_names(cls) -> list[str]:
@@ -219,18 +243,12 @@ class Protocol:
         return cls.active if role == "active" else cls.passive
 
 
-def register_messages(service: Any, callers: dict[str, set[str]]) -> None:
-    """Make a plug-in protocol's gRPC service known: its methods' messages (for taps, traces and
-    ``add_handlers``), that they travel in chunks and through the parties' mod chains like vflnet's
-    own, and which roles may call each method (``callers``: short name -> roles, enforced under
-    mutual TLS)."""
-    from vflnet.interceptors.events import register_service
-    from vflnet.wire.chunking import register_chunkable
-    from vflnet.wire.tls import register_permissions
-
+def register_messages(service: Any) -> None:
+    """Make a plug-in protocol's gRPC service known (its protobuf ServiceDescriptor): its methods'
+    messages (for taps, traces and the handlers), and that they travel in chunks and through the
+    parties' mod chains like vflnet's own. Who may call each method comes from its ``@handles``."""
     register_service(service)
     register_chunkable(service)
-    register_permissions({f"/{service.full_name}/{name}": roles for name, roles in callers.items()})
 
 
 __all__ = ["PROTOCOLS", "CoordinatorSide", "PartySide", "Protocol", "RunFailed", "register_messages"]

@@ -100,7 +100,8 @@ def make_server(
     chain = list(interceptors or [])
     authorize = None
     if transport.tls.enabled:
-        from vflnet.wire.tls import ROLE_PERMISSIONS, RoleAuthorizer
+        from vflnet.wire.permissions import ROLE_PERMISSIONS
+        from vflnet.wire.tls import RoleAuthorizer
 
         authorizer = RoleAuthorizer(ROLE_PERMISSIONS)
         chain.insert(0, authorizer)  # identity first, before any tap or attack

@@ -36,28 +36,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from vflnet.wire.permissions import ROLE_PERMISSIONS
+
 ROLES = ("coordinator", "active", "passive")
 CA_CERT = "ca.pem"
 CA_KEY = "ca.key"
-
-# Full gRPC method name -> roles whose certificates may call it (services.proto says who calls what).
-ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
-    "/vflnet.v1.Coordinator/Join": frozenset({"active", "passive"}),
-    "/vflnet.v1.Coordinator/Decrypt": frozenset({"active", "passive"}),
-    "/vflnet.v1.Party/RunStep": frozenset({"coordinator"}),
-    "/vflnet.v1.Party/Shutdown": frozenset({"coordinator"}),
-    "/vflnet.v1.Party/ReleaseModel": frozenset({"coordinator"}),
-    "/vflnet.v1.Party/ReceiveModel": frozenset({"active", "passive"}),
-    "/vflnet.v1.Coordinator/ReceiveModel": frozenset({"active", "passive"}),
-    "/vflnet.v1.Active/ExchangeEmbeddings": frozenset({"passive"}),
-}
-
-
-def register_permissions(permissions: Mapping[str, Iterable[str]]) -> None:
-    """Which roles may call a plug-in protocol's methods (full name -> roles), under mutual TLS."""
-    for method, roles in permissions.items():
-        ROLE_PERMISSIONS[method] = frozenset(roles)
-
 
 # Services any caller may reach: readiness probes must work without knowing the run's roles.
 OPEN_SERVICES = frozenset({"grpc.health.v1.Health"})

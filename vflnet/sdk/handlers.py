@@ -1,0 +1,123 @@
+"""A protocol's messages, served and sent through the host: the checks and the metering live here.
+
+Serving: a side marks each of its service methods with ``@handles(METHOD, callers=...)``. The host
+registers every marked method (``serve_handlers``, called by the sides' default ``add_services``)
+wrapped so that, before the method runs, the request belongs to this run and its sender is a roster
+party of an allowed role (its certificate's identity under mutual TLS), and, where asked, the party
+has finished joining; after it, the reply's size is checked against ``transport.max_payload_mb`` and
+its bytes are metered. An exception becomes a gRPC status (vflnet/wire/errors.py); the server keeps
+serving. The callers also become the method's permissions under mutual TLS, and the marked methods
+the protocol's method table (``Protocol.methods``), from this one declaration.
+
+Sending: ``send`` checks a request's size, meters it and starts the call with the step's deadline;
+its ``result()`` turns a failed call into a status that names the peer and what was asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from vflnet.interceptors.events import short_name
+from vflnet.sdk.bridge import Server, add_handlers, unary
+from vflnet.wire.channels import check_message_size
+from vflnet.wire.checks import check_run, check_sender
+from vflnet.wire.errors import RpcFailure, describe_rpc_error
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_MARK = "__vflnet_handles__"
+
+
+@dataclass(frozen=True)
+class Handles:
+    """What ``@handles`` declares about one service method of a side."""
+
+    method: str  # full gRPC name, e.g. "/vflnet.v1.Active/ExchangeEmbeddings"
+    callers: frozenset[str]  # the roles that may call it
+    wait_for_admission: bool  # a call that arrives before this party joined waits (bounded) for it
+    meter_reply: bool  # False only where the side meters the reply itself, when it builds it
+
+
+def handles(
+    method: str, callers: Iterable[str], *, wait_for_admission: bool = False, meter_reply: bool = True
+) -> Callable[[F], F]:
+    """Mark a side's method ``(request, context) -> reply`` as the server of ``method``."""
+    roles = frozenset(callers)
+    unknown = roles - {"coordinator", "active", "passive"}
+    if not roles or unknown:
+        raise ValueError(f"@handles({method!r}): callers must be roles among coordinator/active/passive")
+
+    def mark(fn: F) -> F:
+        setattr(fn, _MARK, Handles(method, roles, wait_for_admission, meter_reply))
+        return fn
+
+    return mark
+
+
+def handlers_of(side: type) -> dict[str, Handles]:
+    """A side class's marked methods: attribute name -> declaration (inherited ones included)."""
+    found: dict[str, Handles] = {}
+    for attr in dir(side):
+        spec = getattr(getattr(side, attr, None), _MARK, None)
+        if isinstance(spec, Handles):
+            found[attr] = spec
+    return found
+
+
+def serve_handlers(server: Server, side: Any, host: Any) -> None:
+    """Register every ``@handles`` method of ``side`` on ``server``, wrapped with the host's checks."""
+    handlers = {
+        spec.method: _checked(getattr(side, attr), spec, host)
+        for attr, spec in handlers_of(type(side)).items()
+    }
+    if handlers:
+        add_handlers(server, handlers)
+
+
+def _checked(fn: Callable[[Any, Any], Message], spec: Handles, host: Any) -> Callable[[Any, Any], Message]:
+    short = short_name(spec.method)
+    meter = getattr(host, "meter", None) if spec.meter_reply else None
+
+    def handler(request: Any, context: Any) -> Message:
+        h = request.header
+        check_run(host.cfg, h.run_id)
+        check_sender(host.cfg, h.sender, set(spec.callers), context)
+        if spec.wait_for_admission and not host.ready.is_set():
+            host.waitroom.wait(h.sender, context, host.step_deadline_s)
+        reply = fn(request, context)
+        check_message_size(reply, host.cfg.transport, f"{host.name}'s {short} reply to {h.sender}")
+        if meter is not None:
+            meter.record(f"{short}.reply", reply)
+        return reply
+
+    handler.__name__ = getattr(fn, "__name__", short)
+    return handler
+
+
+class Pending:
+    """A call on its way: ``result()`` waits for the reply, or raises a status naming peer and method."""
+
+    def __init__(self, future: grpc.Future, peer: str, method: str) -> None:
+        self.future, self.peer, self.method = future, peer, method
+
+    def result(self) -> Any:
+        try:
+            return self.future.result()
+        except grpc.RpcError as exc:
+            raise RpcFailure(
+                grpc.StatusCode.ABORTED,
+                f"{self.peer} refused {short_name(self.method)}: {describe_rpc_error(exc)}",
+            ) from exc
+
+
+def send(host: Any, channel: grpc.Channel, peer: str, method: str, request: Message) -> Pending:
+    """Check ``request``'s size, meter it and start the call to ``peer`` with the step's deadline."""
+    short = short_name(method)
+    check_message_size(request, host.cfg.transport, f"{host.name}'s {short} to {peer}")
+    host.meter.record(short, request)
+    return Pending(unary(channel, method).future(request, timeout=host.step_deadline_s), peer, method)
