@@ -1,10 +1,11 @@
-"""The `vflnet` command's surface: --version, a description for every subcommand, usage lines that
+"""The `vflnet` command's surface: --version, every command registered with its help, usage lines that
 show what the help mentions, `vflnet examples`, and a line saying what a command wrote."""
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import re
 import tomllib
 from pathlib import Path
 
@@ -32,18 +33,24 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == f"vflnet {PROJECT['project']['version']}\n"
 
 
-def test_every_subcommand_has_a_description() -> None:
-    for name, parser in _subparsers(cli.build_parser()).items():
-        module = cli.command_module(name)
-        if module is not None:  # it parses its own arguments: its own parser's description counts
-            parser = module.build_parser()
+def test_every_command_is_registered_with_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+    top = cli.build_parser().format_help()
+    for name, command in cli.COMMANDS.items():
+        assert command.help and re.search(rf"^    {name}\b", top, re.M), name  # listed, with its help
+        assert command.help in " ".join(top.split()), name
+        parser = command.load().build_parser()
+        assert parser.prog == f"vflnet {name}"
         assert parser.description and len(parser.description) > 20, name
-    for name, parser in _subparsers(_subparsers(cli.build_parser())["config"]).items():
+        with pytest.raises(SystemExit) as done:
+            cli.main([name, "--help"])
+        assert done.value.code == 0, name
+        assert capsys.readouterr().out.startswith(f"usage: vflnet {name} "), name
+    for name, parser in _subparsers(cli.COMMANDS["config"].load().build_parser()).items():
         assert parser.description, f"config {name}"
 
 
 def test_bench_help_says_what_each_benchmark_measures() -> None:
-    text = _subparsers(cli.build_parser())["bench"].format_help()
+    text = cli.COMMANDS["bench"].load().build_parser().format_help()
     for name, (_, measures) in BENCHMARKS.items():
         assert f"  {name} " in text and measures in " ".join(text.split()), name
 

@@ -46,16 +46,9 @@ def contract_parser() -> argparse.ArgumentParser:
 def parse_vflnet(argv: list[str]) -> argparse.Namespace:
     """Parse ``vflnet ...`` with the real parser where it knows the subcommand, else the contract."""
     assert argv[:1] == ["vflnet"], f"not a vflnet command: {shlex.join(argv)}"
-    real = cli.build_parser()
-    known = next(a for a in real._actions if isinstance(a, argparse._SubParsersAction)).choices  # noqa: SLF001
     command = argv[1] if len(argv) > 1 else ""
-    module = cli.command_module(command)
-    if module is not None:  # main() hands these to their module's own parser
-        parser = module.build_parser()
-        rest = argv[2:]
-    elif command in known:
-        parser = real
-        rest = argv[1:]
+    if command in cli.COMMANDS:  # main() hands the rest to the command's module
+        parser, rest = cli.COMMANDS[command].load().build_parser(), argv[2:]
     else:
         parser, rest = contract_parser(), argv[1:]
     try:

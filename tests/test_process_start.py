@@ -31,13 +31,15 @@ def test_setup_torch_turns_on_deterministic_algorithms_in_warn_only_mode() -> No
 
 
 def test_a_party_process_start_imports_neither_plotting_nor_the_compiler() -> None:
-    # what `vflnet party` runs before it serves: the whole command line parser, then torch's set-up
+    # what `vflnet party` runs before it serves: the entry point, the command's module and its parser,
+    # then torch's set-up
     code = (
         "import json, sys\n"
-        "from vflnet.cli import build_parser\n"
+        "import vflnet.cli\n"
+        "from vflnet.commands.party import build_parser\n"
         "from vflnet.config import Config\n"
         "from vflnet.roles.common import setup_torch\n"
-        "build_parser().parse_args(['party', '--role', 'passive', '--config', 'c.yaml', '--name', 'p'])\n"
+        "build_parser().parse_args(['--role', 'passive', '--config', 'c.yaml', '--name', 'p'])\n"
         "setup_torch(Config())\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )

@@ -3,6 +3,7 @@ repository's configs/ links to) into DIR, never overwriting a file."""
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
 from pathlib import Path
@@ -30,3 +31,16 @@ def copy_examples(dest: Path) -> int:
     print(f"wrote {len(files)} example files to {dest}: {', '.join(str(f) for f in files)}")
     print(f"try: vflnet run {dest / 'digits-2p.yaml'} train.epochs=3")
     return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    text = "copy the example configs (and sweep files) shipped with vflnet into a folder"
+    parser = argparse.ArgumentParser(prog="vflnet examples", description=f"{text}; never overwrites a file")
+    parser.add_argument(
+        "dir", type=Path, nargs="?", default=Path("vflnet-examples"), help="default: ./vflnet-examples"
+    )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    return copy_examples(build_parser().parse_args(argv).dir)

@@ -59,6 +59,8 @@ PRELOAD = (
     "torch._dynamo.convert_frame",  # and this at its first step
     "grpc",
     "vflnet.cli",
+    "vflnet.commands.party",
+    "vflnet.commands.run",
     "vflnet.roles.party",
     "vflnet.roles.coordinator",
     "vflnet.roles.proxy",

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from vflnet.cli import add_start_argument
+from vflnet.commands.arguments import add_start_argument
 from vflnet.config import ConfigError, RuntimeConfig
 from vflnet.runner.local import stop_processes
 from vflnet.runner.warm import ForkServer, Process, fork_server, start_vflnet

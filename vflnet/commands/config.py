@@ -1,0 +1,35 @@
+"""`vflnet config`: check a config (`check`), write docs/config.md from the schema (`docs`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vflnet import docs_config
+from vflnet.commands.arguments import add_overrides, parse_with_overrides
+from vflnet.validation import load_config
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vflnet config", description="config tools: check a config, write its docs"
+    )
+    sub = parser.add_subparsers(dest="config_command", required=True)
+    text = "validate a config file (with any KEY=VALUE overrides) and exit"
+    check = sub.add_parser("check", help=text, description=text)
+    check.add_argument("file", type=Path)
+    add_overrides(check)
+    text = "write docs/config.md from the schema (--check: only compare)"
+    sub.add_parser("docs", help=text, description=text, add_help=False, parents=[docs_config.build_parser()])
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = parse_with_overrides(build_parser(), argv)
+    if args.config_command == "docs":
+        return docs_config.main(argv[1:])
+    cfg = load_config(args.file, overrides=args.overrides)
+    print(
+        f"{args.file}: OK ({len(cfg.parties)} parties, protocol {cfg.protocol.kind}, dataset {cfg.data.dataset})"
+    )
+    return 0
