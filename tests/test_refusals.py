@@ -38,7 +38,7 @@ def test_a_defense_the_protocol_never_applies_is_refused_with_where_it_acts(tmp_
     err = _err(tmp_path, data)
     assert err.key == "defenses[0].name"
     assert "'fake-gradients' acts on 'upload'" in err.message and "'split'" in err.message
-    assert "['bottom', 'labels', 'scores']" in err.message and "['param-server']" in err.message
+    assert "['bottom', 'labels', 'plaintext-embeddings', 'scores']" in err.message and "['param-server']" in err.message
 
 
 @pytest.mark.parametrize("defense, party", [("embedding-noise", "passive-1"), ("dp-gaussian", "active")])

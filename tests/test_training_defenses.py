@@ -88,7 +88,10 @@ def test_defense_blunts_direction_scoring_on_a_binary_task(tmp_path, name: str) 
 def test_refused_by_name_where_it_would_not_act(name: str, protocol: str) -> None:
     data = config(batch=64, defense=(name, {}))
     data["protocol"]["kind"] = protocol
-    with pytest.raises(ConfigError, match=f"defense '{name}'.*acts only under \\['split'\\]"):
+    with pytest.raises(
+        ConfigError,
+        match=f"defense '{name}' needs the hook point 'plaintext-embeddings'.*that apply 'plaintext-embeddings': \\['split'\\]",
+    ):
         config_from_dict(data)
 
 

@@ -213,7 +213,9 @@ def _check_plugins(cfg: Config) -> None:
             except ValueError as exc:
                 raise ConfigError(src, f"{key}.params", str(exc)) from exc
             if section == "defenses":
-                _check_defense_hook(cfg, key, entry.name, cls.acts_on)
+                _check_defense_hook(cfg, key, entry.name, cls.acts_on, "acts on")
+                for hook in sorted(cls.requires):
+                    _check_defense_hook(cfg, key, entry.name, hook, "needs the hook point")
             if section == "attacks":  # its taps can match; what its threat model grants reaches its party
                 _check_attack_taps(cfg, key, entry.name, cls.taps + cls.rewrites)
                 for problem in missing_knowledge(cfg, entry.party, cls):
@@ -224,7 +226,7 @@ def _check_plugins(cfg: Config) -> None:
                 raise ConfigError(src, bad_key, f"{registry.kind} {entry.name!r}: {problem}")
 
 
-def _check_defense_hook(cfg: Config, key: str, name: str, hook: str) -> None:
+def _check_defense_hook(cfg: Config, key: str, name: str, hook: str, verb: str) -> None:
     """The run's protocol applies the hook point the defense acts on (`Protocol.defense_hooks`)."""
     offered = PROTOCOLS.get(cfg.protocol.kind).defense_hooks
     if hook in offered:
@@ -233,7 +235,7 @@ def _check_defense_hook(cfg: Config, key: str, name: str, hook: str) -> None:
     raise ConfigError(
         cfg.source,
         f"{key}.name",
-        f"defense {name!r} acts on {hook!r}, which protocol {cfg.protocol.kind!r} does not apply "
+        f"defense {name!r} {verb} {hook!r}, which protocol {cfg.protocol.kind!r} does not apply "
         f"(it offers {sorted(offered) or 'no defense hooks'}); protocols that apply {hook!r}: "
         f"{elsewhere or 'none'}",
     )

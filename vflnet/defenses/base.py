@@ -1,14 +1,17 @@
 """The defense plug-in API. A defense belongs to the party that defends; it is either a model
 component of that party or a transform of that party's outgoing messages, applied by the party
-before the message is encoded (and, under split-he, before it is encrypted)."""
+before the message is encoded (and, under split-he, before it is encrypted).
+
+A defense names the hook point it acts at (``acts_on``) and any further hook point it needs
+(``requires``); a protocol names the hook points its sides apply (``Protocol.defense_hooks``), and
+config validation refuses a defense the run's protocol would not apply. Every defense is applied
+through ``attach``: the one place that picks a party's defenses for a hook point.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import Any, ClassVar
-
-import numpy as np
 
 from vflnet.config import Config
 from vflnet.registry import Param, validate_params
@@ -19,11 +22,14 @@ class Defense(ABC):
     description: ClassVar[str]
     roles: ClassVar[frozenset[str]]
     params: ClassVar[dict[str, Param]] = {}
-    acts_on: ClassVar[str] = (
-        "labels"  # "labels": active-party label defense; "upload": param-server gradient upload
-    )
+    # the hook point it acts at: "labels" (the active party's loss, gradients and predictions), "bottom"
+    # (a passive party's bottom model), "scores" (released confidence vectors), "upload" (param-server's
+    # gradient upload); see Protocol.defense_hooks
+    acts_on: ClassVar[str] = "labels"
+    # further hook points the run's protocol must offer ("plaintext-embeddings": the active party
+    # computes on the passive parties' embeddings in the clear, as MID's bottleneck and dCor need)
+    requires: ClassVar[frozenset[str]] = frozenset()
     implementation: ClassVar[type]  # the class `build` makes (for label defenses: a LabelDefense subclass)
-    protocols: ClassVar[frozenset[str] | None] = None  # the protocols it acts under (None: every one)
 
     def __init__(self, **params: Any) -> None:
         self.p = validate_params("defense", self.name, self.params, params)
@@ -31,15 +37,7 @@ class Defense(ABC):
     @classmethod
     def check_config(cls, cfg: Config, party: str) -> list[tuple[str, str]]:
         """(config key, problem) pairs that make this defense at ``party`` act on nothing in the run
-        (``vflnet config check`` reports the first): a protocol it does not act under."""
-        if cls.protocols is not None and cfg.protocol.kind not in cls.protocols:
-            return [
-                (
-                    "protocol.kind",
-                    f"acts only under {sorted(cls.protocols)}, where the active party computes on "
-                    f"plaintext embeddings; this run is {cfg.protocol.kind!r}",
-                )
-            ]
+        beyond its hook points (``vflnet config check`` reports the first)."""
         return []
 
     @abstractmethod
@@ -47,18 +45,21 @@ class Defense(ABC):
         """The object the host party uses (for active-party label defenses: a LabelDefense)."""
 
 
-def build_upload_defenses(
-    cfg: Config, party: str
-) -> list[Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]]:
-    """The transforms a party applies to its gradient upload (param-server), in config order."""
+def attach(cfg: Config, party: str, hook: str, num_classes: int = 0) -> list[Any]:
+    """The defenses of ``party`` that act at ``hook``, built (``Defense.build``) under the party's seed,
+    in config order. The run's protocol must offer the hook point (config validation refused the run
+    otherwise; a hook asked for here that the protocol does not declare is a protocol bug)."""
     from vflnet.data.partition import party_seed
-    from vflnet.registry import DEFENSES
+    from vflnet.registry import DEFENSES, PROTOCOLS
 
-    out = []
-    for entry in cfg.defenses:
-        if entry.party != party:
-            continue
-        defense = DEFENSES.get(entry.name)(**entry.params)
-        if getattr(defense, "acts_on", "") == "upload":
-            out.append(defense.build(0, party_seed(cfg, cfg.party(party))))
-    return out
+    offered = PROTOCOLS.get(cfg.protocol.kind).defense_hooks
+    if hook not in offered:
+        raise ValueError(
+            f"protocol {cfg.protocol.kind!r} applies defenses at {sorted(offered)}, not at {hook!r}"
+        )
+    seed = party_seed(cfg, cfg.party(party))
+    return [
+        DEFENSES.get(entry.name)(**entry.params).build(num_classes, seed)
+        for entry in cfg.defenses
+        if entry.party == party and DEFENSES.get(entry.name).acts_on == hook
+    ]

@@ -148,7 +148,7 @@ class DCAE(Defense):
         return self.implementation(_autoencoder(num_classes, seed, self.p), self.p["bins"])
 
 
-_SPLIT = frozenset({"split"})
+_PLAINTEXT = frozenset({"plaintext-embeddings"})  # the active party sees embeddings in the clear
 
 
 @DEFENSES.register
@@ -159,7 +159,7 @@ class MIDDefense(Defense):
     )
     implementation = td.MID
     roles = _ACTIVE
-    protocols = _SPLIT
+    requires = _PLAINTEXT
     params = {
         "lambda": _p(0.01, "weight of the KL term (VFLAIR's mid_lambda)", 0.0),
         "bottleneck_scale": _p(1, "bottleneck size / embedding size", 1, integer=True),
@@ -175,7 +175,7 @@ class DistanceCorrelationDefense(Defense):
     description = "dCor: loss + alpha * distance correlation of each passive embedding and the one-hot labels"
     implementation = td.DistanceCorrelation
     roles = _ACTIVE
-    protocols = _SPLIT
+    requires = _PLAINTEXT
     params = {"alpha": _p(0.5, "weight of the distance-correlation term", 0.0)}
 
     def build(self, num_classes: int, seed: int) -> ld.LabelDefense:
@@ -190,7 +190,7 @@ class GradPerturbDefense(Defense):
     )
     implementation = td.GradPerturb
     roles = _ACTIVE
-    protocols = _SPLIT
+    requires = _PLAINTEXT
     params = {
         "perturb_epsilon": _p(1.0, "privacy parameter: the Laplace scale is 2 / perturb_epsilon", 1e-12)
     }

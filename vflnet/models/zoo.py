@@ -364,15 +364,10 @@ def defended_bottom(
 ) -> nn.Module:
     """The bottom model as the party's bottom defenses (paper 000: embedding-noise, masquerade) make it,
     in config order; built under the party's seed, like the bottom itself."""
-    from vflnet.data.partition import party_seed
-    from vflnet.registry import DEFENSES
+    from vflnet.defenses.base import attach
 
-    for entry in cfg.defenses:
-        if entry.party != party.name:
-            continue
-        defense = DEFENSES.get(entry.name)(**entry.params)
-        if getattr(defense, "acts_on", "") == "bottom":
-            bottom = defense.build(0, party_seed(cfg, party))(bottom, in_dim, out_dim)
+    for wrap in attach(cfg, party.name, "bottom"):
+        bottom = wrap(bottom, in_dim, out_dim)
     return bottom
 
 

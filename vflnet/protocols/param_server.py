@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from vflnet.config import Config
-from vflnet.defenses.base import build_upload_defenses
+from vflnet.defenses.base import attach
 from vflnet.models.local import LocalModel
 from vflnet.models.optim import build_optimizer, build_schedule
 from vflnet.protocols.split import SPLIT_HOOKS, SplitActive, SplitPassive
@@ -156,7 +156,7 @@ class CentralParams:
     cfg: Config
 
     def make_local(self, modules: dict[str, Any]) -> LocalModel:
-        self.upload_defenses = build_upload_defenses(self.cfg, self.host.name)
+        self.upload_defenses = attach(self.cfg, self.host.name, "upload")
         return LocalModel(modules, self.cfg.train.optimizer, self.cfg.train.lr_schedule, own_optimizer=False)
 
     def join_request(self, req: messages_pb2.JoinRequest) -> None:

@@ -6,29 +6,19 @@ model: the adversary receives the confidence vectors); it keeps them all and wri
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from vflnet.registry import DEFENSES
+from vflnet.defenses.base import attach
 from vflnet.threat.attack import PredictionView
 from vflnet.v1 import messages_pb2
-
-
-def score_defenses(cfg: Any, party: str) -> list[Callable[[np.ndarray], np.ndarray]]:
-    """The party's transforms of the confidence vectors it releases, in config order."""
-    out = []
-    for entry in cfg.defenses:
-        if entry.party == party and getattr(DEFENSES.get(entry.name), "acts_on", "") == "scores":
-            out.append(DEFENSES.get(entry.name)(**entry.params).build(0, 0))
-    return out
 
 
 class PredictionsKeeper:
     def __init__(self, host: Any) -> None:
         self.host = host
-        self.defenses = score_defenses(host.cfg, host.name)
+        self.defenses = attach(host.cfg, host.name, "scores")
         # (phase, epoch) -> [(ids, predicted class, confidence vector)]
         self.parts: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
 

@@ -26,12 +26,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from vflnet.data.partition import party_seed
+from vflnet.defenses.base import attach
 from vflnet.defenses.label_defenses import LabelDefense, soft_cross_entropy
 from vflnet.models.local import LocalModel
 from vflnet.models.zoo import TopModel, aggregate
 from vflnet.protocols.predictions import PredictionsKeeper
-from vflnet.registry import DEFENSES
 from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, PartySide, Protocol
 from vflnet.sdk.handlers import handles, send
 from vflnet.threat.attack import OwnStepView
@@ -250,19 +249,12 @@ class SplitActive(PartySide):
 
     def _defense(self) -> LabelDefense | None:
         host = self.host
-        entries = [
-            d for d in self.cfg.defenses if d.party == host.name and DEFENSES.get(d.name).acts_on == "labels"
-        ]
-        if not entries:
-            return None
-        if len(entries) > 1:
-            raise ValueError(f"{host.name}: one label defense at a time, got {[d.name for d in entries]}")
-        entry = entries[0]
-        built = DEFENSES.get(entry.name)(**entry.params).build(
-            host.data.n_classes, party_seed(self.cfg, host.me)
-        )
-        host.log.info("%s defends with %s (%s)", host.name, entry.name, entry.params)
-        return built
+        built = attach(self.cfg, host.name, "labels", host.data.n_classes)
+        if len(built) > 1:
+            raise ValueError(f"{host.name}: one label defense at a time, got {len(built)}")
+        if built:
+            host.log.info("%s defends its labels with %s", host.name, type(built[0]).__name__)
+        return built[0] if built else None
 
     def joined(self, reply: messages_pb2.JoinReply) -> None:
         self.compute = self.make_compute()
@@ -453,4 +445,6 @@ class Split(Protocol):
     coordinator = SplitCoordinator
     active = SplitActive
     passive = SplitPassive
-    defense_hooks = SPLIT_HOOKS
+    defense_hooks = SPLIT_HOOKS | {
+        "plaintext-embeddings"
+    }  # MID, dCor, GradPerturb need the embeddings in the clear

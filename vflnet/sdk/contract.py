@@ -199,8 +199,10 @@ class Protocol:
     resumable: ClassVar[bool] = True  # its sides keep all their state in state_dict (`vflnet run --resume`)
     # The defense hook points its sides apply (a defense's `acts_on`): "labels" (the active party's label
     # defense on its loss, gradients and predictions), "bottom" (a passive party's bottom replaced or
-    # wrapped), "scores" (released confidence vectors, PREDICT phase), "upload" (the gradient upload);
-    # config validation refuses a defense whose hook is not here.
+    # wrapped), "scores" (released confidence vectors, PREDICT phase), "upload" (the gradient upload),
+    # "plaintext-embeddings" (the active party computes on the passive parties' embeddings in the clear:
+    # a defense's ``requires``); config validation refuses a defense whose hook points are not all here,
+    # and ``vflnet.defenses.base.attach`` applies them.
     defense_hooks: ClassVar[frozenset[str]] = frozenset()
     # The full gRPC method names its sides serve beyond the hosts' (HOST_METHODS): their ``@handles``
     # methods, gathered when the class is defined; with HOST_METHODS, the methods an attack's taps and
