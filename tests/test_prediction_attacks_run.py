@@ -133,3 +133,37 @@ def test_the_reproductions_correlation_table_scores_grna_per_target_feature(tmp_
     assert "Pearson r between a feature's MSE" in report
     with pytest.raises(SystemExit):
         prediction_attacks.main(["--tables", "no-such-table", "--out-dir", str(tmp_path)])
+
+
+def test_the_reproductions_ablation_table_gives_a_t_interval_over_the_trials(tmp_path, monkeypatch) -> None:
+    """Table III's cells are the mean ± the t-based 95% half-width over the trials (k - 1 degrees of
+    freedom, the sample standard deviation), in the report and in results.json; each case's
+    difference from the full GRN is taken trial by trial. The runs are stubbed with known MSEs."""
+    from vflnet.tools.reproduce import prediction_attacks as pa
+
+    # [1, 2, 3, 4, 5]: mean 3, s = sqrt(2.5), t_{0.975, 4} = 2.776445; half-width 2.776445 * s / sqrt(5)
+    mean, half = pa.mean_ci([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert mean == 3.0 and half == pytest.approx(1.963243, abs=1e-6)
+    assert pa.mean_ci([0.5])[1] != pa.mean_ci([0.5])[1]  # one trial: nan, no interval
+
+    trials = {5: [0.10, 0.12, 0.11], 3: [0.09, 0.10, 0.11]}  # case -> MSE of trials 0, 1, 2
+
+    def fake_run(out_dir, name, data):
+        _, case, seed = name.split("-")
+        mse = trials.get(int(case), [0.2, 0.2, 0.2])[int(seed)]
+        return {"grna@active": {"mse": mse, "mse_uniform": 0.17 + int(seed) / 100}}
+
+    monkeypatch.setattr(pa, "run_case", fake_run)
+    results: dict = {}
+    table = pa.ablation_table(tmp_path, pa.datasets(100)["breast_cancer"], [0, 1, 2], 1, results)
+    cases = results["ablation"]["cases"]
+    for case, values in ((5, trials[5]), (3, trials[3]), (6, [0.17, 0.18, 0.19])):
+        row = cases[str(case)]
+        assert row["mse"] == pytest.approx(values)
+        assert (row["mean"], row["ci95"]) == pytest.approx(pa.mean_ci(values))
+    # [0.10, 0.12, 0.11]: s = 0.01, t_{0.975, 2} = 4.302653; half-width 0.024841
+    assert cases["5"]["ci95"] == pytest.approx(0.024841, abs=1e-6)
+    paired = cases["3"]["minus_full_grn"]  # differences -0.01, -0.02, 0.0
+    assert (paired["mean"], paired["ci95"]) == pytest.approx(pa.mean_ci([-0.01, -0.02, 0.0]))
+    assert "| 5 | full GRN | 0.1100 ± 0.0248 | - | 0.1216 |" in table
+    assert results["ablation"]["trials"] == 3

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy.stats
 import yaml
 
 from vflnet import progress
@@ -186,7 +187,27 @@ def rounding_table(out_dir: Path, ds: tuple, seeds: list[int]) -> str:
 PAPER_TABLE_III = {1: 0.1705, 2: 0.1514, 3: 0.1474, 4: 0.2862, 5: 0.1216, 6: 0.2459}
 
 
-def ablation_table(out_dir: Path, ds: tuple, seeds: list[int], epochs: int) -> str:
+def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """The mean over trials and the half-width of its t-based confidence interval (Student's t with
+    k - 1 degrees of freedom, the sample standard deviation); nan for the half-width with one trial."""
+    x = np.asarray(values, dtype=float)
+    if len(x) < 2:
+        return float(x.mean()), float("nan")
+    t = scipy.stats.t.ppf(0.5 + level / 2, len(x) - 1)
+    return float(x.mean()), float(t * x.std(ddof=1) / np.sqrt(len(x)))
+
+
+def _cell(values: list[float]) -> str:
+    mean, half = mean_ci(values)
+    return f"{mean:.4f}" if np.isnan(half) else f"{mean:.4f} ± {half:.4f}"
+
+
+def ablation_table(
+    out_dir: Path, ds: tuple, seeds: list[int], epochs: int, results: dict[str, Any] | None = None
+) -> str:
+    """Table III. Every case runs on the same trials (seed: feature split, data split, GRNA seed), so
+    a case's difference from the full GRN is also given paired, trial by trial. `results` gets the
+    per-trial MSEs and the intervals (the JSON beside the report)."""
     cases = {
         1: ("no x_adv input", {"use_x_adv": False}),
         2: ("no noise input", {"use_noise": False}),
@@ -194,18 +215,47 @@ def ablation_table(out_dir: Path, ds: tuple, seeds: list[int], epochs: int) -> s
         4: ("naive regression (no generator)", {"naive": True}),
         5: ("full GRN", {}),
     }
-    lines = ["| case | what | MSE here | paper (Bank, LR, 40%) |", "|---|---|---|---|"]
-    uni = []
-    for case, (what, params) in cases.items():
-        mse = []
+    mse: dict[int, list[float]] = {case: [] for case in cases}
+    uni: list[float] = []  # the U(0,1) guess depends on the trial only: one value per seed
+    for case, (_, params) in cases.items():
         for seed in seeds:
             attack = {"name": "grna", "party": "active", "params": {"epochs": epochs, "seed": seed, **params}}
             data, _, _ = config(ds, 0.4, seed, "lr", [attack])
             s = run_case(out_dir, f"ablation-{case}-{seed}", data)["grna@active"]
-            mse.append(s["mse"])
-            uni.append(s["mse_uniform"])
-        lines.append(f"| {case} | {what} | {np.mean(mse):.4f} | {PAPER_TABLE_III[case]} |")
-    lines.append(f"| 6 | random guess U(0,1) | {np.mean(uni):.4f} | {PAPER_TABLE_III[6]} |")
+            mse[case].append(s["mse"])
+            if case == 5:
+                uni.append(s["mse_uniform"])
+    mse[6] = uni
+    names = {**{case: what for case, (what, _) in cases.items()}, 6: "random guess U(0,1)"}
+    lines = [
+        f"| case | what | MSE here (mean ± 95% CI, {len(seeds)} trial{'s' if len(seeds) != 1 else ''}) | minus full GRN (paired) | paper (Bank, LR, 40%) |",
+        "|---|---|---|---|---|",
+    ]
+    rows = {}
+    for case, what in names.items():
+        diff = [a - b for a, b in zip(mse[case], mse[5], strict=True)]
+        mean, half = mean_ci(mse[case])
+        d_mean, d_half = mean_ci(diff)
+        rows[str(case)] = {  # with one trial there is no interval: null
+            "what": what,
+            "mse": mse[case],
+            "mean": mean,
+            "std": float(np.std(mse[case], ddof=1)) if len(seeds) > 1 else None,
+            "ci95": None if np.isnan(half) else half,
+            "minus_full_grn": {"mean": d_mean, "ci95": None if np.isnan(d_half) else d_half},
+            "paper": PAPER_TABLE_III[case],
+        }
+        lines.append(
+            f"| {case} | {what} | {_cell(mse[case])} | {'-' if case == 5 else _cell(diff)} | {PAPER_TABLE_III[case]} |"
+        )
+    if results is not None:
+        results["ablation"] = {
+            "trials": len(seeds),
+            "seeds": seeds,
+            "epochs": epochs,
+            "level": 0.95,
+            "cases": rows,
+        }
     return "\n".join(lines)
 
 
@@ -306,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     n, epochs = (1000, 20) if args.quick else (1000, 3) if args.smoke else (args.n, args.epochs)
     sets = datasets(n)
     out = args.out_dir
+    results: dict[str, Any] = {}  # per-trial values and intervals, results.json
     sections: dict[str, tuple[str, Callable[[], str]]] = {
         "esa": (
             "ESA: MSE per feature vs the target's share of the features (LR; T: d_target <= c - 1, where the paper gets 0)",
@@ -317,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "ablation": (
             "GRNA ablation, Table III (breast_cancer for Bank marketing; LR, 40% target)",
-            lambda: ablation_table(out, sets["breast_cancer"], seeds, epochs),
+            lambda: ablation_table(out, sets["breast_cancer"], seeds, epochs, results),
         ),
         "models": (
             "GRNA on LR, NN (with dropout 0.5: paper Fig. 11e-f) and RF through an imitating NN (30% target; paper Fig. 7)",
@@ -341,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     report += f"\n\n{len(seeds)} trial(s) per cell; synthetic n = {n}; GRNA {epochs} epochs.\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(report)
+    if results:
+        (out / "results.json").write_text(json.dumps(results, indent=2))
     print(report)
     print(f"\nreport written to {out / 'report.md'}")
     return 0
