@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import Message
 
+from vflnet.config import Config
 from vflnet.crypto import CipherArray
 from vflnet.crypto.cipher import encrypt_array
 from vflnet.crypto.wire import cipher_from_proto, cipher_to_proto
@@ -65,6 +66,29 @@ class LabelReplacementBackdoor(Attack):
     knowledge = ("public_key", "target_ids", "feature_region")
     changes_own_data = True
     truth_needed = "labels+predictions"
+
+    @classmethod
+    def check_config(cls, cfg: Config, party: str) -> list[tuple[str, str]]:
+        """The trigger pixels lie inside the party's own image region (it can stamp only its own
+        features): refused before the run, not when the party starts."""
+        features = cfg.party(party).features
+        region = None if features is None else features.region
+        if region is None:
+            return []  # the feature_region knowledge check names it
+        r0, r1, c0, c1 = region
+        for i, entry in enumerate(cfg.attacks):
+            if entry.name != cls.name or entry.party != party:
+                continue
+            for r, c in entry.params.get("trigger_pixels", cls.params["trigger_pixels"].default):
+                if not (r0 <= r < r1 and c0 <= c < c1):
+                    return [
+                        (
+                            f"attacks[{i}].params.trigger_pixels",
+                            f"trigger pixel {[r, c]} is outside {party}'s region {list(region)}",
+                        )
+                    ]
+        return []
+
     params = {
         "gamma": Param(
             10.0,
