@@ -147,7 +147,9 @@ def test_split_audit_the_direct_label_inference_leaks(split_audit: Path) -> None
         and direct["baseline"] == pytest.approx(0.1)
     )
     assert direct["seeds"] == [0, 1] and len(direct["values"]) == 2
-    assert "passive party passive-1 sees the ExchangeEmbeddings requests it sends" in direct["threat_model"]
+    assert direct["threat_model"].startswith(
+        "Passive party passive-1 sees the ExchangeEmbeddings requests it sends"
+    )
     mitm = row(result, "direct-label-inference", "a man in the middle on passive-1's channel")
     assert mitm["verdict"] == "leaks" and mitm["values"] == direct["values"]  # offline over the trace
     assert mitm["reproduce"].startswith("vflnet attack direct-label-inference --trace ")
@@ -213,8 +215,9 @@ def test_split_he_audit_direct_at_chance(tmp_path: Path) -> None:
     assert all(s["informed_fraction"] == 0.0 for s in direct["scores"])
     analytic = row(result, "analytic-label-recovery", "passive party passive-1")
     assert analytic["metric"] == "label_accuracy" and len(analytic["values"]) == 2  # scored
+    # the coordinator's checks do not refuse it: within its one array per step it reads every label
     oracle = row(result, "decryption-oracle", "passive party passive-1")
-    assert oracle["metric"] == "label_accuracy" and len(oracle["values"]) == 2
+    assert oracle["verdict"] == "leaks" and oracle["mean"] == 1.0
 
 
 @pytest.mark.slow  # Chromium's start takes over a minute on a loaded machine

@@ -28,6 +28,7 @@ import torch
 from google.protobuf.message import Message
 from torch.nn import functional as F
 
+from vflnet.config import Config
 from vflnet.defenses.hashing import hamming, hard_sign
 from vflnet.interceptors.events import WireEvent
 from vflnet.registry import ATTACKS, Param
@@ -111,6 +112,37 @@ class ModelInversion(Attack):
             "a list",
         ),
     }
+
+    @classmethod
+    def check_config(cls, cfg: Config, party: str) -> list[tuple[str, str]]:
+        """Plaintext codes or embeddings of a target that holds an image region, whose shape is known:
+        its bottom takes the image, or ``image_shape`` gives it (a flat mlp input)."""
+        from vflnet.data.partition import takes_image
+
+        for i, entry in enumerate(cfg.attacks):
+            if entry.name != cls.name or entry.party != party:
+                continue
+            if cfg.protocol.kind == "split-he":
+                return [
+                    (
+                        "protocol.kind",
+                        "under split-he the target's embeddings arrive encrypted: nothing to invert",
+                    )
+                ]
+            target = entry.params.get("target", cls.params["target"].default)
+            owner = next((p for p in cfg.passives if p.name == target), None)
+            if owner is None:
+                return [(f"attacks[{i}].params.target", f"{target!r} is no passive party of the run")]
+            if owner.features is None or owner.features.region is None or owner.bottom is None:
+                return [(f"attacks[{i}].params.target", f"{target} holds no image region to reconstruct")]
+            if not takes_image(owner.bottom) and not entry.params.get("image_shape"):
+                return [
+                    (
+                        f"attacks[{i}].params.image_shape",
+                        f"{target}'s {owner.bottom.kind!r} bottom takes flat inputs: give [h, w] of its region",
+                    )
+                ]
+        return []
 
     def __init__(self, context, **params: Any) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context, **params)

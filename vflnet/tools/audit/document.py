@@ -165,9 +165,11 @@ def build(
     blocks += [
         Heading("Verdicts"),
         Text(
-            "Each applicable attack, scored with its own score against ground truth after the run; the value "
-            "is the mean over the seeds with a 95% t-interval, against the baseline of an attacker without "
-            "the leak. 'leaks': the whole interval lies beyond the baseline (by more than a practical margin)."
+            "Each applicable attack, scored with its own score against ground truth after the run, against "
+            "the baseline of an attacker without the leak. The value is the mean over the seeds with a 95% "
+            "interval: for a rate over samples (label accuracy, ASR) the Wilson interval of every seed's "
+            "samples pooled, otherwise the t-interval over the seeds. 'leaks': the whole interval lies beyond "
+            "the baseline, and the mean by more than a practical margin."
         ),
         Table(
             [

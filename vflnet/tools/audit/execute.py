@@ -57,6 +57,7 @@ class Metric:
     what: str
     baseline: str  # how the baseline is found, in words
     higher_leaks: bool = True
+    count: str = ""  # the score that counts the samples of a rate: the interval pools them over the seeds
     # practical difference: closer to the baseline a result is "at baseline" (absolute; for a metric where
     # lower leaks, relative to the baseline)
     margin: float = 0.02
@@ -65,9 +66,9 @@ class Metric:
 METRICS = (
     Metric("psnr", "reconstruction PSNR (dB)", "a uniform random image", margin=1.0),
     Metric("ssim", "reconstruction SSIM", "0 (no structure)"),
-    Metric("asr", "backdoor attack success rate", "chance, 1 / classes"),
+    Metric("asr", "backdoor attack success rate", "chance, 1 / classes", count="triggered_test"),
     Metric("auc", "leak AUC", "0.5 (random scores)"),
-    Metric("label_accuracy", "label accuracy", "chance, 1 / classes"),
+    Metric("label_accuracy", "label accuracy", "chance, 1 / classes", count="samples"),
     Metric("cbr", "correct branching rate", "a U(0, 1) guess"),
     Metric("mse", "feature MSE per feature", "a U(0, 1) guess", higher_leaks=False, margin=0.1),
     Metric("column_accuracy", "binary feature column accuracy", "the majority value of each column"),
@@ -104,7 +105,7 @@ def primary(scores: dict[str, Any], n_classes: int) -> tuple[Metric, float, floa
 
 
 def interval(values: list[float]) -> tuple[float, float, float]:
-    """Mean and 95% t-interval of the values (the interval is the value itself for one seed)."""
+    """Mean and 95% t-interval of the values over the seeds (the value itself for one seed)."""
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, mean, mean
@@ -114,18 +115,31 @@ def interval(values: list[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+def pooled_interval(values: list[float], counts: list[float]) -> tuple[float, float, float]:
+    """A rate over samples: the pooled rate of every seed's samples and its 95% Wilson interval."""
+    n = sum(counts)
+    p = sum(v * c for v, c in zip(values, counts, strict=True)) / n
+    z = 1.959963984540054
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return p, centre - half, centre + half
+
+
 def verdict(metric: Metric, low: float, high: float, mean: float, baseline: float | None) -> str:
-    """``leaks`` when the whole interval lies beyond the baseline, and the mean by more than the metric's
-    margin, in the leaking direction; ``inconclusive`` when the mean does but the interval reaches the
-    baseline (more seeds decide); ``at baseline`` otherwise."""
+    """``leaks`` when the whole interval lies beyond the baseline and the mean beyond it by more than the
+    metric's margin, in the leaking direction; ``inconclusive`` when the mean does but a wide interval
+    (few seeds) still reaches the baseline; ``at baseline`` otherwise."""
     if baseline is None:
         return "measured (no baseline)"
+    margin = metric.margin if metric.higher_leaks else metric.margin * abs(baseline)
     if metric.higher_leaks:
-        beyond, clear = mean - baseline > metric.margin, low > baseline
+        beyond, clear = mean - baseline > margin, low > baseline
     else:
-        beyond, clear = baseline - mean > metric.margin * abs(baseline), high < baseline
-    if beyond:
-        return "leaks" if clear else "inconclusive (interval reaches the baseline)"
+        beyond, clear = baseline - mean > margin, high < baseline
+    if beyond and clear:
+        return "leaks"
+    if beyond and (high - low) / 2 > 5 * margin:
+        return "inconclusive (a wide interval reaches the baseline: more seeds decide)"
     return "at baseline"
 
 
@@ -407,8 +421,9 @@ def collect(
     for row in per.values():
         if not row.get("scores") and "verdict" in row:
             continue
-        found = [primary(s, n_classes) for s in row["scores"]]
-        found = [f for f in found if f is not None]
+        measured = [(primary(s, n_classes), s) for s in row["scores"]]
+        found = [f for f, _ in measured if f is not None]
+        scored = [s for f, s in measured if f is not None]
         if not found:
             row["verdict"] = (
                 f"failed: {row['errors'][0]}"
@@ -419,13 +434,17 @@ def collect(
         metric = found[0][0]
         values = [f[1] for f in found]
         baselines = [f[2] for f in found if f[2] is not None]
-        mean, low, high = interval(values)
+        counts = [s.get(metric.count) for s in scored] if metric.count else []
+        pooled = len(counts) == len(values) and all(isinstance(c, int | float) and c > 0 for c in counts)
+        mean, low, high = pooled_interval(values, counts) if pooled else interval(values)
         baseline = statistics.fmean(baselines) if baselines else None
         row.update(
             metric=metric.key,
             metric_what=metric.what,
             baseline_what=metric.baseline,
             values=values,
+            interval="Wilson, the seeds' samples pooled" if pooled else "t over the seeds",
+            samples=sum(counts) if pooled else None,
             mean=mean,
             low=low,
             high=high,
