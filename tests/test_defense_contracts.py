@@ -98,3 +98,17 @@ def test_every_defense_changes_the_message_its_hook_point_names(name, baselines,
     assert any(not np.array_equal(a, b) for a, b in zip(without, with_it, strict=True)), (
         f"{name} ({hook}) left the message unchanged"
     )
+
+
+def test_a_plugin_defense_is_applied_where_its_hook_is(tmp_path: Path) -> None:
+    """tests/plugins/top1_scores.py, loaded through `plugins:`, acts at the `scores` hook point: the
+    released confidence vectors become one-hot vectors of the same top class."""
+    plain = _message(_run(tmp_path, "split", None), "scores")[0]
+    data = copy.deepcopy(BASE)
+    data["plugins"] = ["tests.plugins.top1_scores"]
+    data["protocol"] = {"kind": "split"}
+    data["defenses"] = [{"name": "top1-scores", "party": "active"}]
+    run_loopback(config_from_dict(data, "contracts", check_data=True), tmp_path / "top1")
+    released = _message(tmp_path / "top1", "scores")[0]
+    assert set(np.unique(released)) == {0.0, 1.0} and (released.sum(axis=1) == 1).all()
+    assert (released.argmax(axis=1) == plain.argmax(axis=1)).all()

@@ -47,19 +47,17 @@ class Defense(ABC):
 
 def attach(cfg: Config, party: str, hook: str, num_classes: int = 0) -> list[Any]:
     """The defenses of ``party`` that act at ``hook``, built (``Defense.build``) under the party's seed,
-    in config order. The run's protocol must offer the hook point (config validation refused the run
-    otherwise; a hook asked for here that the protocol does not declare is a protocol bug)."""
+    in config order. One at a hook point the run's protocol does not declare would have no effect and
+    is refused (config validation refuses such a run before it starts)."""
     from vflnet.data.partition import party_seed
     from vflnet.registry import DEFENSES, PROTOCOLS
 
+    entries = [e for e in cfg.defenses if e.party == party and DEFENSES.get(e.name).acts_on == hook]
     offered = PROTOCOLS.get(cfg.protocol.kind).defense_hooks
-    if hook not in offered:
+    if entries and hook not in offered:
         raise ValueError(
-            f"protocol {cfg.protocol.kind!r} applies defenses at {sorted(offered)}, not at {hook!r}"
+            f"protocol {cfg.protocol.kind!r} applies defenses at {sorted(offered)}, not at {hook!r}: "
+            f"{[e.name for e in entries]} would have no effect"
         )
     seed = party_seed(cfg, cfg.party(party))
-    return [
-        DEFENSES.get(entry.name)(**entry.params).build(num_classes, seed)
-        for entry in cfg.defenses
-        if entry.party == party and DEFENSES.get(entry.name).acts_on == hook
-    ]
+    return [DEFENSES.get(e.name)(**e.params).build(num_classes, seed) for e in entries]

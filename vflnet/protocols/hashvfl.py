@@ -47,7 +47,7 @@ from vflnet.protocols.split import (
     outcome,
 )
 from vflnet.registry import Param
-from vflnet.sdk.contract import PROTOCOLS, Protocol
+from vflnet.sdk import PROTOCOLS, Protocol
 from vflnet.v1 import messages_pb2, tensor_pb2
 from vflnet.wire import tensors
 from vflnet.wire.errors import invalid

@@ -22,7 +22,7 @@ from vflnet.defenses.base import attach
 from vflnet.models.local import LocalModel
 from vflnet.models.optim import build_optimizer, build_schedule
 from vflnet.protocols.split import SPLIT_HOOKS, SplitActive, SplitPassive
-from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, Protocol, RunFailed
+from vflnet.sdk import PROTOCOLS, CoordinatorSide, Protocol, RunFailed
 from vflnet.v1 import messages_pb2, tensor_pb2
 from vflnet.wire.errors import RpcFailure
 from vflnet.wire.tensors import from_tensor_map, to_tensor_map

@@ -55,9 +55,17 @@ from vflnet.models.secureboost import (
 )
 from vflnet.protocols.predictions import PredictionsKeeper
 from vflnet.registry import Param
-from vflnet.sdk import deadlines
-from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, PartySide, Protocol, register_messages
-from vflnet.sdk.handlers import Pending, handles, send
+from vflnet.sdk import (
+    PROTOCOLS,
+    CoordinatorSide,
+    PartySide,
+    Pending,
+    Protocol,
+    deadlines,
+    handles,
+    register_messages,
+    send,
+)
 from vflnet.v1 import messages_pb2, secureboost_pb2
 from vflnet.wire import tensors
 from vflnet.wire.ciphers import cipher_from_proto_checked

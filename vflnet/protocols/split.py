@@ -31,8 +31,7 @@ from vflnet.defenses.label_defenses import LabelDefense, soft_cross_entropy
 from vflnet.models.local import LocalModel
 from vflnet.models.zoo import TopModel, aggregate
 from vflnet.protocols.predictions import PredictionsKeeper
-from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, PartySide, Protocol
-from vflnet.sdk.handlers import handles, send
+from vflnet.sdk import PROTOCOLS, CoordinatorSide, PartySide, Protocol, handles, send
 from vflnet.threat.attack import OwnStepView
 from vflnet.v1 import messages_pb2
 from vflnet.wire import tensors

@@ -45,9 +45,7 @@ from vflnet.protocols.split import (
     label_loss,
     outcome,
 )
-from vflnet.sdk import deadlines
-from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, Protocol
-from vflnet.sdk.handlers import handles, send
+from vflnet.sdk import PROTOCOLS, CoordinatorSide, Protocol, deadlines, handles, send
 from vflnet.v1 import messages_pb2
 from vflnet.wire.checks import check_sender, header
 from vflnet.wire.ciphers import cipher_from_proto_checked
