@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vflnet import config
-from vflnet.registry import DATASETS, MODELS
+from vflnet.registry import DATASETS, MODELS, PROTOCOLS
 
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
@@ -264,7 +264,32 @@ def _model_kinds_table() -> str:
     return "\n".join(lines)
 
 
-_EXTRAS = {config.DataConfig: _datasets_table, config.ModelConfig: _model_kinds_table}
+def _protocols_table() -> str:
+    """Each protocol's contract as its class declares it (vflnet/sdk/contract.py): the methods its sides
+    serve and who may call them, its defense hook points and its `params`."""
+    lines = [
+        "Protocols (`protocol.kind`; a `plugins:` module may register more), from their contracts:",
+        "",
+        "| kind | methods its sides serve (callers) | defense hook points | `params` | description |",
+        "|---|---|---|---|---|",
+    ]
+    for name, proto in PROTOCOLS.all().items():
+        methods = "; ".join(
+            f"`{m.rsplit('/', 1)[1]}` ({', '.join(sorted(proto.callers.get(m, ())))})"
+            for m in sorted(proto.methods)
+        )
+        hooks = ", ".join(f"`{h}`" for h in sorted(proto.defense_hooks))
+        params = "; ".join(f"`{k}` (`{_yaml(p.default)}`): {p.help}" for k, p in proto.params.items())
+        cells = (methods or "— (host messages only)", hooks or "—", params or "—", proto.description)
+        lines.append(f"| `{name}` | " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+_EXTRAS = {
+    config.DataConfig: _datasets_table,
+    config.ModelConfig: _model_kinds_table,
+    config.ProtocolConfig: _protocols_table,
+}
 
 
 def render() -> str:

@@ -209,11 +209,14 @@ class Protocol:
     # rewrites may name (config validation refuses any other).
     methods: ClassVar[frozenset[str]] = frozenset()
 
+    # who may call each of those methods (full name -> roles), from the same declarations
+    callers: ClassVar[dict[str, frozenset[str]]] = {}
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Gather the sides' ``@handles`` declarations: the method table, and who may call each method
         under mutual TLS (one declaration, on the handler)."""
         super().__init_subclass__(**kwargs)
-        callers: dict[str, set[str]] = {}
+        callers: dict[str, frozenset[str]] = {}
         for side in (
             getattr(cls, "coordinator", None),
             getattr(cls, "active", None),
@@ -222,9 +225,10 @@ class Protocol:
             if side is None:
                 continue
             for spec in handlers_of(side).values():
-                callers.setdefault(spec.method, set()).update(spec.callers)
+                callers[spec.method] = callers.get(spec.method, frozenset()) | spec.callers
         if callers:
             register_permissions(callers)
+            cls.callers = callers
             cls.methods = cls.methods | frozenset(callers)
 
     @classmethod
