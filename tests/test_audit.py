@@ -95,6 +95,11 @@ def test_logistic_regression_with_a_prediction_phase_selects_esa() -> None:
     assert esa.grants == [{"owner": "passive-1", "recipient": "active", "modules": ["bottom"], "when": "end"}]
     without = selection(esa_config, "attacks=[]", "predict.set=none")["esa@active"]
     assert not without.applies and "no prediction phase" in without.reason
+    # a prediction phase but MLP bottoms: no logistic regression to solve
+    mlp = selection(DIGITS, *SUM, "predict.set=test")
+    assert not mlp["esa@active"].applies and "logistic regression" in mlp["esa@active"].reason
+    assert mlp["grna@active"].applies  # GRNA takes any released model
+    assert "secureboost" in mlp["pra@active"].reason
 
 
 def test_tls_rules_out_the_man_in_the_middle(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from vflnet.attacks.prediction_base import PredictionAttack, target_truth
+from vflnet.config import Config
 from vflnet.registry import ATTACKS, Param
 
 
@@ -212,6 +213,18 @@ class PathRestriction(PredictionAttack):
             0, "seed of the uniform choice among candidate paths", lambda v: isinstance(v, int), "an integer"
         )
     }
+
+    @classmethod
+    def check_config(cls, cfg: Config, party: str) -> list[tuple[str, str]]:
+        """Paper 003's PRA restricts the prediction paths of a decision tree: a secureboost run."""
+        if cfg.protocol.kind != "secureboost":
+            return [
+                (
+                    "protocol.kind",
+                    f"needs a decision tree (protocol 'secureboost'), got {cfg.protocol.kind!r}",
+                )
+            ]
+        return []
 
     def output(self) -> dict[str, np.ndarray]:
         ids, v, x_adv, own = self.gathered()

@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("vflnet audit interrupted; the same command resumes it", file=sys.stderr)
+        return 130
 
 
 def prepare(

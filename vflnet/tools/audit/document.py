@@ -44,36 +44,34 @@ def paper(attack: str) -> str:
     return other.group(1) if other else "-"
 
 
-def _seen(cls: Any) -> str:
-    def one(t: Any) -> str:
-        if t.side == "client":
-            what = "it sends" if t.direction == "request" else "it gets back"
-        else:
-            what = "it receives" if t.direction == "request" else "it answers"
-        return f"the {t.method} {t.direction}s {what}"
-
-    parts = [one(t) for t in cls.taps]
-    if cls.rewrites:
-        parts.append("rewrites " + ", ".join(f"{t.method} {t.direction}s" for t in cls.rewrites))
-    return "; ".join(parts)
+def _tapped(t: Any) -> str:
+    if t.side == "client":
+        what = "it sends" if t.direction == "request" else "it gets back"
+    else:
+        what = "it receives" if t.direction == "request" else "it answers"
+    return f"the {t.method} {t.direction}s {what}"
 
 
 def threat_model(cand: Candidate) -> str:
-    """Who, what it sees, what it is granted: one sentence."""
+    """Who, what it sees, what it changes, what it is granted: one sentence."""
     cls = ATTACKS.get(cand.attack)
     who = cand.position[0].upper() + cand.position[1:]
-    sees = _seen(cls)
-    own = [k for k, _, _ in cand.knowledge if k in ("own_view", "predictions")]
-    if "own_view" in own:
-        sees = (sees + "; " if sees else "") + "its own rows, bottom model and gradient of each training step"
-    if "predictions" in own:
-        sees = (sees + "; " if sees else "") + "the confidence vectors of the prediction phase"
+    sees = [_tapped(t) for t in cls.taps]
+    kinds = [k for k, _, _ in cand.knowledge]
+    if "own_view" in kinds:
+        sees.append("its own rows, bottom model and gradient of each training step")
+    if "predictions" in kinds:
+        sees.append("the confidence vectors of the prediction phase")
+    sentence = f"{who} sees {', '.join(sees) if sees else 'nothing else on the wire'}"
+    changes = [_tapped(t) for t in cls.rewrites]
+    if cls.changes_own_data:
+        changes.append("its own training rows")
+    if changes:
+        sentence += f"; it rewrites {', '.join(changes)}"
     granted = [
         f"{k} ({standing})" for k, _, standing in cand.knowledge if k not in ("own_view", "predictions")
     ]
-    sentence = f"{who} sees {sees or 'nothing on the wire'}"
-    sentence += f"; granted: {', '.join(granted)}." if granted else "; granted nothing beyond that."
-    return sentence
+    return sentence + (f"; granted: {', '.join(granted)}." if granted else "; granted nothing beyond that.")
 
 
 def _fmt(v: Any, digits: int = 3) -> str:

@@ -58,19 +58,22 @@ class Metric:
     baseline: str  # how the baseline is found, in words
     higher_leaks: bool = True
     count: str = ""  # the score that counts the samples of a rate: the interval pools them over the seeds
+    bounded: bool = True  # a rate in [0, 1]
     # practical difference: closer to the baseline a result is "at baseline" (absolute; for a metric where
     # lower leaks, relative to the baseline)
     margin: float = 0.02
 
 
 METRICS = (
-    Metric("psnr", "reconstruction PSNR (dB)", "a uniform random image", margin=1.0),
-    Metric("ssim", "reconstruction SSIM", "0 (no structure)"),
+    Metric("psnr", "reconstruction PSNR (dB)", "a uniform random image", margin=1.0, bounded=False),
+    Metric("ssim", "reconstruction SSIM", "0 (no structure)", bounded=False),
     Metric("asr", "backdoor attack success rate", "chance, 1 / classes", count="triggered_test"),
     Metric("auc", "leak AUC", "0.5 (random scores)"),
     Metric("label_accuracy", "label accuracy", "chance, 1 / classes", count="samples"),
     Metric("cbr", "correct branching rate", "a U(0, 1) guess"),
-    Metric("mse", "feature MSE per feature", "a U(0, 1) guess", higher_leaks=False, margin=0.1),
+    Metric(
+        "mse", "feature MSE per feature", "a U(0, 1) guess", higher_leaks=False, margin=0.1, bounded=False
+    ),
     Metric("column_accuracy", "binary feature column accuracy", "the majority value of each column"),
 )
 
@@ -311,6 +314,8 @@ def execute(runs: list[PlannedRun], out: Path, start: str = "warm") -> dict[str,
         except Exception as exc:  # the launcher's scoring of one attack failed: the audit scores each alone
             print(f"{tag}: the launcher stopped after the run: {exc!r}", file=sys.stderr, flush=True)
             rc = 0
+        if rc == 130:  # Ctrl-C or SIGTERM stopped the run: the audit stops with it (a rerun resumes)
+            raise KeyboardInterrupt
         if rc == 0 and is_completed(partial):
             partial.rename(dest)
             print(f"{tag}: completed in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
@@ -438,6 +443,8 @@ def collect(
         pooled = len(counts) == len(values) and all(isinstance(c, int | float) and c > 0 for c in counts)
         mean, low, high = pooled_interval(values, counts) if pooled else interval(values)
         baseline = statistics.fmean(baselines) if baselines else None
+        if metric.bounded:  # a rate: the t-interval of few seeds can reach past [0, 1]
+            low, high = max(low, 0.0), min(high, 1.0)
         row.update(
             metric=metric.key,
             metric_what=metric.what,
