@@ -234,3 +234,32 @@ def test_the_report_renders_in_headless_chromium(split_audit: Path, tmp_path: Pa
     assert "<td>leaks</td>" in shown.dom
     tables = shown.sizes("table")
     assert len(tables) >= 3 and all(w > 0 and h > 0 for w, h in tables)
+
+
+def test_a_defense_settings_file_and_its_refusals(tmp_path: Path) -> None:
+    from vflnet.tools.audit.execute import defense_settings
+
+    base, cfg, _ = cli.prepare(DIGITS, SUM, "quick")
+    good = tmp_path / "defenses.yaml"
+    good.write_text(
+        "dp-weak: [{name: dp-gaussian, params: {scale: 0.001}}]\n"
+        "noise: [{name: embedding-noise, params: {sigma: 0.1}}]\n"
+        "upload: [{name: fake-gradients}]\n"
+    )
+    settings = {s.name: s for s in defense_settings(str(good), cfg, base)}
+    assert settings["dp-weak"].defenses == [
+        {"name": "dp-gaussian", "party": "active", "params": {"scale": 0.001}}
+    ]
+    assert [d["party"] for d in settings["noise"].defenses] == ["passive-1", "passive-2"]
+    assert not settings["dp-weak"].reason and not settings["noise"].reason
+    assert "upload" in settings["upload"].reason  # split applies no upload defense: not applicable, why
+    for text, key in (
+        ("x: [{name: dp-gaussian, strength: 1}]\n", "x[0]"),
+        ("x: [{name: no-such-defense}]\n", "x[0].name"),
+        ("none: [{name: dp-gaussian}]\n", "none"),
+    ):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(text)
+        with pytest.raises(ConfigError) as info:
+            defense_settings(str(bad), cfg, base)
+        assert info.value.key == key and info.value.source == str(bad)

@@ -197,6 +197,8 @@ def defense_settings(spec: str, cfg: Config, base: dict[str, Any]) -> list[Setti
         src = "--defenses"
     out = []
     for label, entries in items:
+        if label == "none" or label in [s.name for s in out]:
+            raise ConfigError(src, label, "a setting name must be unique and not 'none' (the undefended run)")
         placed: list[dict[str, Any]] = []
         for i, d in enumerate(entries):
             if not isinstance(d, dict) or "name" not in d:
