@@ -178,7 +178,6 @@ class CentralParams:
         for transform in self.upload_defenses:
             grads = transform(grads)
         report.grads.CopyFrom(to_tensor_map(grads))
-        self.host.meter.record("GradientUpload", report.grads)
 
 
 class ParamServerPassive(CentralParams, SplitPassive):
