@@ -47,44 +47,6 @@ RELEASE_MODEL = "/vflnet.v1.Party/ReleaseModel"
 RECEIVE_MODEL = "/vflnet.v1.Party/ReceiveModel"
 
 
-def _TL(who, what, step):  # TEMPORARY timing log (issue 40)
-    import os, time
-    if not os.environ.get("VFL_TL"):
-        return
-    with open(f"/tmp/i40/tl-{who}.log", "a") as f:
-        f.write(f"{time.time():.6f} {who} {what} {step} {os.getpid()}\n")
-
-
-def _tl_patch():  # TEMPORARY (issue 40)
-    import os
-    if not os.environ.get("VFL_TL"):
-        return
-    from vflnet.protocols import split as sp
-    def wrap(cls, name, who, label, after=True):
-        f = getattr(cls, name)
-        def g(self, *a, **k):
-            w = getattr(getattr(self, "host", None), "name", None) or getattr(self, "_tl_name", who)
-            if not after:
-                _TL(w, label + "<", -1)
-            r = f(self, *a, **k)
-            _TL(w, label, -1)
-            return r
-        setattr(cls, name, g)
-    wrap(sp.SplitActive, "decode", "active", "emb_in", after=False)
-    wrap(sp.SplitActive, "_build_replies", "active", "replied")
-    wrap(sp.SplitActive, "run", "active", "computed", after=False)
-    wrap(sp.SplitPassive, "decode_gradient", "passive", "grad_in", after=False)
-    wrap(sp.SplitPassive, "encode", "passive", "fwd_done", after=False)
-    orig = sp.PassiveSplit.backward
-    def bw(self, grad):
-        orig(self, grad)
-        _TL("p", "bwd_done", -1)
-    sp.PassiveSplit.backward = bw
-
-
-_tl_patch()
-
-
 class PartyHost:
     log = log
 
@@ -246,10 +208,8 @@ class PartyHost:
         self.liveness.touch()
 
     def run_step(self, cmd: messages_pb2.StepCommand, context: Any = None) -> messages_pb2.StepReport:
-        import time as _t; _TL(self.name, "arrive", cmd.header.step)
         self._from_coordinator(cmd.header, context)
         self.turns.wait(cmd.header.step, self.step_deadline_s)  # the step before it may still run
-        _TL(self.name, "turn", cmd.header.step)
         with self.step_lock:
             # the step id (its whole header) again: a retry after a lost reply; the step is done, so it
             # is answered from the stored report instead of being refused as stale
@@ -267,7 +227,9 @@ class PartyHost:
             if cmd.checkpoint_after:
                 report.checkpoint_sha256 = self.save_resume_point(cmd.header)
             self.side.report(cmd, report)
-            self.meter.record("RunStep.reply", report)  # with what the protocol added (param-server: the upload)
+            self.meter.record(
+                "RunStep.reply", report
+            )  # with what the protocol added (param-server: the upload)
             sent, payload = self.meter.take()
             report.bytes_sent.update(sent)
             report.payload_bytes.update(payload)
@@ -276,7 +238,6 @@ class PartyHost:
                 del self.replies[next(iter(self.replies))]
         # after the lock is free: the next step's command, if waiting, takes it at once
         self.turns.complete(cmd.header.step)
-        _TL(self.name, "done", cmd.header.step)
         return report
 
     # ----------------------------------------------------------------------- model release
