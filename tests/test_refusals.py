@@ -38,7 +38,10 @@ def test_a_defense_the_protocol_never_applies_is_refused_with_where_it_acts(tmp_
     err = _err(tmp_path, data)
     assert err.key == "defenses[0].name"
     assert "'fake-gradients' acts on 'upload'" in err.message and "'split'" in err.message
-    assert "['bottom', 'labels', 'plaintext-embeddings', 'scores']" in err.message and "['param-server']" in err.message
+    assert (
+        "['bottom', 'labels', 'plaintext-embeddings', 'scores']" in err.message
+        and "['param-server']" in err.message
+    )
 
 
 @pytest.mark.parametrize("defense, party", [("embedding-noise", "passive-1"), ("dp-gaussian", "active")])
@@ -118,3 +121,23 @@ def test_overlapping_features_are_refused_unless_allowed(tmp_path, features):
     assert "column(s) [3, " in err.message  # the first shared column: pixel (0, 3)
     data["data"]["allow_overlap"] = True
     load_config(write_config(tmp_path, data))
+
+
+# ------------------------------------------------------------------ shared protocol settings
+@pytest.mark.parametrize(
+    ("kind", "setting", "value", "readers"),
+    [
+        ("split", "static", True, "['param-server']"),
+        ("split", "he", {"key_bits": 1024}, "['secureboost', 'split-he']"),
+        ("param-server", "he", {"workers": 2}, "['secureboost', 'split-he']"),
+        ("split-he", "static", True, "['param-server']"),
+    ],
+)
+def test_a_protocol_setting_the_protocol_never_reads_is_refused(tmp_path, kind, setting, value, readers):
+    data = _split_with()
+    data["protocol"] = {"kind": kind, setting: value}
+    if kind == "split-he":
+        data["protocol"]["aggregation"] = "sum"
+    err = _err(tmp_path, data)
+    assert err.key == f"protocol.{setting}"
+    assert f"protocol {kind!r} does not use protocol.{setting}" in err.message and readers in err.message

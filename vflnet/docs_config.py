@@ -270,8 +270,8 @@ def _protocols_table() -> str:
     lines = [
         "Protocols (`protocol.kind`; a `plugins:` module may register more), from their contracts:",
         "",
-        "| kind | methods its sides serve (callers) | defense hook points | `params` | description |",
-        "|---|---|---|---|---|",
+        "| kind | methods its sides serve (callers) | defense hook points | shared settings | `params` | description |",
+        "|---|---|---|---|---|---|",
     ]
     for name, proto in PROTOCOLS.all().items():
         methods = "; ".join(
@@ -280,7 +280,14 @@ def _protocols_table() -> str:
         )
         hooks = ", ".join(f"`{h}`" for h in sorted(proto.defense_hooks))
         params = "; ".join(f"`{k}` (`{_yaml(p.default)}`): {p.help}" for k, p in proto.params.items())
-        cells = (methods or "— (host messages only)", hooks or "—", params or "—", proto.description)
+        shared = ", ".join(f"`{s}`" for s in sorted(proto.settings))
+        cells = (
+            methods or "— (host messages only)",
+            hooks or "—",
+            shared or "—",
+            params or "—",
+            proto.description,
+        )
         lines.append(f"| `{name}` | " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 

@@ -21,12 +21,13 @@ was expected.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vflnet.config import NO_MODEL, Config, ConfigError, ModelConfig, parse, read_yaml
+from vflnet.config import NO_MODEL, Config, ConfigError, ModelConfig, ProtocolConfig, parse, read_yaml
 from vflnet.data.datasets import Dataset, check_params, load_dataset
 from vflnet.data.partition import flat_columns, select_features, takes_image
 from vflnet.interceptors.events import DIRECTIONS, PARTY_SIDES
@@ -41,6 +42,7 @@ from vflnet.registry import (
     load_plugin_modules,
     validate_params,
 )
+from vflnet.sdk.contract import Protocol
 from vflnet.threat.attack import Tap
 from vflnet.threat.knowledge import missing_knowledge
 
@@ -100,8 +102,26 @@ def _check_protocol(cfg: Config) -> None:
         cfg.protocol.params = validate_params("protocol", protocol.name, protocol.params, cfg.protocol.params)
     except ValueError as exc:
         raise ConfigError(src, "protocol.params", str(exc)) from exc
+    _check_protocol_settings(cfg, protocol)
     for key, message in protocol.check_config(cfg):
         raise ConfigError(src, key, message)
+
+
+def _check_protocol_settings(cfg: Config, protocol: type[Protocol]) -> None:
+    """A shared `protocol:` setting set away from its default under a protocol that never reads it
+    (`Protocol.settings`) would have no effect: refused, naming the protocols that read it."""
+    defaults = ProtocolConfig()
+    for f in dataclasses.fields(ProtocolConfig):
+        if f.name in ("kind", "params") or f.name in protocol.settings:
+            continue
+        if getattr(cfg.protocol, f.name) != getattr(defaults, f.name):
+            readers = sorted(n for n, p in PROTOCOLS.all().items() if f.name in p.settings)
+            raise ConfigError(
+                cfg.source,
+                f"protocol.{f.name}",
+                f"protocol {protocol.name!r} does not use protocol.{f.name}, so setting it would have no "
+                f"effect; protocols that use it: {readers or 'none'}",
+            )
 
 
 def _check_dataset_name(cfg: Config) -> None:

@@ -113,6 +113,7 @@ class PullCoordinator(sdk.CoordinatorSide):
 @sdk.PROTOCOLS.register
 class Pull(sdk.Protocol):
     name = "pull"
+    settings = frozenset({"aggregation"})  # the shared protocol settings it reads
     description = "test plug-in: the active party pulls embeddings and pushes gradients over its own service"
     params = {
         "gradient_scale": sdk.Param(

@@ -214,6 +214,7 @@ class HashActive(SplitActive):
 @PROTOCOLS.register
 class HashVFL(Protocol):
     name = "hashvfl"
+    settings = frozenset({"aggregation"})
     description = "HashVFL (paper 001): passive parties send bit-packed +/-1 codes Sign(BN(f(x))); class codes + cosine loss"
     params = {
         "variant": Param(

@@ -192,6 +192,7 @@ class ParamServerActive(CentralParams, SplitActive):
 class ParamServerProtocol(Protocol):
     trains_on_device = True
     name = "param-server"
+    settings = frozenset({"aggregation", "static"})
     description = "paper 002's setting: the coordinator broadcasts parameters and applies the uploaded gradients (or keeps them static)"
     coordinator = ParamServerCoordinator
     active = ParamServerActive

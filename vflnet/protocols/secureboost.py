@@ -523,6 +523,7 @@ def _number(default: float, help_: str, lo: float, integer: bool = False) -> Par
 @PROTOCOLS.register
 class SecureBoost(Protocol):
     name = "secureboost"
+    settings = frozenset({"aggregation", "he"})  # aggregation must be "sum" (check_config)
     description = "SecureBoost-style vertical trees: Paillier-packed (g, h) to every party, bucketed histograms back, splits kept by their owners"
     params = {
         "mode": Param(

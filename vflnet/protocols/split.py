@@ -438,6 +438,7 @@ class SplitCoordinator(CoordinatorSide):
 class Split(Protocol):
     trains_on_device = True
     name = "split"
+    settings = frozenset({"aggregation"})
     description = (
         "plaintext split learning: embeddings up, gradients down (concat + top model, or sum of logits)"
     )

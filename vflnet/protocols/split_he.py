@@ -398,6 +398,7 @@ class SplitHEActive(SplitActive):
 @PROTOCOLS.register
 class SplitHE(Protocol):
     name = "split-he"
+    settings = frozenset({"aggregation", "he"})
     description = "paper 004 Algorithm 1: Paillier-encrypted logits and per-sample gradients, masked decryption at the coordinator"
     coordinator = DecryptionService
     active = SplitHEActive

@@ -236,6 +236,10 @@ class Protocol:
         """The short names of every method that crosses the wire in a run of this protocol."""
         return sorted({short_name(m) for m in HOST_METHODS | cls.methods})
 
+    # The shared `protocol:` settings its sides read besides `kind` and `params` (`aggregation`, `static`,
+    # `he`); config validation refuses one set away from its default under a protocol that does not.
+    settings: ClassVar[frozenset[str]] = frozenset()
+
     # its party sides move tensors to the party's device (`train.device`); others train on the CPU only
     trains_on_device: ClassVar[bool] = False
 
