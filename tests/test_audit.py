@@ -142,6 +142,7 @@ def split_audit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow  # real runs (loopback): about a minute each on a loaded 2-core machine
 def test_split_audit_the_direct_label_inference_leaks(split_audit: Path) -> None:
     result = json.loads((split_audit / "audit.json").read_text())
     direct = row(result, "direct-label-inference", "passive party passive-1")
@@ -169,6 +170,7 @@ def test_split_audit_the_direct_label_inference_leaks(split_audit: Path) -> None
     assert "## Verdicts" in md and "## Not applicable" in md and "paper 004" in md
 
 
+@pytest.mark.slow  # real runs (loopback): about a minute each on a loaded 2-core machine
 def test_a_defense_adds_its_trade_off_row(tmp_path: Path) -> None:
     result = audit(
         tmp_path / "dp",
@@ -200,6 +202,7 @@ def test_a_defense_adds_its_trade_off_row(tmp_path: Path) -> None:
     assert "## Defenses: utility and leakage" in (tmp_path / "dp" / "audit.md").read_text()
 
 
+@pytest.mark.slow  # real runs (loopback): about a minute each on a loaded 2-core machine
 def test_an_audit_resumes_without_running_again(
     split_audit: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -212,6 +215,7 @@ def test_an_audit_resumes_without_running_again(
     assert after["applicable"] == before["applicable"]
 
 
+@pytest.mark.slow  # real runs (loopback): about a minute each on a loaded 2-core machine
 def test_split_he_audit_direct_at_chance(tmp_path: Path) -> None:
     he = ["protocol.kind=split-he", "protocol.he.key_bits=512", "protocol.he.allow_insecure_keys=true"]
     result = audit(tmp_path / "he", *SUM, *FAST, *he, "train.max_steps=3", "train.batch_size=32")

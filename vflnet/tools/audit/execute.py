@@ -44,7 +44,7 @@ from vflnet.validation import config_from_dict
 
 SEEDS = {"quick": 2, "default": 3}
 # --quick caps training (every other setting stays the user's): one epoch, at most this many steps
-QUICK_TRAIN = {"epochs": 1, "max_steps": 30}
+QUICK_TRAIN = {"epochs": 1, "max_steps": 10}
 
 
 # ------------------------------------------------------------------------------------ metrics
@@ -435,7 +435,11 @@ def collect(
             row["verdict"] = (
                 f"failed: {row['errors'][0]}"
                 if row["errors"] and not row["scores"]
-                else "no leakage metric (its score compares nothing with ground truth)"
+                else "no leakage metric in its scores: "
+                + ", ".join(
+                    f"{k}={v:g}" if isinstance(v, int | float) else k
+                    for k, v in list(row["scores"][0].items())[:4]
+                )
             )
             continue
         metric = found[0][0]
