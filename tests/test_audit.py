@@ -249,14 +249,16 @@ def test_a_defense_settings_file_and_its_refusals(tmp_path: Path) -> None:
         "dp-weak: [{name: dp-gaussian, params: {scale: 0.001}}]\n"
         "noise: [{name: embedding-noise, params: {sigma: 0.1}}]\n"
         "upload: [{name: fake-gradients}]\n"
+        "binary: [{name: marvell}]\n"
     )
-    settings = {s.name: s for s in defense_settings(str(good), cfg, base)}
+    settings = {s.name: s for s in defense_settings(str(good), cfg, base, 10)}
     assert settings["dp-weak"].defenses == [
         {"name": "dp-gaussian", "party": "active", "params": {"scale": 0.001}}
     ]
     assert [d["party"] for d in settings["noise"].defenses] == ["passive-1", "passive-2"]
     assert not settings["dp-weak"].reason and not settings["noise"].reason
     assert "upload" in settings["upload"].reason  # split applies no upload defense: not applicable, why
+    assert "binary tasks" in settings["binary"].reason  # refused as the active party builds it
     for text, key in (
         ("x: [{name: dp-gaussian, strength: 1}]\n", "x[0]"),
         ("x: [{name: no-such-defense}]\n", "x[0].name"),
@@ -265,5 +267,5 @@ def test_a_defense_settings_file_and_its_refusals(tmp_path: Path) -> None:
         bad = tmp_path / "bad.yaml"
         bad.write_text(text)
         with pytest.raises(ConfigError) as info:
-            defense_settings(str(bad), cfg, base)
+            defense_settings(str(bad), cfg, base, 10)
         assert info.value.key == key and info.value.source == str(bad)

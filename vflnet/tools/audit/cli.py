@@ -95,7 +95,10 @@ def _main(args: argparse.Namespace) -> int:
     if n < 1:
         raise ConfigError("--seeds", "", f"expected at least 1 seed, got {n}")
     seeds = [cfg.run.seed + i for i in range(n)]
-    settings = [execute.Setting("none")] + execute.defense_settings(args.defenses, cfg, base)
+    from vflnet.data.datasets import load_dataset
+
+    n_classes = load_dataset(cfg.data.dataset, cfg.data.params).n_classes
+    settings = [execute.Setting("none")] + execute.defense_settings(args.defenses, cfg, base, n_classes)
     out = args.out or Path("audits") / args.config.stem
     out.mkdir(parents=True, exist_ok=True)
     runs = execute.plan_runs(base, cands, settings, seeds, budget)
@@ -109,9 +112,6 @@ def _main(args: argparse.Namespace) -> int:
         if s.reason:
             notes.append(f"Defense setting {s.name}: not applicable: {s.reason}")
     status = execute.execute(runs, out, start=args.start)
-    from vflnet.data.datasets import load_dataset
-
-    n_classes = load_dataset(cfg.data.dataset, cfg.data.params).n_classes
     per, utility = execute.collect(runs, status, cands, n_classes)
     rows = out / "rows"
     rows.mkdir(exist_ok=True)

@@ -74,6 +74,14 @@ def threat_model(cand: Candidate) -> str:
     return sentence + (f"; granted: {', '.join(granted)}." if granted else "; granted nothing beyond that.")
 
 
+DCS_METRICS = ("label_accuracy", "asr", "auc", "cbr", "column_accuracy")
+
+
+def short(verdict: str) -> str:
+    """A verdict without its explanation: leaks, at baseline, inconclusive, failed, ..."""
+    return verdict.split(" (")[0].split(":")[0]
+
+
 def _fmt(v: Any, digits: int = 3) -> str:
     if v is None:
         return "-"
@@ -195,37 +203,48 @@ def build(
         ]
     dcs_json: dict[str, Any] = {}
     if len(settings) > 1:
-        header = ["setting", "main-task accuracy", "time per run (s)"]
-        leak_rows = [c for c in applicable if any("mean" in per.get((c.key, s.name), {}) for s in settings)]
-        for c in leak_rows:
-            header += [f"{c.key}", f"DCS {c.key}"]
-        table = []
-        for s in settings:
-            u = utility.get(s.name, {})
-            if s.reason:
-                table.append([s.name, f"not applicable: {s.reason}", "-"] + ["-", "-"] * len(leak_rows))
+        header = ["", *(s.name for s in settings)]
+        mtas = [utility.get(s.name, {}).get("mean_test_accuracy") for s in settings]
+        table = [
+            [
+                "defense",
+                *(", ".join(f"{d['name']}@{d['party']}" for d in s.defenses) or "-" for s in settings),
+            ],
+            [
+                "main-task accuracy",
+                *(_fmt(m) if not s.reason else "-" for s, m in zip(settings, mtas, strict=True)),
+            ],
+            [
+                "time per run (s)",
+                *(_fmt(utility.get(s.name, {}).get("mean_wall_time_s"), 1) for s in settings),
+            ],
+        ]
+        if any(s.reason for s in settings):
+            table.append(["not applicable", *(s.reason or "-" for s in settings)])
+        for c in applicable:
+            if not any("mean" in per.get((c.key, s.name), {}) for s in settings):
                 continue
-            mp = u.get("mean_test_accuracy")
-            line = [s.name, _fmt(mp), _fmt(u.get("mean_wall_time_s"), 1)]
-            for c in leak_rows:
+            line = [f"{c.attack} @ {c.position}"]
+            for s, mp in zip(settings, mtas, strict=True):
                 r = per.get((c.key, s.name), {})
                 ap = r.get("mean")
-                dcs = None
-                if (
-                    ap is not None
-                    and mp is not None
-                    and r.get("metric") in ("label_accuracy", "asr", "auc", "cbr", "column_accuracy")
-                ):
+                if s.reason or ap is None:
+                    line.append("-" if s.reason else short(r.get("verdict", "-")))
+                    continue
+                cell = f"{r['metric']} {_fmt(ap)}: {short(r['verdict'])}"
+                if mp is not None and r.get("metric") in DCS_METRICS:
                     dcs = capability.defense_capability_score(min(max(ap, 0.0), 1.0), mp)
                     dcs_json.setdefault(s.name, {})[c.key] = dcs
-                line += [f"{_fmt(ap)} ({r.get('verdict', '-')})", _fmt(dcs)]
+                    cell += f"; DCS {_fmt(dcs)}"
+                line.append(cell)
             table.append(line)
         blocks += [
             Heading("Defenses: utility and leakage"),
             Text(
-                "Per defense setting, the same attacks (mean over the seeds) and the main task's test accuracy "
-                "and wall time; DCS is VFLAIR's defense capability score (beta 0.5, ideal: attack 0, main "
-                "task 1), for attacks whose metric is a rate in [0, 1]."
+                "One column per setting: the main task's test accuracy and the wall time of a run (means over "
+                "the seeds), then each attack's metric and verdict under that setting, and VFLAIR's defense "
+                "capability score (DCS; beta 0.5, ideal: attack 0, main task 1) for attacks whose metric is a "
+                "rate in [0, 1]."
             ),
             Table(header, table),
         ]

@@ -170,7 +170,7 @@ class PlannedRun:
         return f"{self.name}.yaml"
 
 
-def defense_settings(spec: str, cfg: Config, base: dict[str, Any]) -> list[Setting]:
+def defense_settings(spec: str, cfg: Config, base: dict[str, Any], n_classes: int) -> list[Setting]:
     """``--defenses``: a comma list of defense names (each at every party of a role it sits at, default
     parameters) or a YAML file: a list of ``{name, params?, party?}`` or a mapping of setting name to
     such a list."""
@@ -221,8 +221,12 @@ def defense_settings(spec: str, cfg: Config, base: dict[str, Any]) -> list[Setti
         trial["defenses"] = list(trial.get("defenses") or []) + placed
         try:
             config_from_dict(trial, src, check_data=True)
+            for d in placed:  # as its party builds it (a binary-only defense refuses a 10-class dataset)
+                DEFENSES.get(d["name"])(**d["params"]).build(n_classes, 0)
         except ConfigError as exc:
             setting.reason = f"{exc.key}: {exc.message}" if exc.key else exc.message
+        except ValueError as exc:
+            setting.reason = str(exc)
         if not placed:
             setting.reason = f"{label}: no party of the run can hold it"
         out.append(setting)
@@ -311,10 +315,12 @@ def execute(runs: list[PlannedRun], out: Path, start: str = "warm") -> dict[str,
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         started = time.monotonic()
+        raised = ""
         try:
             rc = run_local(config_path, run_dir=partial, progress=False, start=start)
-        except Exception as exc:  # the launcher's scoring of one attack failed: the audit scores each alone
-            print(f"{tag}: the launcher stopped after the run: {exc!r}", file=sys.stderr, flush=True)
+        except Exception as exc:  # e.g. the launcher's scoring of one attack: the audit scores each alone
+            raised = f"{type(exc).__name__}: {exc}"
+            print(f"{tag}: the launcher raised {raised}", file=sys.stderr, flush=True)
             rc = 0
         if rc == 130:  # Ctrl-C or SIGTERM stopped the run: the audit stops with it (a rerun resumes)
             raise KeyboardInterrupt
@@ -324,7 +330,7 @@ def execute(runs: list[PlannedRun], out: Path, start: str = "warm") -> dict[str,
             status[run.name] = {"status": "completed", "dir": str(dest)}
         else:
             summary = read_json(partial / "summary.json") if (partial / "summary.json").exists() else {}
-            error = summary.get("error") or f"exit code {rc}"
+            error = summary.get("error") or raised or f"exit code {rc}"
             print(f"{tag}: FAILED: {error}", file=sys.stderr, flush=True)
             status[run.name] = {"status": "failed", "error": error, "dir": str(partial)}
     return status
