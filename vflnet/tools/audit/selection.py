@@ -21,6 +21,7 @@ view, no rewrite) can be run by anyone who reads the channel of the party it tap
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,7 +178,7 @@ def _check(
     try:
         trial_cfg = config_from_dict(trial, cfg.source, check_data=True)
     except ConfigError as exc:
-        cand.reason = f"{exc.key}: {exc.message}" if exc.key else exc.message
+        cand.reason = _refusal(exc, name)
         return cand
     try:  # as the party builds it (vflnet.threat.interception.party_interception)
         attack = cls(AttackContext(party, cfg.party(party).role, trial_cfg.run.id, {}), **cand.params)
@@ -187,6 +188,14 @@ def _check(
         return cand
     cand.applies = True
     return cand
+
+
+def _refusal(exc: ConfigError, name: str) -> str:
+    """A config check's refusal of the trial config, in the user's terms: the attack the audit added is
+    'its' (not ``attacks[0]``, which the user's config does not have), and its name is not repeated."""
+    message = exc.message.removeprefix(f"attack {name!r}: ").removeprefix(f"attack {name!r} at ")
+    key = re.sub(r"^attacks\[0\]\.?", "its ", exc.key).strip()
+    return f"{key}: {message}" if key else message
 
 
 def _man_in_the_middle(cfg: Config, name: str, cls: Any, party: str, at_party: Candidate) -> Candidate | None:
