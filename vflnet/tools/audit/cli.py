@@ -116,13 +116,13 @@ def _main(args: argparse.Namespace) -> int:
     rows = out / "rows"
     rows.mkdir(exist_ok=True)
     for cand in cands:
-        if not cand.applies or cand.mitm:
+        if not cand.applies or cand.mitm or not cand.scored:
             continue
         for s in settings:
             row = per.get((cand.key, s.name))
             if row is None:
                 continue
-            name = f"{cand.key}.yaml" if s.name == "none" else f"{cand.key}+{execute._slug(s.name)}.yaml"
+            name = f"{cand.key}.yaml" if s.name == "none" else f"{cand.key}+{execute.slug(s.name)}.yaml"
             config = execute.run_config(base, [cand], s, seeds[0], budget, [])
             config["run"]["id"] = ""
             write_atomic(rows / name, yaml.safe_dump(config, sort_keys=False))
@@ -131,7 +131,7 @@ def _main(args: argparse.Namespace) -> int:
     for r in result["applicable"]:
         v = r["by_setting"]["none"]
         value = (
-            f"{v['metric']} {document._fmt(v['mean'])} (baseline {document._fmt(v.get('baseline'))})"
+            f"{v['metric']} {document.fmt(v['mean'])} (baseline {document.fmt(v.get('baseline'))})"
             if "metric" in v
             else ""
         )

@@ -82,7 +82,7 @@ def short(verdict: str) -> str:
     return verdict.split(" (")[0].split(":")[0]
 
 
-def _fmt(v: Any, digits: int = 3) -> str:
+def fmt(v: Any, digits: int = 3) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
@@ -124,7 +124,7 @@ def build(
     for cand in applicable:
         row = per.get((cand.key, "none"), {})
         verdict = row.get("verdict", "not run")
-        interval = f"{_fmt(row['mean'])} [{_fmt(row['low'])}, {_fmt(row['high'])}]" if "mean" in row else "-"
+        interval = f"{fmt(row['mean'])} [{fmt(row['low'])}, {fmt(row['high'])}]" if "mean" in row else "-"
         command = reproduce_command(cand, row, out)
         verdict_rows.append(
             [
@@ -133,7 +133,7 @@ def build(
                 threat_model(cand),
                 row.get("metric_what", "-"),
                 interval,
-                f"{_fmt(row.get('baseline'))} ({row['baseline_what']})" if "baseline_what" in row else "-",
+                f"{fmt(row.get('baseline'))} ({row['baseline_what']})" if "baseline_what" in row else "-",
                 verdict,
                 paper(cand.attack),
                 command,
@@ -212,11 +212,11 @@ def build(
             ],
             [
                 "main-task accuracy",
-                *(_fmt(m) if not s.reason else "-" for s, m in zip(settings, mtas, strict=True)),
+                *(fmt(m) if not s.reason else "-" for s, m in zip(settings, mtas, strict=True)),
             ],
             [
                 "time per run (s)",
-                *(_fmt(utility.get(s.name, {}).get("mean_wall_time_s"), 1) for s in settings),
+                *(fmt(utility.get(s.name, {}).get("mean_wall_time_s"), 1) for s in settings),
             ],
         ]
         if any(s.reason for s in settings):
@@ -231,11 +231,11 @@ def build(
                 if s.reason or ap is None:
                     line.append("-" if s.reason else short(r.get("verdict", "-")))
                     continue
-                cell = f"{r['metric']} {_fmt(ap)}: {short(r['verdict'])}"
+                cell = f"{r['metric']} {fmt(ap)}: {short(r['verdict'])}"
                 if mp is not None and r.get("metric") in DCS_METRICS:
                     dcs = capability.defense_capability_score(min(max(ap, 0.0), 1.0), mp)
                     dcs_json.setdefault(s.name, {})[c.key] = dcs
-                    cell += f"; DCS {_fmt(dcs)}"
+                    cell += f"; DCS {fmt(dcs)}"
                 line.append(cell)
             table.append(line)
         blocks += [

@@ -263,7 +263,7 @@ def run_config(
     return data
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
 
 
@@ -286,7 +286,7 @@ def plan_runs(
                 digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[
                     :8
                 ]
-                name = _slug(f"{setting.name}-{group}-s{seed}-{digest}")
+                name = slug(f"{setting.name}-{group}-s{seed}-{digest}")
                 config["run"]["id"] = name
                 runs.append(PlannedRun(name, setting.name, seed, group, config, members))
     return runs
@@ -372,11 +372,11 @@ def mitm_scores(run: PlannedRun, cand: Candidate, cfg: Config, run_dir: Path) ->
     cache = run_dir / "attacks" / f"mitm-{cand.attack}@{cand.party}.json"
     if cache.exists():
         return read_json(cache)
-    events = read_trace(trace_path(run_dir, cand.party))
     attack = ATTACKS.get(cand.attack)(
         AttackContext(cand.party, cfg.party(cand.party).role, cfg.run.id, {}), **cand.params
     )
     try:
+        events = read_trace(trace_path(run_dir, cand.party))
         scores = score_output(cfg, cand.attack, attack.run(events), run_dir)
     except Exception as exc:  # noqa: BLE001 - reported in the attack's row
         scores = {"error": f"offline over the trace: {type(exc).__name__}: {exc}"}
@@ -470,6 +470,10 @@ def collect(
             baseline=baseline,
             verdict=verdict(metric, low, high, mean, baseline),
         )
+        if row["errors"]:  # some seeds failed: the verdict stands on the others, and says so
+            row["verdict"] += (
+                f" ({len(row['errors'])} of {len(row['errors']) + len(values)} runs failed: {row['errors'][0]})"
+            )
     for u in utility.values():
         u["mean_test_accuracy"] = statistics.fmean(u["test_accuracy"]) if u["test_accuracy"] else None
         u["mean_wall_time_s"] = statistics.fmean(u["wall_time_s"]) if u["wall_time_s"] else None
