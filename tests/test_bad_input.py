@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import base_config
 from vflnet.data.alignment import intersect, split_train_test
 from vflnet.roles.party import PartyHost
+from vflnet.roles.step_order import STEPS_IN_FLIGHT
 from vflnet.sdk.bridge import GrpcBridge
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.validation import config_from_dict
@@ -220,13 +221,13 @@ def test_a_refused_shutdown_changes_nothing(active, request_, code, text):
 
 
 def test_a_step_command_that_overtakes_the_one_before_waits_for_its_turn(active):
-    """A pipelined schedule keeps two step commands out (vflnet/roles/step_order.py): step 2's may reach
-    the party first, and waits there until step 1 is done; one further ahead is refused."""
+    """A pipelined schedule keeps STEPS_IN_FLIGHT step commands out (vflnet/roles/step_order.py): step
+    2's may reach the party first, and waits there until step 1 is done; one beyond the window is refused."""
     party, stub, party_stub, train = active
     early = party_stub.RunStep.future(_command(2, train[4:8]), timeout=DEADLINE)
     with party.turns.cond:
         assert party.turns.cond.wait_for(lambda: 2 in party.turns.waiting, DEADLINE)
-    code, details = _status(party_stub.RunStep, _command(3, train[:4]))
+    code, details = _status(party_stub.RunStep, _command(1 + STEPS_IN_FLIGHT, train[:4]))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "out of order" in details
     assert not early.done() and party.local.version == 0
     first, _ = _full_step(party_stub, stub, 1, train[:4])

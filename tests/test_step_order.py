@@ -1,8 +1,9 @@
-"""A party's steps run one at a time and in order when the coordinator keeps two commands out."""
+"""A party's steps run one at a time and in order when the coordinator keeps several commands out."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import grpc
 import pytest
@@ -78,3 +79,31 @@ def test_a_waiting_step_gives_up_at_its_deadline():
     thread.join(WAIT_S)
     assert out["error"][0] == grpc.StatusCode.DEADLINE_EXCEEDED and "for step 1" in out["error"][1]
     assert turns.waiting == set() and turns.done == 0
+
+
+def test_every_step_in_the_window_waits_its_turn_and_a_failure_refuses_each():
+    """With STEPS_IN_FLIGHT commands out, every one after the next waits, in order; the step in
+    progress failing refuses all of them, naming it."""
+    assert STEPS_IN_FLIGHT >= 3
+    turns = StepTurns()
+    waiters = [_waiter(turns, step) for step in range(2, STEPS_IN_FLIGHT + 1)]
+    for step in range(2, STEPS_IN_FLIGHT + 1):
+        _until_waiting(turns, step)
+    turns.complete(1)
+    waiters[0][0].join(WAIT_S)
+    assert waiters[0][1] == {"ok": True}  # step 2's turn; step 3 still waits for it
+    assert all(out == {} for _, out in waiters[1:])
+    turns.fail()  # step 2 fails here
+    for thread, out in waiters[1:]:
+        thread.join(WAIT_S)
+        assert out["error"][0] == grpc.StatusCode.ABORTED and "step 2 failed" in out["error"][1]
+
+
+def test_a_waiting_step_gets_the_deadline_once_for_each_step_before_it():
+    turns = StepTurns()
+    thread, out = _waiter(turns, 3, timeout=2.0)  # steps 1 and 2 run first: 4 s
+    _until_waiting(turns, 3)
+    time.sleep(2.5)
+    assert out == {}  # past one deadline, within two
+    thread.join(WAIT_S)
+    assert out["error"][0] == grpc.StatusCode.DEADLINE_EXCEEDED and "for step 2" in out["error"][1]

@@ -1,12 +1,20 @@
 """The order of a party's steps when the coordinator keeps more than one step command out.
 
-The coordinator sends step n+1's RunStep before step n's reports are in (``STEPS_IN_FLIGHT``,
-vflnet/roles/coordinator.py), so that its delivery overlaps step n's work instead of adding to it.
-The command reaches a party while it still works on step n, and may even overtake step n's command
-(two calls are two HTTP/2 streams, served by different threads). A party still runs its steps one
-at a time and strictly in order: the command for the step after the next waits here for its turn,
-bounded by the step deadline; a command further ahead, or a second one for the same waiting step,
-is refused at once and changes nothing, so no sender can park the party.
+The coordinator sends step n+1's and step n+2's RunStep before step n's reports are in
+(``STEPS_IN_FLIGHT``, vflnet/roles/coordinator.py), so that their delivery overlaps step n's work
+instead of adding to it. A command reaches a party while it still works on an earlier step, and may
+even overtake the command before it (two calls are two HTTP/2 streams, served by different threads).
+A party still runs its steps one at a time and strictly in order: a command for a later step than
+the next waits here for its turn, bounded by the step deadline for each step before it; a command
+further ahead than the window, or a second one for the same waiting step, is refused at once and
+changes nothing, so no sender can park the party.
+
+Why three: a step's critical path is one passive-active round trip (embeddings up, gradients down)
+plus compute. The coordinator's own loop per step command is a round trip too (step n's report in,
+step n+STEPS_IN_FLIGHT's command out), so with two commands out that loop tied with the step itself
+and any coordinator or scheduling delay added to every step (issue 40: the next RunStep reached a
+passive party after it had finished the step before in ~10% of the steps at 10 ms one-way delay).
+With three out, the coordinator's round trip is spread over two steps.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import grpc
 
 from vflnet.wire.errors import RpcFailure
 
-STEPS_IN_FLIGHT = 2  # step commands a pipelined schedule keeps out at once (this one and the next)
+STEPS_IN_FLIGHT = 3  # step commands a pipelined schedule keeps out at once (this one and the next two)
 
 
 class StepTurns:
@@ -32,7 +40,8 @@ class StepTurns:
 
     def wait(self, step: int, timeout: float) -> None:
         """Return when ``step`` is next (or already done: the caller answers a retry or refuses it as
-        stale); refuse it if it is too far ahead, if the step before it fails or the party stops."""
+        stale); refuse it if it is too far ahead, if a step before it fails or the party stops, or
+        if it waited ``timeout`` for each step before it (they run one after the other)."""
         with self.cond:
             if step <= self.done + 1:
                 return
@@ -48,10 +57,11 @@ class StepTurns:
             self.waiting.add(step)
             self.cond.notify_all()  # whoever watches ``waiting`` (a health view, a test) sees it at once
             failures = self.failures
+            ahead = step - self.done - 1  # steps that run here before this one
             try:
                 turn = self.cond.wait_for(
                     lambda: step <= self.done + 1 or self.failures > failures or self.stopped is not None,
-                    timeout,
+                    timeout * ahead,
                 )
             finally:
                 self.waiting.discard(step)
@@ -63,12 +73,12 @@ class StepTurns:
                 return
             if self.failures > failures:
                 raise RpcFailure(
-                    grpc.StatusCode.ABORTED, f"step {step}: step {step - 1} failed at this party"
+                    grpc.StatusCode.ABORTED, f"step {step}: step {self.done + 1} failed at this party"
                 )
             assert not turn
             raise RpcFailure(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"step {step} waited {timeout:.0f} s for step {step - 1} to complete",
+                f"step {step} waited {timeout * ahead:.0f} s for step {step - 1} to complete",
             )
 
     def complete(self, step: int) -> None:
