@@ -35,6 +35,10 @@ BENCHMARKS = {
         "vflnet.tools.bench.startup",
         "seconds to start a role process, a run and a sweep's runs: cold (new interpreters) vs warm (fork server)",
     ),
+    "netem": (
+        "vflnet.tools.bench.netem",
+        "split step time in the network lab under one-way delays against 2 x delay and the plain-TCP round trip (root)",
+    ),
     "scaling": (
         "vflnet.tools.bench.scaling",
         "step time, CPU seconds and peak memory of every role against the number of passive parties",
