@@ -43,6 +43,8 @@ from vflnet.tools.experiments.results import PARTIAL, is_completed, read_json, w
 from vflnet.validation import config_from_dict
 
 SEEDS = {"quick": 2, "default": 3}
+# metrics scored a second time against the run without the attack (``attack_scores``)
+PAIRED = ("asr",)
 # --quick caps training (every other setting stays the user's): one epoch, at most this many steps
 QUICK_TRAIN = {"epochs": 1, "max_steps": 10}
 
@@ -67,7 +69,12 @@ class Metric:
 METRICS = (
     Metric("psnr", "reconstruction PSNR (dB)", "a uniform random image", margin=1.0, bounded=False),
     Metric("ssim", "reconstruction SSIM", "0 (no structure)", bounded=False),
-    Metric("asr", "backdoor attack success rate", "chance, 1 / classes", count="triggered_test"),
+    Metric(
+        "asr",
+        "backdoor attack success rate",
+        "the same test samples in the run without the attack (else chance)",
+        count="triggered_test",
+    ),
     Metric("auc", "leak AUC", "0.5 (random scores)"),
     Metric("label_accuracy", "label accuracy", "chance, 1 / classes", count="samples"),
     Metric("cbr", "correct branching rate", "a U(0, 1) guess"),
@@ -93,7 +100,9 @@ def primary(scores: dict[str, Any], n_classes: int) -> tuple[Metric, float, floa
         baseline: float | None
         if m.key == "psnr":
             baseline = s.get("psnr_random")  # CAFE reports none: shown without a baseline
-        elif m.key in ("label_accuracy", "asr"):
+        elif m.key == "asr":
+            baseline = float(s.get("asr_without_attack", 1.0 / n_classes))
+        elif m.key == "label_accuracy":
             baseline = float(s.get("chance", 1.0 / n_classes))
         elif m.key == "auc":
             baseline = float(s.get("chance_auc", 0.5))
@@ -336,9 +345,14 @@ def execute(runs: list[PlannedRun], out: Path, start: str = "warm") -> dict[str,
     return status
 
 
-def attack_scores(cand: Candidate, cfg: Config, run_dir: Path) -> dict[str, Any]:
+def attack_scores(cand: Candidate, cfg: Config, run_dir: Path, clean: Path | None = None) -> dict[str, Any]:
     """The attack's own ``score`` of its output against ground truth, in this (launcher) process; a
-    failure is that attack's alone (cached in ``attacks/audit-NAME@PARTY.json``)."""
+    failure is that attack's alone (cached in ``attacks/audit-NAME@PARTY.json``).
+
+    An attack scored against the run's predictions (``truth_needed`` with ``predictions``: the
+    backdoor's ASR) is also scored against the predictions of ``clean``, the same setting and seed's
+    run without it: ``<metric>_without_attack``, the same samples as a model the attack never touched
+    classifies them (its baseline)."""
     import numpy as np
 
     from vflnet.config import PluginConfig
@@ -357,6 +371,9 @@ def attack_scores(cand: Candidate, cfg: Config, run_dir: Path) -> dict[str, Any]
         output = {k: f[k] for k in f.files}
     try:
         scores = score_output(cfg, cand.attack, output, run_dir)
+        if clean is not None and "predictions" in ATTACKS.get(cand.attack).truth_needed:
+            without = score_output(cfg, cand.attack, output, clean)
+            scores.update({f"{k}_without_attack": v for k, v in without.items() if k in PAIRED})
     except Exception as exc:  # noqa: BLE001 - reported in the attack's row
         scores = {"error": f"scoring failed: {type(exc).__name__}: {exc}"}
     write_atomic(cache, json.dumps(scores, indent=2, default=float))
@@ -392,6 +409,11 @@ def collect(
     per setting: main-task accuracy and wall time (means over the seeds' observing runs)."""
     per: dict[tuple[str, str], dict[str, Any]] = {}
     utility: dict[str, dict[str, Any]] = {}
+    clean = {  # (setting, seed) -> the observing run's directory: the run without any rewriting attack
+        (r.setting, r.seed): Path(status[r.name]["dir"])
+        for r in runs
+        if r.group == "taps" and status.get(r.name, {}).get("status") == "completed"
+    }
     for run in runs:
         st = status.get(run.name, {})
         run_dir = Path(st.get("dir", ""))
@@ -414,7 +436,11 @@ def collect(
                 row["errors"].append(st.get("error", "not run"))
                 continue
             assert cfg is not None
-            s = mitm_scores(run, cand, cfg, run_dir) if cand.mitm else attack_scores(cand, cfg, run_dir)
+            if cand.mitm:
+                s = mitm_scores(run, cand, cfg, run_dir)
+            else:
+                without = clean.get((run.setting, run.seed)) if run.group != "taps" else None
+                s = attack_scores(cand, cfg, run_dir, without)
             if isinstance(s.get("error"), str):
                 row["errors"].append(s["error"])
                 continue
