@@ -164,6 +164,13 @@ def test_split_audit_the_direct_label_inference_leaks(split_audit: Path) -> None
     assert command[:2] == ["vflnet", "run"]
     alone = yaml.safe_load(Path(command[2]).read_text())
     assert alone["attacks"] == [{"name": "direct-label-inference", "party": "passive-1", "params": {}}]
+    # the backdoor's baseline: the same triggered samples in the same seed's run without it
+    backdoor = row(result, "backdoor", "passive party passive-2")
+    assert backdoor["metric"] == "asr" and len(backdoor["values"]) == 2
+    assert backdoor["baseline"] == pytest.approx(
+        sum(s["asr_without_attack"] * s["triggered_test"] for s in backdoor["scores"])
+        / sum(s["triggered_test"] for s in backdoor["scores"])
+    )
     skipped = {(s["attack"], s["party"]): s["reason"] for s in result["skipped"]}
     assert "no prediction phase" in skipped[("esa", "active")]
     md = (split_audit / "audit.md").read_text()

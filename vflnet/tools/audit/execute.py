@@ -481,6 +481,8 @@ def collect(
         pooled = len(counts) == len(values) and all(isinstance(c, int | float) and c > 0 for c in counts)
         mean, low, high = pooled_interval(values, counts) if pooled else interval(values)
         baseline = statistics.fmean(baselines) if baselines else None
+        if pooled and len(baselines) == len(values):  # weighed like the values it is compared with
+            baseline = sum(b * c for b, c in zip(baselines, counts, strict=True)) / sum(counts)
         if metric.bounded:  # a rate: the t-interval of few seeds can reach past [0, 1]
             low, high = max(low, 0.0), min(high, 1.0)
         row.update(
