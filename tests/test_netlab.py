@@ -195,6 +195,32 @@ def test_up_builds_isolated_hosts_and_down_removes_everything(
     assert "no lab with prefix" in capsys.readouterr().out
 
 
+@pytest.mark.netns
+@needs_lab
+def test_tcp_cc_sets_every_hosts_congestion_control_and_a_refused_one_says_what_is_allowed(
+    tmp_path: Path,
+) -> None:
+    prefix = _prefix()
+
+    def cc(ns: str) -> str:
+        out = subprocess.run(
+            ["ip", "netns", "exec", ns, "sysctl", "-n", "net.ipv4.tcp_congestion_control"],
+            capture_output=True,
+            text=True,
+        )
+        return out.stdout.strip()
+
+    try:
+        lab = up(_config(tmp_path), prefix=prefix, lab_dir=tmp_path / "lab", tcp_cc="reno")
+        assert Lab.open(tmp_path / "lab").tcp_cc == "reno"
+        assert {cc(h.ns) for h in lab.hosts} == {"reno"}
+    finally:
+        down(prefix)
+    with pytest.raises(LabError, match="cannot be set in the lab's namespaces.*allowed here"):
+        up(_config(tmp_path), prefix=prefix, lab_dir=tmp_path / "lab2", tcp_cc="no-such-cc")
+    assert prefix not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
 # ---------------------------------------------------------------------------- demo 1: a slow network
 @pytest.mark.netns
 @pytest.mark.e2e

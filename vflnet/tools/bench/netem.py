@@ -15,7 +15,8 @@ D"`, 0 ms too, so that every row goes through the same emulator), the lab is bro
   namespaces with the step's message sizes (its embeddings up, its gradients down, from the run's
   byte counts), and step - wire: what the run adds to the network's own cost of the exchange. Under
   the lab's emulator and the host's TCP (congestion control in the row) a message of a few KB takes
-  longer than the delay: TCP paces it out at the rate it has measured on this link.
+  longer than the delay: TCP paces it out at the rate it has measured on this link (`--tcp-cc reno`
+  gives the lab's hosts a congestion control that does not pace).
 
 Needs root and network namespaces (`vflnet lab`); elsewhere it says why and measures nothing.
 """
@@ -52,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wire-trips", type=int, default=30, help="round trips of the plain-TCP probe")
     p.add_argument("--prefix", default="bench", help="the lab's namespace prefix (one lab at a time)")
     p.add_argument("--emulator", choices=["auto", "netem", "userspace"], default="auto")
+    p.add_argument(
+        "--tcp-cc",
+        default="",
+        metavar="NAME",
+        help="the lab hosts' TCP congestion control (e.g. reno; default: the machine's, shown in the tcp column)",
+    )
     return p
 
 
@@ -159,7 +166,12 @@ def measure(delay_ms: float, config: Path, folder: Path, args: argparse.Namespac
     netem = f"delay {delay_ms:g}ms"  # 0 ms too: every delay goes through the same emulator
     load_before = _load()
     lab = up(
-        config, prefix=args.prefix, lab_dir=folder / f"lab-{delay_ms:g}", netem=netem, emulator=args.emulator
+        config,
+        prefix=args.prefix,
+        lab_dir=folder / f"lab-{delay_ms:g}",
+        netem=netem,
+        emulator=args.emulator,
+        tcp_cc=args.tcp_cc,
     )
     try:
         result = run_lab(lab, timeout_s=900.0)

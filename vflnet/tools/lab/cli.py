@@ -32,6 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
             help="auto: kernel tc netem if the kernel has it, else the userspace hub (delay and loss only)",
         )
         p.add_argument("--proxy-host", action="store_true", help="add a host for `vflnet proxy`")
+        p.add_argument(
+            "--tcp-cc",
+            default="",
+            metavar="NAME",
+            help="TCP congestion control of every host (e.g. reno; default: the machine's, which may pace "
+            "messages of a few KB on a delayed link)",
+        )
 
     p = sub.add_parser("up", help="create the namespaces and links for a config's roster")
     p.add_argument("config", type=Path)
@@ -108,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 netem=args.netem,
                 proxy_host=args.proxy_host,
                 emulator=args.emulator,
+                tcp_cc=args.tcp_cc,
             )
             _print_lab(lab)
             return 0
@@ -123,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             netem=args.netem,
             emulator=args.emulator,
             proxy_host=args.proxy_host or args.via_proxy is not None,
+            tcp_cc=args.tcp_cc,
         )
         try:
             _print_lab(lab)
@@ -136,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print_lab(lab: Lab) -> None:
     impair = f"{lab.netem} ({lab.emulator})" if lab.netem else "none"
-    print(f"lab {lab.prefix!r} is up: {lab.lab_dir} (impairment: {impair})")
+    tcp = f", TCP congestion control {lab.tcp_cc}" if lab.tcp_cc else ""
+    print(f"lab {lab.prefix!r} is up: {lab.lab_dir} (impairment: {impair}{tcp})")
     for h in lab.hosts:
         print(f"  {h.name:12s} {h.role:11s} netns {h.ns:20s} {h.endpoint}")
     print(

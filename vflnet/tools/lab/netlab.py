@@ -73,6 +73,7 @@ class Lab:
     emulator: str = "none"  # none / netem / userspace
     netem: str = ""
     switch_pid: int = 0
+    tcp_cc: str = ""  # the hosts' TCP congestion control ("": the machine's default, inherited)
     created: float = field(default_factory=time.time)
 
     @property
@@ -285,6 +286,24 @@ def _new_namespace(ns: str) -> None:
     sh(*f"ip netns exec {ns} sysctl -qw {ipv6_off}".split(), check=False)
 
 
+def _set_tcp_cc(ns: str, name: str) -> None:
+    """The congestion control of every TCP socket made in ``ns`` from now on. The machine's default
+    (e.g. bbr) paces a message of a few KB out at the rate it has measured on the connection, which
+    on a delayed link adds to every message (docs/performance.md, "Step time over a network"); a
+    namespace may choose only from the machine's ``tcp_allowed_congestion_control``."""
+    done = sh(
+        "ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.tcp_congestion_control={name}", check=False
+    )
+    if done.returncode != 0:
+        allowed = sh(
+            "ip", "netns", "exec", ns, "sysctl", "-n", "net.ipv4.tcp_allowed_congestion_control", check=False
+        )
+        raise LabError(
+            f"TCP congestion control {name!r} cannot be set in the lab's namespaces "
+            f"({done.stderr.strip() or done.stdout.strip()}); allowed here: {allowed.stdout.strip() or 'unknown'}"
+        )
+
+
 def up(
     config: str | Path,
     *,
@@ -294,6 +313,7 @@ def up(
     proxy_host: bool = False,
     emulator: str = "auto",
     seed: int = 0,
+    tcp_cc: str = "",
 ) -> Lab:
     """Create the namespaces, links and impairment for ``config``'s roster; write lab.json and config.yaml."""
     if not _PREFIX.match(prefix):
@@ -316,6 +336,7 @@ def up(
         switch_ns=f"{prefix}-sw",
         hosts=hosts,
         netem=netem.strip(),
+        tcp_cc=tcp_cc.strip(),
     )
     existing = set(sh("ip", "netns", "list").stdout.split())
     clash = [ns for ns in lab.namespaces if ns in existing]
@@ -371,6 +392,8 @@ def _build(lab: Lab, emulator: str, seed: int) -> None:
         sh("ip", "-n", h.ns, "link", "set", "eth0", "up")
         if lab.emulator == "netem":
             sh(*f"ip netns exec {h.ns} tc qdisc add dev eth0 root netem {lab.netem}".split())
+        if lab.tcp_cc:
+            _set_tcp_cc(h.ns, lab.tcp_cc)
     if lab.emulator == "userspace":
         lab.switch_pid = _start_hub(lab, seed)
 
