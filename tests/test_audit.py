@@ -276,3 +276,54 @@ def test_a_defense_settings_file_and_its_refusals(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as info:
             defense_settings(str(bad), cfg, base, 10)
         assert info.value.key == key and info.value.source == str(bad)
+
+
+@pytest.mark.slow  # real runs (loopback)
+def test_an_audit_of_a_users_csv(tmp_path: Path) -> None:
+    """A user's own CSV (binary task, LR parties, a prediction phase): the binary and prediction-phase
+    attacks are selected and scored; nothing in the audit is specific to the bundled datasets."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 6))
+    y = (x[:, 0] + x[:, 3] > 0).astype(int)
+    csv = tmp_path / "mine.csv"
+    csv.write_text(
+        "a,b,c,d,e,f,label\n"
+        + "".join(",".join(f"{v:.4f}" for v in r) + f",{t}\n" for r, t in zip(x, y, strict=True))
+    )
+    config = tmp_path / "mine.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "protocol": {"kind": "split", "aggregation": "sum"},
+                "data": {"dataset": "csv", "params": {"path": str(csv), "label_column": "label"}},
+                "parties": [
+                    {"name": "coordinator", "role": "coordinator"},
+                    {
+                        "name": "active",
+                        "role": "active",
+                        "features": {"columns": "0:3"},
+                        "bottom": {"kind": "linear", "out": 2},
+                    },
+                    {
+                        "name": "passive-1",
+                        "role": "passive",
+                        "features": {"columns": "3:6"},
+                        "bottom": {"kind": "linear", "out": 2},
+                    },
+                ],
+                "model": {"top": {"kind": "none"}},
+                "train": {"epochs": 2, "batch_size": 32},
+                "predict": {"set": "test"},
+                "transport": {"bridge": "loopback"},
+            }
+        )
+    )
+    assert cli.main([str(config), "--quick", "--out", str(tmp_path / "out")]) == 0
+    result = json.loads((tmp_path / "out" / "audit.json").read_text())
+    direction = row(result, "direction-scoring", "passive party passive-1")
+    assert direction["metric"] == "auc" and direction["verdict"] == "leaks"
+    esa = row(result, "esa", "active party active")
+    assert esa["metric"] == "mse" and esa["mean"] < esa["baseline"]
+    assert {s["attack"] for s in result["skipped"]} >= {"backdoor", "cafe", "pra"}
