@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from vflnet.config import Config, ConfigError
+from vflnet.metrics.intervals import mean_ci
 from vflnet.registry import ATTACKS, DEFENSES
 from vflnet.tools.audit.selection import Candidate, with_entries
 from vflnet.tools.experiments.results import PARTIAL, is_completed, read_json, write_atomic
@@ -118,12 +119,9 @@ def primary(scores: dict[str, Any], n_classes: int) -> tuple[Metric, float, floa
 
 def interval(values: list[float]) -> tuple[float, float, float]:
     """Mean and 95% t-interval of the values over the seeds (the value itself for one seed)."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
+    mean, half = mean_ci(values)
+    if math.isnan(half):
         return mean, mean, mean
-    from scipy import stats
-
-    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     return mean, mean - half, mean + half
 
 

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import scipy.stats
 import yaml
 
 from vflnet import progress
 from vflnet.data.datasets import load_dataset
+from vflnet.metrics.intervals import mean_ci
 from vflnet.runner.local import run_local
 from vflnet.tools.reproduce import add_size_flags
 
@@ -185,16 +185,6 @@ def rounding_table(out_dir: Path, ds: tuple, seeds: list[int]) -> str:
 
 
 PAPER_TABLE_III = {1: 0.1705, 2: 0.1514, 3: 0.1474, 4: 0.2862, 5: 0.1216, 6: 0.2459}
-
-
-def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
-    """The mean over trials and the half-width of its t-based confidence interval (Student's t with
-    k - 1 degrees of freedom, the sample standard deviation); nan for the half-width with one trial."""
-    x = np.asarray(values, dtype=float)
-    if len(x) < 2:
-        return float(x.mean()), float("nan")
-    t = scipy.stats.t.ppf(0.5 + level / 2, len(x) - 1)
-    return float(x.mean()), float(t * x.std(ddof=1) / np.sqrt(len(x)))
 
 
 def _cell(values: list[float]) -> str:
