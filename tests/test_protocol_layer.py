@@ -210,3 +210,12 @@ def test_plugin_protocol_is_written_on_the_sdk_alone():
     assert "grpc" not in imported
     for manual in (".meter", "check_sender(", "check_run(", "check_message_size(", "RpcFailure("):
         assert manual not in source, manual
+
+
+@pytest.mark.parametrize("callers", [{"activ"}, set(), {"active", "attacker"}])
+def test_handles_refuses_callers_that_are_not_roles(callers):
+    """A misspelled role in @handles would leave the method uncallable under TLS: refused at import."""
+    from vflnet import sdk
+
+    with pytest.raises(ValueError, match=r"callers must be roles among coordinator/active/passive, got"):
+        sdk.handles("/vflnet_plugin_test.Pull/Forward", callers=callers)

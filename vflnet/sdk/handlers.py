@@ -5,9 +5,10 @@ registers every marked method (``serve_handlers``, called by the sides' default 
 wrapped so that, before the method runs, the request belongs to this run and its sender is a roster
 party of an allowed role (its certificate's identity under mutual TLS), and, where asked, the party
 has finished joining; after it, the reply's size is checked against ``transport.max_payload_mb`` and
-its bytes are metered. An exception becomes a gRPC status (vflnet/wire/errors.py); the server keeps
-serving. The callers also become the method's permissions under mutual TLS, and the marked methods
-the protocol's method table (``Protocol.methods``), from this one declaration.
+its bytes are metered (``meter_reply=False``: the side does both where it builds the reply). An
+exception becomes a gRPC status (vflnet/wire/errors.py); the server keeps serving. The callers also
+become the method's permissions under mutual TLS, and the marked methods the protocol's method table
+(``Protocol.methods``), from this one declaration.
 
 Sending: ``send`` checks a request's size, meters it and starts the call with the step's deadline;
 its ``result()`` turns a failed call into a status that names the peer and what was asked.
@@ -40,7 +41,9 @@ class Handles:
     method: str  # full gRPC name, e.g. "/vflnet.v1.Active/ExchangeEmbeddings"
     callers: frozenset[str]  # the roles that may call it
     wait_for_admission: bool  # a call that arrives before this party joined waits (bounded) for it
-    meter_reply: bool  # False only where the side meters the reply itself, when it builds it
+    meter_reply: (
+        bool  # False only where the side checks the reply's size and meters it itself, as it builds it
+    )
 
 
 def handles(
@@ -50,7 +53,9 @@ def handles(
     roles = frozenset(callers)
     unknown = roles - {"coordinator", "active", "passive"}
     if not roles or unknown:
-        raise ValueError(f"@handles({method!r}): callers must be roles among coordinator/active/passive")
+        raise ValueError(
+            f"@handles({method!r}): callers must be roles among coordinator/active/passive, got {sorted(roles)}"
+        )
 
     def mark(fn: F) -> F:
         setattr(fn, _MARK, Handles(method, roles, wait_for_admission, meter_reply))
@@ -81,7 +86,7 @@ def serve_handlers(server: Server, side: Any, host: Any) -> None:
 
 def _checked(fn: Callable[[Any, Any], Message], spec: Handles, host: Any) -> Callable[[Any, Any], Message]:
     short = short_name(spec.method)
-    meter = getattr(host, "meter", None) if spec.meter_reply else None
+    meter = getattr(host, "meter", None)  # the coordinator meters nothing
 
     def handler(request: Any, context: Any) -> Message:
         h = request.header
@@ -90,9 +95,10 @@ def _checked(fn: Callable[[Any, Any], Message], spec: Handles, host: Any) -> Cal
         if spec.wait_for_admission and not host.ready.is_set():
             host.waitroom.wait(h.sender, context, host.step_deadline_s)
         reply = fn(request, context)
-        check_message_size(reply, host.cfg.transport, f"{host.name}'s {short} reply to {h.sender}")
-        if meter is not None:
-            meter.record(f"{short}.reply", reply)
+        if spec.meter_reply:  # else the side checked and metered the reply where it built it
+            check_message_size(reply, host.cfg.transport, f"{host.name}'s {short} reply to {h.sender}")
+            if meter is not None:
+                meter.record(f"{short}.reply", reply)
         return reply
 
     handler.__name__ = getattr(fn, "__name__", short)
