@@ -43,4 +43,8 @@ BENCHMARKS = {
         "vflnet.tools.bench.scaling",
         "step time, CPU seconds and peak memory of every role against the number of passive parties",
     ),
+    "goals": (
+        "vflnet.tools.bench.goals",
+        "issue 40's goals in one run: start-up, sweep overhead, netem steps, vflnet vs its floor, the tap",
+    ),
 }

@@ -205,13 +205,9 @@ def measure(delay_ms: float, config: Path, folder: Path, args: argparse.Namespac
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv, {"delays": [0.0, 10.0], "epochs": 1, "wire_trips": 10})
-    why = unavailable_reason()
-    if why is not None:
-        print(f"vflnet bench netem: skipped: {why}")
-        write_json(args.json, [], skipped=why)
-        return 0
+def measure_delays(args: argparse.Namespace) -> list[Row]:
+    """A row per delay of ``args`` (this module's flags, build_parser()), each lab up and down in turn;
+    with a 0 ms row, each row's goal (``goal_ms``) and whether its step met it (``met``)."""
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="vflnet-bench-netem-") as tmp:
         folder = Path(tmp)
@@ -224,6 +220,17 @@ def main(argv: list[str] | None = None) -> int:
             goal = float(r["2x_delay_ms"]) + float(zero["step_ms"]) + GOAL_MARGIN_MS  # type: ignore[arg-type]
             r["goal_ms"] = goal
             r["met"] = float(r["step_ms"]) <= goal  # type: ignore[arg-type]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv, {"delays": [0.0, 10.0], "epochs": 1, "wire_trips": 10})
+    why = unavailable_reason()
+    if why is not None:
+        print(f"vflnet bench netem: skipped: {why}")
+        write_json(args.json, [], skipped=why)
+        return 0
+    rows = measure_delays(args)
     _print(rows)
     write_json(
         args.json,

@@ -123,8 +123,10 @@ def _sweep_file(folder: Path, runs: int) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv, {"repeat": 1, "sweep_runs": 2})
+def measure(repeat: int, sweep_runs: int) -> tuple[list[Row], bool]:
+    """The rows of the table (``what``, ``cold_s``, ``warm_s``): party starts (median of ``repeat``), the
+    demo's run (median of ``repeat``) and the sweep (its first ``sweep_runs`` runs, 0: all); and whether
+    the sweep's results are the same under both starts."""
     threads = Config().runtime.torch_threads
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="vflnet-bench-startup-") as tmp:
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             server.spawn(["--version"], role_env(threads), log, LIMIT_S).wait(LIMIT_S)
             rows.append({"what": "fork server: start to first child", "warm_s": time.perf_counter() - began})
             party: dict[str, list[list[float]]] = {start: [] for start in START_MODES}
-            for i in range(args.repeat):
+            for i in range(repeat):
                 for start in START_MODES:
                     where = folder / f"party-{start}-{i}"
                     where.mkdir()
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
         walls: dict[str, list[float]] = {start: [] for start in START_MODES}
         overheads: dict[str, list[float]] = {start: [] for start in START_MODES}
-        for i in range(args.repeat):
+        for i in range(repeat):
             for start in START_MODES:
                 run_dir = folder / f"run-{start}-{i}"
                 wall = _command(
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             | {f"{s}_s": statistics.median(overheads[s]) for s in START_MODES}
         )
 
-        sweep = _sweep_file(folder, args.sweep_runs)
+        sweep = _sweep_file(folder, sweep_runs)
         per_run: dict[str, dict[str, Any]] = {}
         for start in START_MODES:
             out = folder / f"sweep-{start}"
@@ -193,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
             {"what": "sweep: overhead per run"} | {f"{s}_s": per_run[s]["overhead"] for s in START_MODES}
         )
         same = per_run["warm"]["results"] == per_run["cold"]["results"]
+    return rows, same
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv, {"repeat": 1, "sweep_runs": 2})
+    rows, same = measure(args.repeat, args.sweep_runs)
     load = os.getloadavg()[0]
     print(f"{'':48}{'cold s':>10}{'warm s':>10}")
     for row in rows:

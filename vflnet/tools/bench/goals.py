@@ -1,0 +1,402 @@
+"""`vflnet bench goals`: issue 40's figures against their goals, side by side, in one invocation.
+
+It calls the other benchmarks' own measuring functions, one after another on the same machine, and
+prints one table: a row per figure, its measured value, its goal, whether the goal is met, and the
+machine's load average (1 min, before -> after the measurement the row comes from):
+
+- start-up (`vflnet bench startup`): a coordinator's and a passive party's start to serving, cold and
+  warm (goal: warm <= 0.5 s); the fork server's start; `make demo`'s run (configs/digits-2p.yaml),
+  its wall and its overhead (wall - training; goal: warm <= 3 s); the dp-label-leak sweep's wall and
+  overhead per run (goal: warm <= 2 s);
+- step time under netem (`vflnet bench netem`): the median step of configs/digits-2p.yaml in the
+  network lab at 0, 10 and 50 ms one-way (goal: 10 and 50 ms <= 2 x delay + the step at 0 ms + 3 ms).
+  Needs root and network namespaces; elsewhere its rows say why;
+- vflnet against its floor on the digits MLP (`vflnet bench transport`'s digits-mlp-b256 over gRPC,
+  `vflnet bench grpc-floor`'s ``coordinated`` mode, vflnet's message pattern in bare Python gRPC),
+  alternating, best of ``--repeat`` (goal: vflnet <= floor + 1 ms per step); and the trace tap on every
+  party against the floor's bare crash-safe tap (``coordinated+tap``), each as the ms it adds per step
+  (goal: tap <= bare tap + 0.3 ms).
+
+Issue 40's two other goals (the MNIST CNN >= 1.0 of its reference, no regression in `vflnet bench
+he-step`) take minutes each on two cores: their rows name the command that measures them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vflnet import progress
+from vflnet.tools.bench import grpc_floor, netem, startup, transport
+from vflnet.tools.bench.common import Row, markdown_table, parse_args, write_json
+from vflnet.tools.lab.netlab import unavailable_reason
+
+WARM_PARTY_S = 0.5
+DEMO_OVERHEAD_S = 3.0
+SWEEP_OVERHEAD_S = 2.0
+FLOOR_MARGIN_MS = 1.0
+TAP_MARGIN_MS = 0.3
+LOAD_SAMPLE_S = 2.0
+DIGITS = "digits-mlp-b256"
+FLOOR_MODE = "coordinated"  # vflnet's message pattern: a unary RunStep per party per step, unary exchanges
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vflnet bench goals", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--repeat", type=int, default=3, help="party starts and demo runs; floor/vflnet runs (best)"
+    )
+    p.add_argument("--sweep-runs", type=int, default=0, help="the sweep's first N runs (0: all 8)")
+    p.add_argument("--netem-epochs", type=int, default=2, help="epochs of configs/digits-2p.yaml per delay")
+    p.add_argument("--wire-trips", type=int, default=20, help="round trips of netem's plain-TCP probe")
+    p.add_argument("--tcp-cc", default="", metavar="NAME", help="the lab hosts' TCP congestion control")
+    p.add_argument("--prefix", default="goals", help="the network lab's namespace prefix")
+    p.add_argument("--floor-steps", type=int, default=1000, help="timed steps of each grpc-floor run")
+    p.add_argument(
+        "--transport-epochs", type=int, default=0, help="epochs of the digits-mlp-b256 runs (0: the case's 6)"
+    )
+    p.add_argument(
+        "--skip",
+        nargs="+",
+        choices=["startup", "netem", "floor"],
+        default=[],
+        help="leave these out (their rows say so)",
+    )
+    return p
+
+
+SMOKE = {
+    "repeat": 1,
+    "sweep_runs": 2,
+    "netem_epochs": 1,
+    "wire_trips": 5,
+    "floor_steps": 30,
+    "transport_epochs": 1,
+}
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def _row(
+    figure: str,
+    measured: float | None,
+    unit: str,
+    load: str,
+    limit: float | None = None,
+    goal: str = "",
+    note: str = "",
+) -> Row:
+    """One figure: ``measured`` (None: not measured, ``note`` says why) against ``limit`` (None: a figure
+    shown beside the goals, not a goal itself)."""
+    met = None if limit is None or measured is None else measured <= limit
+    return {
+        "figure": figure,
+        "measured": None if measured is None else round(measured, 4),
+        "unit": unit,
+        "goal": goal or ("-" if limit is None else f"<= {limit:.3g} {unit}"),
+        "limit": None if limit is None else round(limit, 4),
+        "met": met,
+        "load": load,
+        "note": note,
+    }
+
+
+def _unmeasured(figures: list[tuple[str, str]], why: str, load: str = "-") -> list[Row]:
+    return [_row(figure, None, unit, load, note=why) for figure, unit in figures]
+
+
+def _timed(measure: Callable[[], Any]) -> tuple[Any, str]:
+    """What ``measure`` returns, and the load average before -> after it, with the highest seen in
+    between (sampled every few seconds: another job can come and go within one part)."""
+    before, seen, done = _load(), [], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(LOAD_SAMPLE_S):
+            seen.append(_load())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = measure()
+    finally:
+        done.set()
+        sampler.join()
+    after = _load()
+    return result, f"{before:.1f} -> {after:.1f}, peak {max([before, *seen, after]):.1f}"
+
+
+# ------------------------------------------------------------------------------------------- start-up
+STARTUP_FIGURES = [
+    ("coordinator: start to serving, cold", "s"),
+    ("coordinator: start to serving, warm", "s"),
+    ("passive party: start to serving, cold", "s"),
+    ("passive party: start to serving, warm", "s"),
+    ("fork server: start to first child (once per run or sweep)", "s"),
+    ("make demo's run: wall, cold", "s"),
+    ("make demo's run: wall, warm", "s"),
+    ("make demo's run: overhead (wall - training), cold", "s"),
+    ("make demo's run: overhead (wall - training), warm", "s"),
+    ("dp-label-leak sweep: wall per run, cold", "s"),
+    ("dp-label-leak sweep: wall per run, warm", "s"),
+    ("dp-label-leak sweep: overhead per run, cold", "s"),
+    ("dp-label-leak sweep: overhead per run, warm", "s"),
+]
+
+
+def startup_rows(args: argparse.Namespace) -> list[Row]:
+    (rows, same), load = _timed(lambda: startup.measure(args.repeat, args.sweep_runs))
+
+    def find(prefix: str) -> Row:
+        return next(r for r in rows if str(r["what"]).startswith(prefix))
+
+    def value(prefix: str, start: str) -> float:
+        return float(find(prefix)[f"{start}_s"])  # type: ignore[arg-type]
+
+    sweep_runs = str(find("sweep dp-label-leak")["what"]).split("(")[1].split(")")[0]  # "8 runs"
+    sweep_note = f"{sweep_runs}, --jobs 1; results identical cold/warm: {'yes' if same else 'NO'}"
+    limits = {
+        "coordinator": (WARM_PARTY_S, ""),
+        "passive party": (WARM_PARTY_S, ""),
+        "make demo's run: overhead": (DEMO_OVERHEAD_S, f"<= {DEMO_OVERHEAD_S:g} s (wall <= training + 3 s)"),
+        "dp-label-leak sweep: overhead": (SWEEP_OVERHEAD_S, ""),
+    }
+    sources = {
+        "coordinator": "coordinator: start to serving",
+        "passive party": "passive party: start to serving",
+        "fork server": "fork server",
+        "make demo's run: wall": "run: command wall",
+        "make demo's run: overhead": "run: overhead",
+        "dp-label-leak sweep: wall": "sweep dp-label-leak",
+        "dp-label-leak sweep: overhead": "sweep: overhead per run",
+    }
+    out: list[Row] = []
+    for figure, unit in STARTUP_FIGURES:
+        start = "cold" if figure.endswith(", cold") else "warm"
+        key = next(k for k in sources if figure.startswith(k))
+        limit, goal = limits.get(key, (None, "")) if start == "warm" else (None, "")
+        note = sweep_note if key.startswith("dp-label-leak") else f"median of {args.repeat}"
+        if key == "fork server":
+            note = ""
+        out.append(_row(figure, value(sources[key], start), unit, load, limit, goal, note))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- netem
+NETEM_DELAYS = (0.0, 10.0, 50.0)
+
+
+def _netem_figure(delay: float) -> str:
+    if delay == 0:
+        return "netem 0 ms: median step (the compute)"
+    return f"netem {delay:g} ms: median step"
+
+
+def netem_rows(args: argparse.Namespace) -> list[Row]:
+    figures = [(_netem_figure(d), "ms") for d in NETEM_DELAYS]
+    why = unavailable_reason()
+    if why is not None:
+        return _unmeasured(figures, f"not measured: {why}")
+    netem_args = netem.build_parser().parse_args(
+        ["--delays", *map(str, NETEM_DELAYS), "--epochs", str(args.netem_epochs)]
+        + ["--wire-trips", str(args.wire_trips), "--prefix", args.prefix]
+        + (["--tcp-cc", args.tcp_cc] if args.tcp_cc else [])
+    )
+    rows = netem.measure_delays(netem_args)
+    out = []
+    for r in rows:
+        delay = float(r["delay_ms"])  # type: ignore[arg-type]
+        note = (
+            f"{r['steps']} steps, p10-p90 {r['p10_ms']:.1f}-{r['p90_ms']:.1f} ms, wire {r['wire_ms']:.1f} ms, "
+            f"tcp {r['tcp']}, {r['emulator']}"
+        )
+        limit = float(r["goal_ms"]) if delay and "goal_ms" in r else None  # type: ignore[arg-type]
+        goal = f"2 x {delay:g} + compute + {netem.GOAL_MARGIN_MS:g} = {limit:.1f} ms" if limit else ""
+        out.append(_row(_netem_figure(delay), float(r["step_ms"]), "ms", str(r["load"]), limit, goal, note))  # type: ignore[arg-type]
+    return out
+
+
+# ------------------------------------------------------------------------------- vflnet vs its floor
+VFLNET_ROW = f"digits MLP b256: vflnet over gRPC ({DIGITS})"
+FLOOR_ROW = f"digits MLP b256: the floor (grpc-floor {FLOOR_MODE})"
+REFERENCE_ROW = "digits MLP b256: in one process (grpc-floor reference)"
+TAP_ROW = "trace tap on every party: vflnet, + per step"
+BARE_TAP_ROW = f"bare crash-safe tap (grpc-floor {FLOOR_MODE}+tap), + per step"
+FLOOR_FIGURES = [
+    (VFLNET_ROW, "ms/step"),
+    (FLOOR_ROW, "ms/step"),
+    (REFERENCE_ROW, "ms/step"),
+    (TAP_ROW, "ms"),
+    (BARE_TAP_ROW, "ms"),
+]
+
+
+def _vflnet_steps_per_s(name: str, epochs: int) -> float:
+    case = copy.deepcopy(transport.CASES[name])
+    if epochs:
+        case["train"]["epochs"] = epochs
+    with tempfile.TemporaryDirectory(prefix="vflnet-bench-goals-") as tmp:
+        case["run"]["dir"] = tmp
+        return transport._distributed(case, Path(tmp), "grpc")["steps_per_s"]
+
+
+def _floor_steps_per_s(steps: int, tap: bool) -> float:
+    if not tap:
+        return grpc_floor.distributed(steps, FLOOR_MODE)
+    with tempfile.TemporaryDirectory(prefix="vflnet-floor-") as tap_dir:
+        return grpc_floor.distributed(steps, FLOOR_MODE, tap_dir)
+
+
+def floor_rows(args: argparse.Namespace) -> list[Row]:
+    """vflnet and the floor alternating, each with and without a tap, and the floor's one-process
+    reference; the best of ``--repeat`` each."""
+    kinds: dict[str, Callable[[], float]] = {
+        "floor": lambda: _floor_steps_per_s(args.floor_steps, tap=False),
+        "vflnet": lambda: _vflnet_steps_per_s(DIGITS, args.transport_epochs),
+        "floor+tap": lambda: _floor_steps_per_s(args.floor_steps, tap=True),
+        "vflnet+tap": lambda: _vflnet_steps_per_s(DIGITS + transport.TAP, args.transport_epochs),
+        "reference": lambda: grpc_floor.reference(args.floor_steps),
+    }
+    best = dict.fromkeys(kinds, 0.0)
+
+    def alternate() -> None:
+        for i in range(args.repeat):
+            for kind, measure in kinds.items():
+                rate = measure()
+                best[kind] = max(best[kind], rate)
+                progress.note(f"  run {i + 1} of {args.repeat}, {kind}: {rate:.1f} steps/s")
+
+    _, load = _timed(alternate)
+    ms = {kind: 1000 / rate for kind, rate in best.items()}
+    tap, bare = ms["vflnet+tap"] - ms["vflnet"], ms["floor+tap"] - ms["floor"]
+    best_of = f"best of {args.repeat}, alternating"
+    floor_limit, tap_limit = ms["floor"] + FLOOR_MARGIN_MS, bare + TAP_MARGIN_MS
+    return [
+        _row(
+            VFLNET_ROW,
+            ms["vflnet"],
+            "ms/step",
+            load,
+            floor_limit,
+            f"floor + {FLOOR_MARGIN_MS:g} = {floor_limit:.2f} ms/step",
+            f"{best_of}; {best['vflnet']:.1f} steps/s (3 steps in flight)",
+        ),
+        _row(
+            FLOOR_ROW,
+            ms["floor"],
+            "ms/step",
+            load,
+            note=f"{best_of}; {best['floor']:.1f} steps/s (2 steps in flight), {args.floor_steps} timed steps",
+        ),
+        _row(
+            REFERENCE_ROW,
+            ms["reference"],
+            "ms/step",
+            load,
+            note=f"{best_of}; the machine's speed (docs/performance.md: 1.16 ms on 2026-11-24)",
+        ),
+        _row(
+            TAP_ROW,
+            tap,
+            "ms",
+            load,
+            tap_limit,
+            f"bare tap + {TAP_MARGIN_MS:g} = {tap_limit:.2f} ms",
+            f"{DIGITS}+tap {ms['vflnet+tap']:.2f} - {ms['vflnet']:.2f} ms/step",
+        ),
+        _row(BARE_TAP_ROW, bare, "ms", load, note=f"{ms['floor+tap']:.2f} - {ms['floor']:.2f} ms/step"),
+    ]
+
+
+# ------------------------------------------------------------------------------------------- the rest
+NOT_HERE = [
+    _row(
+        "MNIST CNN b128: vflnet / reference",
+        None,
+        "x",
+        "-",
+        goal=">= 1.0",
+        note="not run by `bench goals` (minutes on 2 cores): `vflnet bench transport --case mnist-cnn-b128`",
+    ),
+    _row(
+        "split-he step: no regression",
+        None,
+        "s/step",
+        "-",
+        goal="no regression",
+        note="not run by `bench goals` (minutes on 2 cores): `vflnet bench he-step`",
+    ),
+]
+
+SECTIONS: dict[str, tuple[Callable[[argparse.Namespace], list[Row]], list[tuple[str, str]]]] = {
+    "startup": (startup_rows, STARTUP_FIGURES),
+    "netem": (netem_rows, [(_netem_figure(d), "ms") for d in NETEM_DELAYS]),
+    "floor": (floor_rows, FLOOR_FIGURES),
+}
+
+
+def _display(row: Row) -> Row:
+    met = row["met"]
+    measured = row["measured"]
+    return {
+        "figure": row["figure"],
+        "measured": "-" if measured is None else f"{measured:.3g} {row['unit']}",
+        "goal": row["goal"],
+        "met": "-" if met is None else ("yes" if met else "no"),
+        "load": row["load"],
+        "note": row["note"] or "-",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(build_parser(), argv, SMOKE)
+    began, load_start = time.perf_counter(), _load()
+    print(f"load average {load_start:.1f} at the start, {os.cpu_count()} cores", flush=True)
+    rows: list[Row] = []
+    failed, part_s = [], {}
+    with progress.runs("bench goals", total=len(SECTIONS), unit="part"):
+        for name, (measure, figures) in SECTIONS.items():
+            part_began = time.perf_counter()
+            if name in args.skip:
+                rows += _unmeasured(figures, f"not measured: --skip {name}")
+            else:
+                try:
+                    rows += measure(args)
+                except Exception as exc:  # one part that fails must not hide the others' figures
+                    failed.append(name)
+                    rows += _unmeasured(figures, f"failed: {type(exc).__name__}: {exc}", f"{_load():.1f}")
+            part_s[name] = round(time.perf_counter() - part_began, 1)
+            progress.advance(name)
+    rows += NOT_HERE
+    seconds = time.perf_counter() - began
+    load_end = _load()
+    print()
+    print(markdown_table([_display(r) for r in rows]))
+    print(
+        f"\n{os.cpu_count()} cores; load average (1 min) {load_start:.1f} at the start, {load_end:.1f} at the end; "
+        f"{seconds:.0f} s ({', '.join(f'{k} {v:.0f} s' for k, v in part_s.items())}). load: before -> after "
+        "the measurement the row comes from, and the peak in between."
+    )
+    write_json(
+        args.json,
+        rows,
+        cores=os.cpu_count(),
+        load_average_start=load_start,
+        load_average_end=load_end,
+        seconds=seconds,
+        part_seconds=part_s,
+        smoke=args.smoke,
+    )
+    if failed:
+        print(f"failed: {', '.join(failed)} (the rows say why)")
+    return 1 if failed else 0
