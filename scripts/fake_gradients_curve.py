@@ -23,7 +23,7 @@ FAKE = [
 
 def run(tag: str, defenses: list[dict]) -> tuple[list[float], float, float]:
     data = yaml.safe_load(Path("configs/cafe-digits.yaml").read_text())
-    data["protocol"] = {"kind": "param-server", "aggregation": "concat", "static": False}
+    data["protocol"] = {"kind": "param-server", "aggregation": "concat", "params": {"static": False}}
     data["train"].update(epochs=60, optimizer={"kind": "sgd", "lr": 0.1})
     data["defenses"] = defenses
     data["run"] = {"seed": 0, "dir": str(WORK)}

@@ -55,7 +55,7 @@ def config(
     bottom = {"kind": "mlp", "hidden": [HIDDEN], "out": classes}
     proto: dict[str, Any] = {"kind": protocol, "aggregation": "sum"}
     if protocol == "split-he":
-        proto["he"] = {"key_bits": 512, "allow_insecure_keys": True}
+        proto["params"] = {"key_bits": 512, "allow_insecure_keys": True}
     data: dict[str, Any] = {"dataset": "digits", "test_fraction": 0.25, "normalize": "standard"}
     if positive_class is not None:
         data["params"] = {"positive_class": positive_class}

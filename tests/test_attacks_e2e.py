@@ -117,7 +117,7 @@ def test_direct_label_inference_is_chance_under_split_he(tmp_path, repo):
     data["protocol"] = {
         "kind": "split-he",
         "aggregation": "sum",
-        "he": {"key_bits": 512, "allow_insecure_keys": True},
+        "params": {"key_bits": 512, "allow_insecure_keys": True},
     }
     for p in data["parties"][2:]:
         p["bottom"]["hidden"] = [8]

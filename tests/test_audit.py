@@ -224,7 +224,11 @@ def test_an_audit_resumes_without_running_again(
 
 @pytest.mark.slow  # real runs (loopback): about a minute each on a loaded 2-core machine
 def test_split_he_audit_direct_at_chance(tmp_path: Path) -> None:
-    he = ["protocol.kind=split-he", "protocol.he.key_bits=512", "protocol.he.allow_insecure_keys=true"]
+    he = [
+        "protocol.kind=split-he",
+        "protocol.params.key_bits=512",
+        "protocol.params.allow_insecure_keys=true",
+    ]
     result = audit(tmp_path / "he", *SUM, *FAST, *he, "train.max_steps=3", "train.batch_size=32")
     direct = row(result, "direct-label-inference", "passive party passive-1")
     assert direct["verdict"] == "at baseline" and direct["mean"] < 0.3

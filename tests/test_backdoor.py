@@ -168,7 +168,7 @@ def test_backdoor_under_split_he_rewrites_ciphertexts(tmp_path):
     data["protocol"] = {
         "kind": "split-he",
         "aggregation": "sum",
-        "he": {"key_bits": 512, "allow_insecure_keys": True},
+        "params": {"key_bits": 512, "allow_insecure_keys": True},
     }
     for p in data["parties"][1:]:
         p["bottom"] = {"kind": "mlp", "hidden": [6], "out": 10}

@@ -19,7 +19,7 @@ def test_theorem1_is_exact_and_gradient_inversion_recovers_labels_under_split_he
     data["protocol"] = {
         "kind": "split-he",
         "aggregation": "sum",
-        "he": {"key_bits": 512, "allow_insecure_keys": True},
+        "params": {"key_bits": 512, "allow_insecure_keys": True},
     }
     data["train"].update(
         epochs=1, max_steps=3, batch_size=32

@@ -111,7 +111,7 @@ def server_knowledge(result: RunResult, run_dir: Path) -> dict[str, Any]:
     top = torch.load(run_dir / "checkpoints" / "param-server.pt")["active"]["top.net.weight"]
     joined = {
         cfg.active.name: messages_pb2.JoinRequest(
-            initial_params=to_tensor_map({"top.net.weight": top.numpy()})
+            protocol=messages_pb2.ProtocolData(tensors=to_tensor_map({"top.net.weight": top.numpy()}))
         )
     }
     knowledge: dict[str, Any] = {}
@@ -137,7 +137,9 @@ def broadcasts(run_dir: Path) -> list[tuple[int, np.ndarray, dict[str, np.ndarra
     for e in read_trace(trace_path(run_dir, "coordinator")):
         if e.short_method == "RunStep" and e.direction == "request" and e.phase == messages_pb2.TRAIN:
             if e.peer == f"{SCHEME}worker-0":
-                out.append((int(e.step), e.sample_ids, from_tensor_map(e.message.params, "broadcast")))
+                out.append(
+                    (int(e.step), e.sample_ids, from_tensor_map(e.message.protocol.tensors, "broadcast"))
+                )
     return out
 
 
@@ -725,7 +727,7 @@ def test_the_authors_victim_keras_init_and_double_softmax_and_the_attackers_temp
     knowledge: dict[str, Any] = {}
     joined = {
         "active": messages_pb2.JoinRequest(
-            initial_params=to_tensor_map({"top.net.weight": np.zeros((10, 40))})
+            protocol=messages_pb2.ProtocolData(tensors=to_tensor_map({"top.net.weight": np.zeros((10, 40))}))
         )
     }
     roster = [messages_pb2.PartyInfo(name=p.name, role=p.role, address=p.name) for p in cfg.parties[1:]]

@@ -40,7 +40,7 @@ def test_fake_gradients_defeat_cafe_while_training_still_learns(tmp_path, repo):
     score, _ = _run(tmp_path, repo, "static-defended", defenses=defenses, train={"epochs": 200})
     assert score["psnr"] < 12, score
     # and the model still learns from the fake uploads when the server does update
-    protocol = {"kind": "param-server", "aggregation": "concat", "static": False}
+    protocol = {"kind": "param-server", "aggregation": "concat", "params": {"static": False}}
     train = {"epochs": 30, "optimizer": {"kind": "sgd", "lr": 0.1}}
     _, losses = _run(tmp_path, repo, "training-defended", defenses=defenses, protocol=protocol, train=train)
     windows = [sum(losses[i : i + 50]) / 50 for i in range(0, len(losses) - 49, 50)]

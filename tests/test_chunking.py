@@ -340,7 +340,7 @@ def _split_he_config(limit_mb: float | None) -> dict:
     data["protocol"] = {
         "kind": "split-he",
         "aggregation": "sum",
-        "he": {"key_bits": 512, "allow_insecure_keys": True},
+        "params": {"key_bits": 512, "allow_insecure_keys": True},
     }
     for p in data["parties"][1:]:
         p["bottom"] = {"kind": "mlp", "hidden": [6], "out": 10}

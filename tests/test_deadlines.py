@@ -21,7 +21,7 @@ from vflnet.validation import config_from_dict
 def he_config(key_bits: int = 2048, batch: int = 128) -> dict:
     data = base_config(n_passive=2, aggregation="sum")
     data["run"]["id"] = "deadlines"
-    data["protocol"] = {"kind": "split-he", "aggregation": "sum", "he": {"key_bits": key_bits}}
+    data["protocol"] = {"kind": "split-he", "aggregation": "sum", "params": {"key_bits": key_bits}}
     data["train"].update(batch_size=batch)
     return data
 

@@ -19,7 +19,7 @@ def test_a_malicious_passive_party_reads_every_label_and_changes_nothing_else(tm
     data["protocol"] = {
         "kind": "split-he",
         "aggregation": "sum",
-        "he": {"key_bits": 512, "allow_insecure_keys": True},
+        "params": {"key_bits": 512, "allow_insecure_keys": True},
     }
     data["train"].update(epochs=1, max_steps=3, batch_size=32)
     data["transport"] = {"bridge": "loopback"}

@@ -73,7 +73,7 @@ def _message(run_dir: Path, hook: str) -> list[np.ndarray]:
     for event in read_trace(trace_path(run_dir, "passive-1")):
         if (event.short_method, event.direction, event.side) == (method, direction, side):
             if hook == "upload":
-                grads = from_tensor_map(event.message.grads, "upload")  # type: ignore[attr-defined]
+                grads = from_tensor_map(event.message.protocol.tensors, "upload")  # type: ignore[attr-defined]
                 return [grads[k] for k in sorted(grads)]
             return [from_proto(event.message.values)]  # type: ignore[attr-defined]
     raise AssertionError(f"no {method} {direction} in passive-1's trace of {run_dir}")

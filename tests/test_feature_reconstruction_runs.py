@@ -127,7 +127,7 @@ def test_split_he_hides_the_wire_but_not_what_the_active_party_decrypts(tmp_path
     """split-he: the embeddings arrive encrypted, yet with C = 10 classes >= d_A = 6 the active party's own
     prediction outputs (minus its own logits) span the passive features."""
     data = split_he_config(300)
-    data["protocol"]["he"] = {"key_bits": 512, "allow_insecure_keys": True}  # small keys: test speed only
+    data["protocol"]["params"] = {"key_bits": 512, "allow_insecure_keys": True}  # small keys: test speed only
     result, derived = split_he_recovery(data, tmp_path / "run")
     wire = scores_of(result)
     assert wire["encrypted_batches"] > 0 and "alg1_found" not in wire  # no plaintext row on the wire

@@ -67,7 +67,7 @@ def split_he_config() -> dict[str, Any]:
     data["protocol"] = {
         "kind": "split-he",
         "aggregation": "sum",
-        "he": {"key_bits": 512, "allow_insecure_keys": True},
+        "params": {"key_bits": 512, "allow_insecure_keys": True},
     }
     data["parties"][2]["bottom"] = data["parties"][3]["bottom"] = {"kind": "mlp", "hidden": [8], "out": 10}
     return data
@@ -670,7 +670,7 @@ def _protocol_configs() -> dict[str, Callable[[], dict[str, Any]]]:
         from tests.test_secureboost import tree_config
 
         data = tree_config("he")
-        data["protocol"]["he"] = {"key_bits": 512, "allow_insecure_keys": True}
+        data["protocol"]["params"].update(key_bits=512, allow_insecure_keys=True)
         return data
 
     return {

@@ -24,7 +24,7 @@ def _server_params(run_dir):
 @pytest.mark.parametrize("static", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_param_server_matches_split_training_or_stays_static(tmp_path, static):
     data = base_config(n_passive=2, active_features=True)
-    data["protocol"] = {"kind": "param-server", "aggregation": "concat", "static": static}
+    data["protocol"] = {"kind": "param-server", "aggregation": "concat", "params": {"static": static}}
     data["train"].update(
         max_steps=6,
         optimizer={"kind": "adam", "lr": 0.01},

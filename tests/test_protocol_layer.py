@@ -52,7 +52,7 @@ def _protocol_config(kind: str) -> dict:
         data["protocol"] = {
             "kind": "split-he",
             "aggregation": "sum",
-            "he": {"key_bits": 512, "allow_insecure_keys": True},
+            "params": {"key_bits": 512, "allow_insecure_keys": True},
         }
         data["train"].update(max_steps=3, batch_size=32)
     else:
@@ -210,6 +210,26 @@ def test_plugin_protocol_is_written_on_the_sdk_alone():
     assert "grpc" not in imported
     for manual in (".meter", "check_sender(", "check_run(", "check_message_size(", "RpcFailure("):
         assert manual not in source, manual
+
+
+def test_built_in_protocols_never_touch_grpc():
+    """The built-ins take the plug-in path: failures are the SDK's statuses (`sdk.invalid`,
+    `sdk.malformed`, ...), calls go through `sdk.send`; no protocol module imports grpc."""
+    import ast
+
+    import vflnet.protocols
+
+    folder = Path(vflnet.protocols.__file__).parent
+    for module in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(module.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            assert not any(n == "grpc" or n.startswith("grpc.") for n in names), module.name
 
 
 @pytest.mark.parametrize("callers", [{"activ"}, set(), {"active", "attacker"}])

@@ -123,21 +123,57 @@ def test_overlapping_features_are_refused_unless_allowed(tmp_path, features):
     load_config(write_config(tmp_path, data))
 
 
-# ------------------------------------------------------------------ shared protocol settings
+# ------------------------------------------------------------------ protocol settings
 @pytest.mark.parametrize(
-    ("kind", "setting", "value", "readers"),
+    ("kind", "setting", "value", "takers"),
     [
         ("split", "static", True, "['param-server']"),
-        ("split", "he", {"key_bits": 1024}, "['secureboost', 'split-he']"),
-        ("param-server", "he", {"workers": 2}, "['secureboost', 'split-he']"),
+        ("split", "key_bits", 1024, "['secureboost', 'split-he']"),
+        ("param-server", "workers", 2, "['secureboost', 'split-he']"),
         ("split-he", "static", True, "['param-server']"),
     ],
 )
-def test_a_protocol_setting_the_protocol_never_reads_is_refused(tmp_path, kind, setting, value, readers):
+def test_a_protocol_setting_the_protocol_does_not_have_is_refused(tmp_path, kind, setting, value, takers):
+    """Every protocol's settings are `protocol.params`, declared by its contract: one another protocol
+    declares would have no effect here, so it is refused naming the protocols that have it."""
     data = _split_with()
-    data["protocol"] = {"kind": kind, setting: value}
+    data["protocol"] = {"kind": kind, "params": {setting: value}}
     if kind == "split-he":
         data["protocol"]["aggregation"] = "sum"
     err = _err(tmp_path, data)
-    assert err.key == f"protocol.{setting}"
-    assert f"protocol {kind!r} does not use protocol.{setting}" in err.message and readers in err.message
+    assert err.key == f"protocol.params.{setting}"
+    assert f"protocol {kind!r} takes no parameter(s) [{setting!r}]" in err.message and takers in err.message
+
+
+@pytest.mark.parametrize("old", ["static", "he"])
+def test_a_protocol_setting_outside_params_is_refused_with_where_it_goes(tmp_path, old):
+    data = _split_with()
+    data["protocol"] = {"kind": "param-server", old: True}
+    err = _err(tmp_path, data)
+    assert err.key == f"protocol.{old}" and "unknown key" in err.message
+    assert "protocol's own settings go under protocol.params" in err.message
+
+
+def test_the_paillier_settings_are_checked_by_the_protocol(tmp_path):
+    data = base_config(aggregation="sum")
+    data["protocol"] = {"kind": "split-he", "aggregation": "sum", "params": {"workers": 0}}
+    err = _err(tmp_path, data)
+    assert err.key == "protocol.params" and "'workers': expected an integer >= 1" in err.message
+    data["protocol"]["params"] = {"key_bits": 512}
+    err = _err(tmp_path, data)
+    assert err.key == "protocol.params.key_bits" and "allow_insecure_keys: true" in err.message
+
+
+# ------------------------------------------------------------------ knowledge a protocol provides
+def test_an_attack_needing_knowledge_its_protocol_does_not_provide_is_refused(tmp_path):
+    """CAFE's server learns the architecture from the parameters it holds: only param-server's contract
+    provides it (`Protocol.provides`), so under split the attack is refused, naming who provides it."""
+    data = _split_with(attacks=[{"name": "cafe", "party": "coordinator"}])
+    err = _err(tmp_path, data)
+    assert err.key == "attacks[0].name"
+    assert "needs 'architecture'" in err.message
+    assert "protocol 'split' does not provide it (protocols that do: ['param-server'])" in err.message
+    assert {n: p.provides for n, p in PROTOCOLS.all().items() if p.provides} == {
+        "param-server": frozenset({"architecture"}),
+        "split-he": frozenset({"public_key"}),
+    }

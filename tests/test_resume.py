@@ -31,15 +31,21 @@ PROTOCOLS = {
     "split-he": {
         "kind": "split-he",
         "aggregation": "sum",
-        "he": {"key_bits": 512, "allow_insecure_keys": True},
+        "params": {"key_bits": 512, "allow_insecure_keys": True},
     },
     "param-server": {"kind": "param-server", "aggregation": "concat"},
     # a forest, one tree per batch (a step): Paillier gh and histograms
     "secureboost": {
         "kind": "secureboost",
         "aggregation": "sum",
-        "params": {"mode": "he", "ensemble": "forest", "max_depth": 3, "n_bins": 8},
-        "he": {"key_bits": 512, "allow_insecure_keys": True},
+        "params": {
+            "mode": "he",
+            "ensemble": "forest",
+            "max_depth": 3,
+            "n_bins": 8,
+            "key_bits": 512,
+            "allow_insecure_keys": True,
+        },
     },
 }
 KILLS = ("coordinator", "active", "passive-1")

@@ -54,8 +54,7 @@ def tree_config(mode: str = "he", n: int | None = None) -> dict:
         "protocol": {
             "kind": "secureboost",
             "aggregation": "sum",
-            "params": {"mode": mode, "max_depth": 5, "n_bins": 32},
-            "he": {"key_bits": 1024},
+            "params": {"mode": mode, "max_depth": 5, "n_bins": 32, "key_bits": 1024},
         },
         "data": {"dataset": "digits", "params": {"n": n}, "test_fraction": 0.25},
         "parties": parties,

@@ -92,7 +92,7 @@ def decryptor(tmp_path_factory):
     data["protocol"] = {
         "kind": "split-he",
         "aggregation": "sum",
-        "he": {"key_bits": 512, "allow_insecure_keys": True},
+        "params": {"key_bits": 512, "allow_insecure_keys": True},
     }
     cfg = config_from_dict(data)
     bridge = GrpcBridge(cfg.transport)

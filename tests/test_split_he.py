@@ -73,7 +73,7 @@ def test_decryption_service_checks_purpose_and_role(keys):
     data["protocol"] = {
         "kind": "split-he",
         "aggregation": "sum",
-        "he": {"key_bits": 512, "allow_insecure_keys": True},
+        "params": {"key_bits": 512, "allow_insecure_keys": True},
     }
     cfg = config_from_dict(data)
     with warnings.catch_warnings():
@@ -105,7 +105,7 @@ def test_split_he_run_ends_with_the_split_parameters(tmp_path):
     data["protocol"] = {
         "kind": "split-he",
         "aggregation": "sum",
-        "he": {"key_bits": 512, "allow_insecure_keys": True},
+        "params": {"key_bits": 512, "allow_insecure_keys": True},
     }
     for p in data["parties"][1:]:
         p["bottom"] = {"kind": "mlp", "hidden": [6], "out": 10}

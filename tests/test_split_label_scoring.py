@@ -89,7 +89,7 @@ def test_norm_and_direction_scoring_leak_binary_labels_and_marvell_hides_them(tm
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_scoring_attacks_see_only_ciphertexts_under_split_he(tmp_path):
-    he = {"kind": "split-he", "he": {"key_bits": 512, "allow_insecure_keys": True}}
+    he = {"kind": "split-he", "params": {"key_bits": 512, "allow_insecure_keys": True}}
     scores = _scoring_run(tmp_path, "he", he, [], max_steps=2, batch_size=32)
     for attack in ("norm-scoring@passive-1", "direction-scoring@passive-1"):
         # every per-sample gradient was a ciphertext: nothing but guesses

@@ -74,33 +74,21 @@ class RunConfig:
 
 
 @dataclass
-class HEConfig:
-    key_bits: int = setting(
-        2048, "Paillier modulus size; under 1024 needs `he.allow_insecure_keys: true` and prints a warning"
-    )
-    frac_bits: int = setting(20, "fixed-point fractional bits of encrypted logits and gradients")
-    allow_insecure_keys: bool = setting(False, "permit keys under 1024 bits (tests only)")
-    workers: int = setting(1, "processes per party for Paillier work")
-
-
-@dataclass
 class ProtocolConfig:
     """How the parties train together."""
 
     kind: str = setting(
         "split",
-        "`split` (plaintext), `split-he` (Paillier, paper 004 Alg. 1; needs `aggregation: sum` and "
-        "`model.top.kind: none`) or `param-server` (the coordinator holds parameters and optimizer; paper 002)",
+        "a registered protocol; the protocols table below lists each with its methods, defense hook points "
+        "and settings",
     )
     aggregation: Literal["concat", "sum"] = setting(
         "concat", "`concat` (concatenate embeddings, then the top model) or `sum` (add them)"
     )
-    static: bool = setting(
-        False, "param-server only: the coordinator never applies updates (CAFE's strongest setting)"
-    )
-    he: HEConfig = setting(factory=HEConfig, help="Paillier settings of `split-he`")
     params: dict[str, Any] = setting(
-        factory=dict, help="the protocol's own settings (plug-in protocols); checked by the protocol"
+        factory=dict,
+        help="the protocol's own settings, declared by its contract (`Protocol.params`; the protocols "
+        "table below) and checked by it",
     )
 
 
@@ -528,7 +516,10 @@ def parse_section(cls: type, data: Any, prefix: str, source: str) -> Any:
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
         if key not in allowed:
-            raise ConfigError(source, dotted, f"unknown key; allowed here: {', '.join(sorted(allowed))}")
+            hint = "; a protocol's own settings go under protocol.params" if prefix == "protocol" else ""
+            raise ConfigError(
+                source, dotted, f"unknown key; allowed here: {', '.join(sorted(allowed))}{hint}"
+            )
         kwargs[key] = _convert(value, hints[key], dotted, source)
     return cls(**kwargs)
 

@@ -270,8 +270,9 @@ def _protocols_table() -> str:
     lines = [
         "Protocols (`protocol.kind`; a `plugins:` module may register more), from their contracts:",
         "",
-        "| kind | methods its sides serve (callers) | defense hook points | shared settings | `params` | description |",
-        "|---|---|---|---|---|---|",
+        "| kind | methods its sides serve (callers) | defense hook points | knowledge it provides "
+        "| shared settings | `params` | description |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, proto in PROTOCOLS.all().items():
         methods = "; ".join(
@@ -281,9 +282,11 @@ def _protocols_table() -> str:
         hooks = ", ".join(f"`{h}`" for h in sorted(proto.defense_hooks))
         params = "; ".join(f"`{k}` (`{_yaml(p.default)}`): {p.help}" for k, p in proto.params.items())
         shared = ", ".join(f"`{s}`" for s in sorted(proto.settings))
+        provides = ", ".join(f"`{k}`" for k in sorted(proto.provides))
         cells = (
             methods or "— (host messages only)",
             hooks or "—",
+            provides or "—",
             shared or "—",
             params or "—",
             proto.description,

@@ -98,6 +98,14 @@ def _check_protocol(cfg: Config) -> None:
         protocol = PROTOCOLS.get(cfg.protocol.kind)
     except KeyError as exc:
         raise ConfigError(src, "protocol.kind", str(exc)) from exc
+    for key in sorted(set(cfg.protocol.params) - set(protocol.params)):
+        takers = sorted(n for n, p in PROTOCOLS.all().items() if key in p.params)
+        raise ConfigError(
+            src,
+            f"protocol.params.{key}",
+            f"protocol {protocol.name!r} takes no parameter(s) [{key!r}], so it would have no effect; its "
+            f"parameters: {sorted(protocol.params) or 'none'}; protocols that take it: {takers or 'none'}",
+        )
     try:
         cfg.protocol.params = validate_params("protocol", protocol.name, protocol.params, cfg.protocol.params)
     except ValueError as exc:
@@ -238,7 +246,8 @@ def _check_plugins(cfg: Config) -> None:
                     _check_defense_hook(cfg, key, entry.name, hook, "needs the hook point")
             if section == "attacks":  # its taps can match; what its threat model grants reaches its party
                 _check_attack_taps(cfg, key, entry.name, cls.taps + cls.rewrites)
-                for problem in missing_knowledge(cfg, entry.party, cls):
+                provides = {n: p.provides for n, p in PROTOCOLS.all().items()}
+                for problem in missing_knowledge(cfg, entry.party, cls, provides):
                     raise ConfigError(
                         src, f"{key}.name", f"attack {entry.name!r} at {entry.party!r} {problem}"
                     )

@@ -175,11 +175,11 @@ class CafeTap(Attack):
         slot = self.pending[step]
         if event.direction == "request":
             party = k["party_addresses"][event.peer]
-            slot["params"][party] = from_tensor_map(event.message.params, "broadcast")
+            slot["params"][party] = from_tensor_map(event.message.protocol.tensors, "broadcast")
             slot["ids"] = event.sample_ids
             return
         party = event.sender
-        slot["grads"][party] = from_tensor_map(event.message.grads, "upload")
+        slot["grads"][party] = from_tensor_map(event.message.protocol.tensors, "upload")
         parties = set(k["workers"]) | {k["label_holder"]}
         if set(slot["grads"]) == parties and set(slot["params"]) == parties:
             del self.pending[step]

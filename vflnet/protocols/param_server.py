@@ -13,7 +13,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 import torch
 
@@ -22,9 +21,8 @@ from vflnet.defenses.base import attach
 from vflnet.models.local import LocalModel
 from vflnet.models.optim import build_optimizer, build_schedule
 from vflnet.protocols.split import SPLIT_HOOKS, SplitActive, SplitPassive
-from vflnet.sdk import PROTOCOLS, CoordinatorSide, Protocol, RunFailed
+from vflnet.sdk import PROTOCOLS, CoordinatorSide, Param, Protocol, RunFailed, invalid
 from vflnet.v1 import messages_pb2, tensor_pb2
-from vflnet.wire.errors import RpcFailure
 from vflnet.wire.tensors import from_tensor_map, to_tensor_map
 
 
@@ -32,7 +30,7 @@ class ParamServer:
     """Every party's parameters and optimizer, held by the coordinator."""
 
     def __init__(self, cfg: Config, initial: dict[str, dict[str, np.ndarray]]) -> None:
-        self.static = cfg.protocol.static
+        self.static = cfg.protocol.params["static"]
         # sorted: a TensorMap has no order, and optimizer state (saved in checkpoints) is by position
         self.params = {
             party: {n: torch.nn.Parameter(torch.from_numpy(v.copy())) for n, v in sorted(named.items())}
@@ -110,7 +108,7 @@ class ParamServer:
 
 class ParamServerCoordinator(CoordinatorSide):
     def start(self, joined: dict[str, messages_pb2.JoinRequest]) -> None:
-        initial = {n: from_tensor_map(r.initial_params, f"{n}'s parameter") for n, r in joined.items()}
+        initial = {n: from_tensor_map(r.protocol.tensors, f"{n}'s parameter") for n, r in joined.items()}
         self.server = ParamServer(self.cfg, initial)
 
     def command(self, party: str, cmd: messages_pb2.StepCommand) -> messages_pb2.StepCommand:
@@ -118,7 +116,7 @@ class ParamServerCoordinator(CoordinatorSide):
         self.server.enter_epoch(cmd.header.epoch)
         out = messages_pb2.StepCommand()
         out.CopyFrom(cmd)
-        out.params.CopyFrom(self.server.broadcast(party))
+        out.protocol.tensors.CopyFrom(self.server.broadcast(party))
         return out
 
     def after_step(self, phase: int, reports: dict[str, messages_pb2.StepReport]) -> None:
@@ -126,7 +124,10 @@ class ParamServerCoordinator(CoordinatorSide):
             return
         try:
             self.server.apply(
-                {name: from_tensor_map(r.grads, f"{name}'s gradient") for name, r in reports.items()}
+                {
+                    name: from_tensor_map(r.protocol.tensors, f"{name}'s gradient")
+                    for name, r in reports.items()
+                }
             )
         except ValueError as exc:
             raise RunFailed(f"bad gradient upload: {exc}") from exc
@@ -160,15 +161,15 @@ class CentralParams:
         return LocalModel(modules, self.cfg.train.optimizer, self.cfg.train.lr_schedule, own_optimizer=False)
 
     def join_request(self, req: messages_pb2.JoinRequest) -> None:
-        req.initial_params.CopyFrom(
+        req.protocol.tensors.CopyFrom(
             to_tensor_map({n: p.detach().numpy() for n, p in self.host.local.named_parameters()})
         )
 
     def step(self, cmd: messages_pb2.StepCommand, rows: np.ndarray) -> dict[str, float]:
         try:
-            self.host.local.load_params(from_tensor_map(cmd.params, "broadcast parameter"))
+            self.host.local.load_params(from_tensor_map(cmd.protocol.tensors, "broadcast parameter"))
         except ValueError as exc:
-            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+            raise invalid(str(exc)) from exc
         return super().step(cmd, rows)  # type: ignore[misc]
 
     def report(self, cmd: messages_pb2.StepCommand, report: messages_pb2.StepReport) -> None:
@@ -177,7 +178,7 @@ class CentralParams:
         grads = self.host.local.take_grads()
         for transform in self.upload_defenses:
             grads = transform(grads)
-        report.grads.CopyFrom(to_tensor_map(grads))
+        report.protocol.tensors.CopyFrom(to_tensor_map(grads))
 
 
 class ParamServerPassive(CentralParams, SplitPassive):
@@ -192,7 +193,16 @@ class ParamServerActive(CentralParams, SplitActive):
 class ParamServerProtocol(Protocol):
     trains_on_device = True
     name = "param-server"
-    settings = frozenset({"aggregation", "static"})
+    settings = frozenset({"aggregation"})
+    provides = frozenset({"architecture"})  # the coordinator holds every party's parameters
+    params = {
+        "static": Param(
+            False,
+            "the coordinator never applies updates (CAFE's strongest setting)",
+            lambda v: isinstance(v, bool),
+            "true or false",
+        )
+    }
     description = "paper 002's setting: the coordinator broadcasts parameters and applies the uploaded gradients (or keeps them static)"
     coordinator = ParamServerCoordinator
     active = ParamServerActive

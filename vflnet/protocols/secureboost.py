@@ -7,7 +7,7 @@ and sends them to every passive party (``StartTree``): in the HE mode (g_1..g_c,
 packed into one Paillier ciphertext under its own key, in the plain mode as fixed-point integers.
 Level by level it sends the rows' node assignment (``Histograms``); each passive party answers the
 cumulative histograms of the open nodes over its own features (ciphertext additions on the engine's
-arrays, features split over `protocol.he.workers` processes); the label holder decrypts, scores
+arrays, features split over `protocol.params.workers` processes); the label holder decrypts, scores
 every party's candidates and its own, and asks the owner of the best one to split (``Split``): the
 owner keeps (feature, threshold) under a split id and returns which of the node's rows go left.
 
@@ -37,7 +37,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 
 from vflnet.config import Config
@@ -53,23 +52,27 @@ from vflnet.models.secureboost import (
     tree_gradients,
     unpack_histograms,
 )
+from vflnet.protocols.he_settings import HE_PARAMS, he_settings, insecure_key_problem
 from vflnet.protocols.predictions import PredictionsKeeper
-from vflnet.registry import Param
 from vflnet.sdk import (
     PROTOCOLS,
     CoordinatorSide,
+    Param,
     PartySide,
     Pending,
     Protocol,
     deadlines,
     handles,
+    invalid,
+    malformed,
+    not_found,
     register_messages,
     send,
+    wrong_state,
 )
 from vflnet.v1 import messages_pb2, secureboost_pb2
 from vflnet.wire import tensors
 from vflnet.wire.ciphers import cipher_from_proto_checked
-from vflnet.wire.errors import RpcFailure, invalid
 from vflnet.wire.tensors import PayloadError
 
 log = logging.getLogger("vflnet.secureboost")
@@ -106,7 +109,7 @@ def tree_work_s(cfg: Config, rows: int, features: int, encrypt_rows: bool) -> fl
     """One tree's work for a party's features (vflnet/sdk/deadlines.py): per level, every row's gh
     added into a bucket of every feature, the open nodes' histograms decrypted by the label holder
     (counted here, with the features they cover); the label holder's gh encryptions, one per row."""
-    p, bits = tree_params(cfg), cfg.protocol.he.key_bits
+    p, bits = tree_params(cfg), he_settings(cfg).key_bits
     rows = min(rows, cfg.train.batch_size)
     if cfg.protocol.params["mode"] != "he":
         return p.max_depth * rows * features * deadlines.NUMPY_VALUE_S
@@ -141,7 +144,7 @@ class SecureBoostPassive(PartySide):
         assert host.data.x is not None
         train_rows = host.data.rows(np.asarray(reply.train_ids, dtype=np.int64))
         self.party = LocalParty.fit(
-            host.data.x, train_rows, tree_params(self.cfg).n_bins, self.cfg.protocol.he.workers
+            host.data.x, train_rows, tree_params(self.cfg).n_bins, he_settings(self.cfg).workers
         )
         self.he = self.cfg.protocol.params["mode"] == "he"
         self.public_key: PublicKey | None = None  # the label holder's, pinned by its first tree
@@ -194,9 +197,7 @@ class SecureBoostPassive(PartySide):
     ) -> secureboost_pb2.HistogramReply:
         with self.lock:
             if req.header.step != self.tree_step:
-                raise RpcFailure(
-                    grpc.StatusCode.FAILED_PRECONDITION, f"no tree started at step {req.header.step}"
-                )
+                raise wrong_state(f"no tree started at step {req.header.step}")
             n = len(self.party.rows)
             node_of = tensors.from_proto(
                 req.node_of, expect_dtype="int64", expect_shape=(n,), what="node assignment"
@@ -209,7 +210,7 @@ class SecureBoostPassive(PartySide):
                 header=self.host.header(req.header), candidates=self.party.n_candidates
             )
             if self.he:
-                reply.cipher.CopyFrom(cipher_to_proto(sums, workers=self.cfg.protocol.he.workers))
+                reply.cipher.CopyFrom(cipher_to_proto(sums, workers=he_settings(self.cfg).workers))
             else:
                 reply.plain.CopyFrom(tensors.to_proto(sums))
         return reply
@@ -231,9 +232,7 @@ class SecureBoostPassive(PartySide):
     def split(self, req: secureboost_pb2.SplitRequest, context: Any) -> secureboost_pb2.SplitReply:
         with self.lock:
             if req.header.step != self.tree_step or req.node not in self.party.nodes:
-                raise RpcFailure(
-                    grpc.StatusCode.FAILED_PRECONDITION, f"node {req.node} is not open in the current level"
-                )
+                raise wrong_state(f"node {req.node} is not open in the current level")
             try:
                 split_id, left = self.party.split(int(req.node), int(req.candidate))
             except IndexError as exc:
@@ -251,7 +250,7 @@ class SecureBoostPassive(PartySide):
             try:
                 bits = self.party.route(rows, np.asarray(req.split_ids, dtype=np.int64))
             except IndexError as exc:
-                raise RpcFailure(grpc.StatusCode.NOT_FOUND, str(exc)) from exc
+                raise not_found(str(exc)) from exc
         reply = secureboost_pb2.RouteReply(
             header=self.host.header(req.header), go_left=tensors.to_proto(bits)
         )
@@ -294,15 +293,13 @@ class RemoteParty:
                 ca = cipher_from_proto_checked(reply.cipher, self.side.private_key.public_key, sent, what)
                 if ca.slots != self.side.slots:
                     raise PayloadError(f"{what}: {ca.slots} slots per ciphertext, expected {self.side.slots}")
-                ints = self.side.private_key.decrypt_encoded(ca, workers=self.side.cfg.protocol.he.workers)
+                ints = self.side.private_key.decrypt_encoded(ca, workers=he_settings(self.side.cfg).workers)
                 return unpack_histograms(np.asarray(ints, dtype=np.int64), shape[1], k)
             if reply.WhichOneof("sums") != "plain":
                 raise PayloadError(f"{what}: ciphertexts in the plain mode")
             return tensors.from_proto(reply.plain, expect_dtype="int64", expect_shape=shape, what=what)
         except (PayloadError, PaillierOverflowError, ValueError, OverflowError) as exc:
-            raise RpcFailure(
-                grpc.StatusCode.DATA_LOSS, f"malformed histograms from {self.name}: {exc}"
-            ) from exc
+            raise malformed(f"malformed histograms from {self.name}: {exc}") from exc
 
     def split(self, node: int, candidate: int) -> tuple[int, np.ndarray]:
         req = secureboost_pb2.SplitRequest(
@@ -312,7 +309,7 @@ class RemoteParty:
         try:
             left = tensors.from_proto(reply.go_left, expect_dtype="bool", what=f"split from {self.name}")
         except PayloadError as exc:
-            raise RpcFailure(grpc.StatusCode.DATA_LOSS, str(exc)) from exc
+            raise malformed(str(exc)) from exc
         return int(reply.split_id), left
 
     def route(self, ids: np.ndarray, split_ids: np.ndarray) -> np.ndarray:
@@ -328,7 +325,7 @@ class RemoteParty:
                 what=f"routing from {self.name}",
             )
         except PayloadError as exc:
-            raise RpcFailure(grpc.StatusCode.DATA_LOSS, str(exc)) from exc
+            raise malformed(str(exc)) from exc
 
 
 class SecureBoostActive(PartySide):
@@ -352,7 +349,7 @@ class SecureBoostActive(PartySide):
         ]
         self.train_rows = host.data.rows(np.asarray(reply.train_ids, dtype=np.int64))
         self.own = (
-            LocalParty.fit(host.data.x, self.train_rows, self.params.n_bins, cfg.protocol.he.workers)
+            LocalParty.fit(host.data.x, self.train_rows, self.params.n_bins, he_settings(cfg).workers)
             if host.data.x is not None
             else None
         )
@@ -362,7 +359,7 @@ class SecureBoostActive(PartySide):
         self.scores = np.zeros((len(host.data.ids), host.data.n_classes))
         self.public_key, self.private_key = None, None
         if cfg.protocol.params["mode"] == "he":
-            he = cfg.protocol.he
+            he = he_settings(cfg)
             start = time.perf_counter()
             self.public_key, self.private_key = generate_keypair(
                 he.key_bits, allow_insecure=he.allow_insecure_keys
@@ -380,7 +377,7 @@ class SecureBoostActive(PartySide):
                 gh / float(1 << FRAC_BITS),
                 FRAC_BITS,
                 slots=self.slots,
-                workers=self.cfg.protocol.he.workers,
+                workers=he_settings(self.cfg).workers,
             )
             req.public_key = json.dumps(self.public_key.to_json()).encode()
             req.cipher.CopyFrom(cipher_to_proto(ca))
@@ -400,8 +397,7 @@ class SecureBoostActive(PartySide):
 
     def _train(self, cmd: messages_pb2.StepCommand, rows: np.ndarray) -> dict[str, float]:
         if self.params.ensemble == "boost" and len(rows) != len(self.train_rows):
-            raise RpcFailure(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise wrong_state(
                 "boosting grows each tree over the whole training set: set train.batch_size >= the training set",
             )
         y = self.host.data.y[rows]
@@ -416,7 +412,7 @@ class SecureBoostActive(PartySide):
                 lambda node_of, nodes: self._gather(node_of, nodes, gh.shape[1]),
             )
         except ValueError as exc:  # a split reply of the wrong size
-            raise RpcFailure(grpc.StatusCode.DATA_LOSS, str(exc)) from exc
+            raise malformed(str(exc)) from exc
         self.ensemble.trees.append(tree)
         if self.own is not None:
             self.host.local.modules["bottom"].set(self.own.features, self.own.cuts)
@@ -523,9 +519,10 @@ def _number(default: float, help_: str, lo: float, integer: bool = False) -> Par
 @PROTOCOLS.register
 class SecureBoost(Protocol):
     name = "secureboost"
-    settings = frozenset({"aggregation", "he"})  # aggregation must be "sum" (check_config)
+    settings = frozenset({"aggregation"})  # aggregation must be "sum" (check_config)
     description = "SecureBoost-style vertical trees: Paillier-packed (g, h) to every party, bucketed histograms back, splits kept by their owners"
     params = {
+        **HE_PARAMS,
         "mode": Param(
             "he",
             "`he`: Paillier gh and histograms; `plain`: the same in plaintext",
@@ -569,15 +566,6 @@ class SecureBoost(Protocol):
                     "secureboost has no top model: model.top.kind 'none', protocol.aggregation 'sum'",
                 )
             )
-        if (
-            cfg.protocol.params.get("mode", "he") == "he"
-            and cfg.protocol.he.key_bits < 1024
-            and not cfg.protocol.he.allow_insecure_keys
-        ):
-            problems.append(
-                (
-                    "protocol.he.key_bits",
-                    "keys under 1024 bits are insecure; set allow_insecure_keys: true (tests only)",
-                )
-            )
+        if cfg.protocol.params.get("mode", "he") == "he":
+            problems += insecure_key_problem(cfg)
         return problems

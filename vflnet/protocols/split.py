@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
 import numpy as np
 import torch
 from torch import nn
@@ -31,12 +30,23 @@ from vflnet.defenses.label_defenses import LabelDefense, soft_cross_entropy
 from vflnet.models.local import LocalModel
 from vflnet.models.zoo import TopModel, aggregate
 from vflnet.protocols.predictions import PredictionsKeeper
-from vflnet.sdk import PROTOCOLS, CoordinatorSide, PartySide, Protocol, handles, send
+from vflnet.sdk import (
+    PROTOCOLS,
+    CoordinatorSide,
+    PartySide,
+    Protocol,
+    aborted,
+    duplicate,
+    handles,
+    invalid,
+    malformed,
+    send,
+    stale_step,
+)
 from vflnet.threat.attack import OwnStepView
 from vflnet.v1 import messages_pb2
 from vflnet.wire import tensors
 from vflnet.wire.channels import MessageTooLarge, check_message_size
-from vflnet.wire.errors import RpcFailure, invalid, stale_step
 
 EXCHANGE = "/vflnet.v1.Active/ExchangeEmbeddings"
 
@@ -174,9 +184,7 @@ class SplitPassive(PartySide):
 
     def decode_gradient(self, reply: messages_pb2.EmbeddingGradients, shape: tuple[int, ...]) -> Any:
         if reply.WhichOneof("payload") != "values":
-            raise RpcFailure(
-                grpc.StatusCode.INVALID_ARGUMENT, "split expects plaintext gradients from the active party"
-            )
+            raise invalid("split expects plaintext gradients from the active party")
         return tensors.from_proto(
             reply.values, expect_dtype="float32", expect_shape=shape, what="gradients from the active party"
         )
@@ -194,9 +202,7 @@ class SplitPassive(PartySide):
         self.encode(msg, emb)
         reply = send(host, self.active_channel, self.active, EXCHANGE, msg).result()
         if reply.header.step != h.step:
-            raise RpcFailure(
-                grpc.StatusCode.DATA_LOSS, f"gradients for step {reply.header.step}, expected {h.step}"
-            )
+            raise malformed(f"gradients for step {reply.header.step}, expected {h.step}")
         if train:
             self.compute.backward(self.decode_gradient(reply, tuple(emb.shape)))
         if own_view:
@@ -310,9 +316,7 @@ class SplitActive(PartySide):
         with self.cond:
             slot = self._slot(h.step)
             if h.sender in slot.embeddings:
-                raise RpcFailure(
-                    grpc.StatusCode.ALREADY_EXISTS, f"{h.sender} already sent embeddings for step {h.step}"
-                )
+                raise duplicate(f"{h.sender} already sent embeddings for step {h.step}")
             if slot.command is not None and not np.array_equal(ids, slot.command.sample_ids):
                 raise invalid(f"{h.sender} sent embeddings for other sample ids than step {h.step} schedules")
             slot.embeddings[h.sender] = (ids, values)
@@ -320,9 +324,7 @@ class SplitActive(PartySide):
         if not slot.done.wait(self.host.step_deadline_s):
             raise TimeoutError(f"step {h.step} did not complete within {self.host.step_deadline_s:.0f} s")
         if slot.error is not None:
-            raise RpcFailure(
-                grpc.StatusCode.ABORTED, f"step {h.step} failed at the active party: {slot.error}"
-            )
+            raise aborted(f"step {h.step} failed at the active party: {slot.error}")
         return slot.replies[h.sender]
 
     # -------------------------------------------------------------- coordinator -> active
@@ -342,7 +344,7 @@ class SplitActive(PartySide):
                     missing = [p for p in self.passives if p not in slot.embeddings]
                     self._fail(slot, f"no embeddings from {', '.join(missing)} within {timeout:.0f} s")
         if slot.error is not None:
-            raise RpcFailure(grpc.StatusCode.ABORTED, slot.error)
+            raise aborted(slot.error)
         start = time.perf_counter()
         phase = cmd.header.phase
         assert host.data.y is not None

@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import grpc
 import numpy as np
 import torch
 
@@ -37,6 +36,7 @@ from vflnet.protocols.he_backprop import (
     forward_with_cache,
     packed_param_grads,
 )
+from vflnet.protocols.he_settings import HE_PARAMS, he_settings, insecure_key_problem
 from vflnet.protocols.split import (
     SPLIT_HOOKS,
     SplitActive,
@@ -45,11 +45,11 @@ from vflnet.protocols.split import (
     label_loss,
     outcome,
 )
-from vflnet.sdk import PROTOCOLS, CoordinatorSide, Protocol, deadlines, handles, send
+from vflnet.sdk import PROTOCOLS, CoordinatorSide, Protocol, deadlines, handles, invalid, send, wrong_state
 from vflnet.v1 import messages_pb2
 from vflnet.wire.checks import check_sender, header
 from vflnet.wire.ciphers import cipher_from_proto_checked
-from vflnet.wire.errors import RpcFailure, invalid, shown
+from vflnet.wire.errors import shown
 
 log = logging.getLogger("vflnet.split_he")
 DECRYPT = "/vflnet.v1.Coordinator/Decrypt"
@@ -179,7 +179,7 @@ class DecryptionService(CoordinatorSide):
 
     def __init__(self, host: Any) -> None:
         super().__init__(host)
-        he = self.cfg.protocol.he
+        he = he_settings(self.cfg)
         start = time.perf_counter()
         self.public_key, self._private_key = generate_keypair(
             he.key_bits, allow_insecure=he.allow_insecure_keys
@@ -207,12 +207,10 @@ class DecryptionService(CoordinatorSide):
         return cmd
 
     def join_reply(self, reply: messages_pb2.JoinReply) -> None:
-        reply.public_key = json.dumps(self.public_key.to_json()).encode()
+        reply.protocol.values["public_key"] = json.dumps(self.public_key.to_json()).encode()
 
     @handles(DECRYPT, callers={"active", "passive"})
-    def decrypt(
-        self, req: messages_pb2.DecryptRequest, context: grpc.ServicerContext | None
-    ) -> messages_pb2.DecryptReply:
+    def decrypt(self, req: messages_pb2.DecryptRequest, context: Any) -> messages_pb2.DecryptReply:
         allowed = self.PURPOSES.get(req.purpose)
         if allowed is None:
             raise invalid(f"unknown decryption purpose {shown(req.purpose)}; known: {sorted(self.PURPOSES)}")
@@ -223,7 +221,7 @@ class DecryptionService(CoordinatorSide):
             raise invalid(f"cannot decrypt: {exc}") from exc
         self._bind(req, masked.shape)
         try:
-            ints = self._private_key.decrypt_encoded(masked, workers=self.cfg.protocol.he.workers)
+            ints = self._private_key.decrypt_encoded(masked, workers=he_settings(self.cfg).workers)
         except (ValueError, OverflowError) as exc:
             raise invalid(f"cannot decrypt: {exc}") from exc
         data, width = ints_to_bytes(ints)
@@ -250,18 +248,14 @@ class DecryptionService(CoordinatorSide):
         h, key = req.header, (req.header.sender, req.purpose)
         with self.lock:
             if self.step.step == 0 or h.step != self.step.step or h.phase != self.step.phase:
-                raise RpcFailure(
-                    grpc.StatusCode.FAILED_PRECONDITION,
+                raise wrong_state(
                     f"decryption for step {h.step} (phase {h.phase}); step {self.step.step} "
                     f"(phase {self.step.phase}) is in flight",
                 )
             if req.purpose == "masked_gradient" and h.phase != messages_pb2.TRAIN:
-                raise RpcFailure(
-                    grpc.StatusCode.FAILED_PRECONDITION, "a masked gradient exists only in training"
-                )
+                raise wrong_state("a masked gradient exists only in training")
             if key in self.served:
-                raise RpcFailure(
-                    grpc.StatusCode.FAILED_PRECONDITION,
+                raise wrong_state(
                     f"{h.sender} already had its {req.purpose} of step {h.step} decrypted",
                 )
             if req.purpose == "aggregate_logits" and (len(shape) != 2 or shape[0] != self.batch_size):
@@ -293,7 +287,7 @@ class Decryption:
 
     def __init__(self, host: Any, reply: messages_pb2.JoinReply) -> None:
         self.host = host
-        self.public_key = PublicKey.from_json(json.loads(reply.public_key))
+        self.public_key = PublicKey.from_json(json.loads(reply.protocol.values["public_key"]))
         host.interception.knowledge["public_key"] = self.public_key  # public: any attack may use it
 
     def __call__(self, purpose: str, masked: CipherArray) -> np.ndarray:
@@ -302,7 +296,7 @@ class Decryption:
         req = messages_pb2.DecryptRequest(
             header=host.header(host.current),
             purpose=purpose,
-            cipher=cipher_to_proto(masked, workers=cfg.protocol.he.workers),
+            cipher=cipher_to_proto(masked, workers=he_settings(cfg).workers),
         )
         reply = send(host, host.coordinator_channel, cfg.coordinator.name, DECRYPT, req).result()
         return ints_from_bytes(reply.integers, reply.integer_width, tuple(reply.shape))
@@ -315,7 +309,7 @@ class SplitHEPassive(SplitPassive):
         """Its model's work plus the step's Paillier work: logits encrypted, the gradient backpropagated
         over ciphertexts (a product and an addition per sample and parameter), the masked gradient
         decrypted (packed: a ciphertext holds at least bits / 64 of them)."""
-        bits, batch = self.cfg.protocol.he.key_bits, self.cfg.train.batch_size
+        bits, batch = he_settings(self.cfg).key_bits, self.cfg.train.batch_size
         params = sum(p.numel() for p in self.host.local.modules["bottom"].parameters())
         out = self.host.me.bottom.out if self.host.me.bottom is not None else 0
         return (
@@ -327,20 +321,18 @@ class SplitHEPassive(SplitPassive):
         )
 
     def make_compute(self) -> PassiveHE:
-        he = self.cfg.protocol.he
+        he = he_settings(self.cfg)
         self.decryption = Decryption(self.host, self.host.join_reply)
         return PassiveHE(
             self.host.local, self.decryption.public_key, he.frac_bits, self.decryption, he.workers
         )
 
     def encode(self, msg: messages_pb2.Embeddings, emb: Any) -> None:
-        msg.cipher.CopyFrom(cipher_to_proto(emb, workers=self.cfg.protocol.he.workers))
+        msg.cipher.CopyFrom(cipher_to_proto(emb, workers=he_settings(self.cfg).workers))
 
     def decode_gradient(self, reply: messages_pb2.EmbeddingGradients, shape: tuple[int, ...]) -> Any:
         if reply.WhichOneof("payload") != "cipher":
-            raise RpcFailure(
-                grpc.StatusCode.INVALID_ARGUMENT, "split-he expects encrypted gradients from the active party"
-            )
+            raise invalid("split-he expects encrypted gradients from the active party")
         return cipher_from_proto_checked(
             reply.cipher, self.decryption.public_key, shape, "gradients from the active party"
         )
@@ -352,7 +344,7 @@ class SplitHEActive(SplitActive):
     def step_work_s(self) -> float:
         """Its model's work plus [[g]] encrypted and the masked sum of logits decrypted (packed: a
         ciphertext holds at least bits / 64 logits)."""
-        bits, batch = self.cfg.protocol.he.key_bits, deadlines.largest_batch(self.cfg)
+        bits, batch = he_settings(self.cfg).key_bits, deadlines.largest_batch(self.cfg)
         width = max((p.bottom.out for p in self.cfg.passives if p.bottom is not None), default=0)
         return (
             super().step_work_s()
@@ -361,7 +353,7 @@ class SplitHEActive(SplitActive):
         )
 
     def make_compute(self) -> ActiveHE:
-        he = self.cfg.protocol.he
+        he = he_settings(self.cfg)
         self.decryption = Decryption(self.host, self.host.join_reply)
         return ActiveHE(
             self.host.local,
@@ -388,7 +380,7 @@ class SplitHEActive(SplitActive):
     ) -> StepResult:
         grad, result = self.compute.step(x_own, received, y, train)
         if grad is not None:  # every passive party receives the same [[dL/dH]]
-            result.grads = [cipher_to_proto(grad, workers=self.cfg.protocol.he.workers)] * len(received)
+            result.grads = [cipher_to_proto(grad, workers=he_settings(self.cfg).workers)] * len(received)
         return result
 
     def fill_reply(self, reply: messages_pb2.EmbeddingGradients, index: int, result: StepResult) -> None:
@@ -398,7 +390,9 @@ class SplitHEActive(SplitActive):
 @PROTOCOLS.register
 class SplitHE(Protocol):
     name = "split-he"
-    settings = frozenset({"aggregation", "he"})
+    settings = frozenset({"aggregation"})
+    params = HE_PARAMS
+    provides = frozenset({"public_key"})  # SplitHEPassive/Active.joined: the coordinator's key
     description = "paper 004 Algorithm 1: Paillier-encrypted logits and per-sample gradients, masked decryption at the coordinator"
     coordinator = DecryptionService
     active = SplitHEActive
@@ -412,11 +406,4 @@ class SplitHE(Protocol):
             problems.append(
                 ("protocol.kind", "split-he follows paper 004: aggregation 'sum' with model.top.kind 'none'")
             )
-        if cfg.protocol.he.key_bits < 1024 and not cfg.protocol.he.allow_insecure_keys:
-            problems.append(
-                (
-                    "protocol.he.key_bits",
-                    "keys under 1024 bits are insecure; set allow_insecure_keys: true (tests only)",
-                )
-            )
-        return problems
+        return problems + insecure_key_problem(cfg)

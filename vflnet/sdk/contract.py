@@ -240,6 +240,10 @@ class Protocol:
     # `he`); config validation refuses one set away from its default under a protocol that does not.
     settings: ClassVar[frozenset[str]] = frozenset()
 
+    # The knowledge kinds its sides deliver to attacks (vflnet/threat/knowledge.py, ``by_protocol``):
+    # config validation refuses an attack that needs one its run's protocol does not list here.
+    provides: ClassVar[frozenset[str]] = frozenset()
+
     # its party sides move tensors to the party's device (`train.device`); others train on the CPU only
     trains_on_device: ClassVar[bool] = False
 

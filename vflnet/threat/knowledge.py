@@ -7,7 +7,8 @@ attack's ``context.knowledge`` and recorded with its output:
 
 - by the threat model, from the run config, when the attack is built (``threat_model_knowledge``);
 - by the coordinator once the roster is complete (``deliver_server_knowledge``);
-- by the protocol (split-he: ``public_key`` from the admission reply);
+- by the protocol, as its contract declares (``Protocol.provides``; split-he: ``public_key`` from the
+  admission reply; param-server: ``architecture``, from the parameters the coordinator holds);
 - by a model release message (``released_model``, vflnet/threat/release.py ``accept_release``);
 - by the party after each training step (the own view, ``OwnStepView``);
 - by the active party after each prediction step (``predictions``, a ``PredictionView``).
@@ -36,6 +37,11 @@ class Knowledge:
     name: str
     description: str
     unavailable: Callable[[Config, str], str | None]  # why `party` cannot have it in this config, or None
+    # delivered by the run's protocol: only under a protocol whose contract lists it (`Protocol.provides`)
+    by_protocol: bool = False
+    # absent under the other protocols, and the attacks that declare it read it only where the protocol
+    # encrypts (gradient scaling and the backdoor run under split too): not refused there
+    optional: bool = False
 
 
 def _coordinator_only(cfg: Config, party: str) -> str | None:
@@ -60,10 +66,6 @@ def _released(cfg: Config, party: str) -> str | None:
 def _architecture(cfg: Config, party: str) -> str | None:
     if cfg.party(party).role != "coordinator":
         return "only the coordinator knows it"
-    if cfg.protocol.kind != "param-server":
-        return (
-            "the coordinator learns the model's shapes from the parameters it holds (protocol param-server)"
-        )
     if not all(p.bottom is not None and p.bottom.kind in ("cafe-conv", "cafe-fc") for p in cfg.passives):
         return "every passive party needs a cafe-conv or cafe-fc bottom"
     return None
@@ -83,7 +85,11 @@ KNOWLEDGE: dict[str, Knowledge] = {
     k.name: k
     for k in (
         Knowledge(
-            "public_key", "the run's Paillier public key (protocols with one; absent otherwise)", _anyone
+            "public_key",
+            "the run's Paillier public key (absent where the protocol has none)",
+            _anyone,
+            by_protocol=True,
+            optional=True,
         ),
         Knowledge("feature_region", "the party's own image region [r0, r1, c0, c1]", _feature_region),
         Knowledge("target_ids", "paper 004's D_target: n_target training IDs of target_class", _anyone),
@@ -94,7 +100,12 @@ KNOWLEDGE: dict[str, Knowledge] = {
         Knowledge("party_addresses", "which roster address is which party", _coordinator_only),
         Knowledge("workers", "the passive parties' names, in roster order", _coordinator_only),
         Knowledge("label_holder", "the active party's name", _coordinator_only),
-        Knowledge("architecture", "the CAFE model architecture (paper 002's server knows it)", _architecture),
+        Knowledge(
+            "architecture",
+            "the CAFE model architecture (paper 002's server learns it from the parameters it holds)",
+            _architecture,
+            by_protocol=True,
+        ),
         Knowledge("released_model", "another party's model, from a model release message", _released),
         Knowledge(
             "predictions",
@@ -115,15 +126,23 @@ def needs(attack: Any) -> list[str]:
     return [*attack.knowledge, *(["own_view"] if attack.wants_own_view else [])]
 
 
-def missing_knowledge(cfg: Config, party: str, attack: Any) -> list[str]:
-    """Why an attack at ``party`` would lack what it declares, one line per missing kind."""
+def missing_knowledge(cfg: Config, party: str, attack: Any, provides: dict[str, frozenset[str]]) -> list[str]:
+    """Why an attack at ``party`` would lack what it declares, one line per missing kind; ``provides``:
+    each registered protocol's knowledge (`Protocol.provides`), by name."""
     out = []
     for name in needs(attack):
         kind = KNOWLEDGE.get(name)
         if kind is None:
             out.append(f"{name!r} is no known kind of knowledge (known: {', '.join(sorted(KNOWLEDGE))})")
             continue
-        why = kind.unavailable(cfg, party)
+        why = None
+        given = provides.get(cfg.protocol.kind, frozenset())
+        if kind.by_protocol and not kind.optional and name not in given:
+            givers = sorted(n for n, given in provides.items() if name in given)
+            why = (
+                f"protocol {cfg.protocol.kind!r} does not provide it (protocols that do: {givers or 'none'})"
+            )
+        why = why or kind.unavailable(cfg, party)
         if why:
             out.append(f"needs {name!r} ({kind.description}), but {why}")
     return out
@@ -195,7 +214,7 @@ def deliver_server_knowledge(
     knowledge["party_addresses"] = {p.address: p.name for p in reply.roster}
     knowledge["workers"] = [p.name for p in cfg.passives]
     knowledge["label_holder"] = cfg.active.name
-    top = joined[cfg.active.name].initial_params.tensors.get("top.net.weight")
+    top = joined[cfg.active.name].protocol.tensors.tensors.get("top.net.weight")
     if _architecture(cfg, cfg.coordinator.name) is None and top is not None:
         from vflnet.models.zoo import cafe_config
 

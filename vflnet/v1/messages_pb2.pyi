@@ -37,27 +37,42 @@ class Header(_message.Message):
     phase: Phase
     def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., batch_id: _Optional[int] = ..., sender: _Optional[str] = ..., model_version: _Optional[int] = ..., epoch: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ...) -> None: ...
 
+class ProtocolData(_message.Message):
+    __slots__ = ("tensors", "values")
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    tensors: _tensor_pb2.TensorMap
+    values: _containers.ScalarMap[str, bytes]
+    def __init__(self, tensors: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., values: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+
 class JoinRequest(_message.Message):
-    __slots__ = ("run_id", "name", "role", "address", "sample_ids", "initial_params", "resume", "step_work_s", "config")
+    __slots__ = ("run_id", "name", "role", "address", "sample_ids", "resume", "step_work_s", "config", "protocol")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_IDS_FIELD_NUMBER: _ClassVar[int]
-    INITIAL_PARAMS_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     STEP_WORK_S_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     name: str
     role: str
     address: str
     sample_ids: _containers.RepeatedScalarFieldContainer[int]
-    initial_params: _tensor_pb2.TensorMap
     resume: bool
     step_work_s: float
     config: str
-    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., sample_ids: _Optional[_Iterable[int]] = ..., initial_params: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., resume: _Optional[bool] = ..., step_work_s: _Optional[float] = ..., config: _Optional[str] = ...) -> None: ...
+    protocol: ProtocolData
+    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., sample_ids: _Optional[_Iterable[int]] = ..., resume: _Optional[bool] = ..., step_work_s: _Optional[float] = ..., config: _Optional[str] = ..., protocol: _Optional[_Union[ProtocolData, _Mapping]] = ...) -> None: ...
 
 class PartyInfo(_message.Message):
     __slots__ = ("name", "role", "address")
@@ -70,7 +85,7 @@ class PartyInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("run_id", "roster", "train_ids", "test_ids", "public_key", "resume_step", "resume_sha256", "step_deadline_s")
+    __slots__ = ("run_id", "roster", "train_ids", "test_ids", "resume_step", "resume_sha256", "step_deadline_s", "protocol")
     class ResumeSha256Entry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -82,34 +97,34 @@ class JoinReply(_message.Message):
     ROSTER_FIELD_NUMBER: _ClassVar[int]
     TRAIN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEST_IDS_FIELD_NUMBER: _ClassVar[int]
-    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     RESUME_STEP_FIELD_NUMBER: _ClassVar[int]
     RESUME_SHA256_FIELD_NUMBER: _ClassVar[int]
     STEP_DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     roster: _containers.RepeatedCompositeFieldContainer[PartyInfo]
     train_ids: _containers.RepeatedScalarFieldContainer[int]
     test_ids: _containers.RepeatedScalarFieldContainer[int]
-    public_key: bytes
     resume_step: int
     resume_sha256: _containers.ScalarMap[str, str]
     step_deadline_s: float
-    def __init__(self, run_id: _Optional[str] = ..., roster: _Optional[_Iterable[_Union[PartyInfo, _Mapping]]] = ..., train_ids: _Optional[_Iterable[int]] = ..., test_ids: _Optional[_Iterable[int]] = ..., public_key: _Optional[bytes] = ..., resume_step: _Optional[int] = ..., resume_sha256: _Optional[_Mapping[str, str]] = ..., step_deadline_s: _Optional[float] = ...) -> None: ...
+    protocol: ProtocolData
+    def __init__(self, run_id: _Optional[str] = ..., roster: _Optional[_Iterable[_Union[PartyInfo, _Mapping]]] = ..., train_ids: _Optional[_Iterable[int]] = ..., test_ids: _Optional[_Iterable[int]] = ..., resume_step: _Optional[int] = ..., resume_sha256: _Optional[_Mapping[str, str]] = ..., step_deadline_s: _Optional[float] = ..., protocol: _Optional[_Union[ProtocolData, _Mapping]] = ...) -> None: ...
 
 class StepCommand(_message.Message):
-    __slots__ = ("header", "sample_ids", "checkpoint_after", "params")
+    __slots__ = ("header", "sample_ids", "checkpoint_after", "protocol")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_IDS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_AFTER_FIELD_NUMBER: _ClassVar[int]
-    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     header: Header
     sample_ids: _containers.RepeatedScalarFieldContainer[int]
     checkpoint_after: bool
-    params: _tensor_pb2.TensorMap
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., checkpoint_after: _Optional[bool] = ..., params: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ...) -> None: ...
+    protocol: ProtocolData
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., checkpoint_after: _Optional[bool] = ..., protocol: _Optional[_Union[ProtocolData, _Mapping]] = ...) -> None: ...
 
 class StepReport(_message.Message):
-    __slots__ = ("header", "metrics", "bytes_sent", "payload_bytes", "grads", "checkpoint_sha256")
+    __slots__ = ("header", "metrics", "bytes_sent", "payload_bytes", "checkpoint_sha256", "protocol")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -135,15 +150,15 @@ class StepReport(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
-    GRADS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     header: Header
     metrics: _containers.ScalarMap[str, float]
     bytes_sent: _containers.ScalarMap[str, int]
     payload_bytes: _containers.ScalarMap[str, int]
-    grads: _tensor_pb2.TensorMap
     checkpoint_sha256: str
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., bytes_sent: _Optional[_Mapping[str, int]] = ..., payload_bytes: _Optional[_Mapping[str, int]] = ..., grads: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., checkpoint_sha256: _Optional[str] = ...) -> None: ...
+    protocol: ProtocolData
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., bytes_sent: _Optional[_Mapping[str, int]] = ..., payload_bytes: _Optional[_Mapping[str, int]] = ..., checkpoint_sha256: _Optional[str] = ..., protocol: _Optional[_Union[ProtocolData, _Mapping]] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ("run_id", "save_checkpoint", "reason", "sender")

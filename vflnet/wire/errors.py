@@ -57,6 +57,30 @@ def invalid(message: str) -> RpcFailure:
     return RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
+def wrong_state(message: str) -> RpcFailure:
+    """A request the receiver cannot serve in its current state (no tree started, not training)."""
+    return RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, message)
+
+
+def malformed(message: str) -> RpcFailure:
+    """A peer's payload that does not decode into what the protocol expects."""
+    return RpcFailure(grpc.StatusCode.DATA_LOSS, message)
+
+
+def not_found(message: str) -> RpcFailure:
+    return RpcFailure(grpc.StatusCode.NOT_FOUND, message)
+
+
+def duplicate(message: str) -> RpcFailure:
+    """A message the receiver already has for this step."""
+    return RpcFailure(grpc.StatusCode.ALREADY_EXISTS, message)
+
+
+def aborted(message: str) -> RpcFailure:
+    """The step failed elsewhere (the active party's computation): the waiting call is released."""
+    return RpcFailure(grpc.StatusCode.ABORTED, message)
+
+
 def handle_errors(
     fn: Callable[[Any, grpc.ServicerContext], Any], name: str = ""
 ) -> Callable[[Any, grpc.ServicerContext], Any]:

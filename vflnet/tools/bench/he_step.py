@@ -55,18 +55,18 @@ import phe
 import torch
 import yaml
 
-from vflnet.config import HEConfig
 from vflnet.crypto import generate_keypair, opcount
 from vflnet.crypto.masking import STATISTICAL_BITS
 from vflnet.crypto.opcount import OpCounts
 from vflnet.crypto.parallel import shutdown_pools
 from vflnet.protocols.he_backprop import MULTIPLIER_BITS
+from vflnet.protocols.he_settings import HE_PARAMS
 from vflnet.runner.local import run_local
 from vflnet.runner.loopback import run_loopback
 from vflnet.tools.bench.common import parse_args, write_json
 from vflnet.validation import config_from_dict
 
-FRAC_BITS = HEConfig().frac_bits  # fixed-point scale of the encrypted logits and of [[g]]
+FRAC_BITS = HE_PARAMS["frac_bits"].default  # fixed-point scale of the encrypted logits and of [[g]]
 PHE_VALUE_BITS = 32  # phe tracks no bounds: its masks assume |value| < 2^32
 HIDDEN, LOGITS, HALF = 32, 10, 32
 STAGES = ("encrypt logits", "aggregate", "encrypt g", "backprop", "gradient")
@@ -114,7 +114,7 @@ def bench_config(
     cfg["run"]["seed"] = seed
     cfg["protocol"]["kind"] = kind
     if kind == "split-he":
-        cfg["protocol"]["he"] = {
+        cfg["protocol"]["params"] = {
             "key_bits": bits,
             "frac_bits": FRAC_BITS,
             "workers": workers,

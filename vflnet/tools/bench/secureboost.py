@@ -56,8 +56,14 @@ def bench_config(mode: str, bits: int, rows: int, features: int, depth: int, wor
         "protocol": {
             "kind": "secureboost",
             "aggregation": "sum",
-            "params": {"mode": mode, "max_depth": depth, "n_bins": 32},
-            "he": {"key_bits": bits, "workers": workers, "allow_insecure_keys": bits < 1024},
+            "params": {
+                "mode": mode,
+                "max_depth": depth,
+                "n_bins": 32,
+                "key_bits": bits,
+                "workers": workers,
+                "allow_insecure_keys": bits < 1024,
+            },
         },
         "data": {
             "dataset": "synthetic",

@@ -108,7 +108,7 @@ def cases(args: argparse.Namespace) -> list[Case]:
         data["protocol"] = {
             "kind": "split-he",
             "aggregation": "sum",
-            "he": {"key_bits": args.key_bits, "allow_insecure_keys": args.key_bits < 2048},
+            "params": {"key_bits": args.key_bits, "allow_insecure_keys": args.key_bits < 2048},
         }
         data["train"]["eval_batch_size"] = 512
         if args.he_steps:

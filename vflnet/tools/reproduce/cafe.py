@@ -154,7 +154,7 @@ def run_config(
     steps_per_epoch = n // k
     return {
         "run": {"id": "cafe", "seed": seed},
-        "protocol": {"kind": "param-server", "aggregation": "concat", "static": train_lr == 0},
+        "protocol": {"kind": "param-server", "aggregation": "concat", "params": {"static": train_lr == 0}},
         "data": {"dataset": dataset, "params": {"n": n + t, "seed": seed}, "test_fraction": t / (n + t)},
         "parties": parties,
         "model": {"top": dict(top or {"kind": "linear"})},

@@ -561,7 +561,7 @@ def section_split_he(out: Path, n: int) -> str:
         [
             "## 5. Under split-he (paper 000 Sec. VII: the attack applies to whatever aggregate the attacker decrypts)",
             "",
-            f"A real `split-he` run (Paillier, {data['protocol'].get('he', {}).get('key_bits', 2048)}-bit keys; masked "
+            f"A real `split-he` run (Paillier, {data['protocol'].get('params', {}).get('key_bits', 2048)}-bit keys; masked "
             "decryption at the coordinator): binary-mix, 10 classes, passive party 2 binary + 4 Gaussian columns "
             f"(d_A = 6), n = {n}, one epoch, then a prediction pass over the training rows.",
             "",

@@ -30,7 +30,11 @@ PAPER_TABLE2 = {128: (0.977, 0.999), 512: (0.934, 0.969), 2048: (0.893, 0.922)}
 ANALYTIC = "analytic-label-recovery@passive-1"
 INVERSION = "gradient-inversion-label-inference@passive-1"
 SPLIT = {"kind": "split", "aggregation": "sum"}
-SPLIT_HE = {"kind": "split-he", "aggregation": "sum", "he": {"key_bits": 512, "allow_insecure_keys": True}}
+SPLIT_HE = {
+    "kind": "split-he",
+    "aggregation": "sum",
+    "params": {"key_bits": 512, "allow_insecure_keys": True},
+}
 
 # Each defense's swept parameter and values (paper 004 Sec. 7.3.1 ranges; rounding is scaled to dL/dH ~ 1/B).
 SWEEPS: dict[str, tuple[str, list[Any]]] = {

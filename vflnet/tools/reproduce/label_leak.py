@@ -42,7 +42,7 @@ def run(out_dir: Path, quick: bool = False, smoke: bool = False, key_bits: int =
     he["protocol"] = {
         "kind": "split-he",
         "aggregation": "sum",
-        "he": {"key_bits": key_bits, "allow_insecure_keys": key_bits < 1024},
+        "params": {"key_bits": key_bits, "allow_insecure_keys": key_bits < 1024},
     }
     he["train"].update(epochs=1, max_steps=2 if smoke else 5 if quick else 20)
     cases.append((f"split-he ({key_bits}-bit Paillier)", he))
