@@ -273,7 +273,8 @@ def test_cli_export_keeps_the_numbers_of_control_messages(tmp_path: Path) -> Non
 
     ints = np.array([[2**70, -5], [7, -(2**65)]], dtype=object)
     data, width = ints_to_bytes(ints)
-    join = messages_pb2.JoinReply(run_id="r1", train_ids=[4, 5, 6], test_ids=[9], public_key=b"{}")
+    join = messages_pb2.JoinReply(run_id="r1", train_ids=[4, 5, 6], test_ids=[9])
+    join.protocol.values["public_key"] = b"{}"
     join.roster.add(name="active", role="active", address="127.0.0.1:1")
     decrypt = messages_pb2.DecryptReply(shape=[2, 2], integer_width=width, integers=data)
     run = tmp_path / "run"

@@ -126,23 +126,26 @@ def needs(attack: Any) -> list[str]:
     return [*attack.knowledge, *(["own_view"] if attack.wants_own_view else [])]
 
 
+def why_unavailable(
+    kind: Knowledge, cfg: Config, party: str, provides: dict[str, frozenset[str]]
+) -> str | None:
+    """Why ``party`` cannot have ``kind`` in this config, or None; ``provides``: each registered
+    protocol's knowledge (`Protocol.provides`), by name."""
+    if kind.by_protocol and not kind.optional and kind.name not in provides.get(cfg.protocol.kind, ()):
+        givers = sorted(n for n, given in provides.items() if kind.name in given)
+        return f"protocol {cfg.protocol.kind!r} does not provide it (protocols that do: {givers or 'none'})"
+    return kind.unavailable(cfg, party)
+
+
 def missing_knowledge(cfg: Config, party: str, attack: Any, provides: dict[str, frozenset[str]]) -> list[str]:
-    """Why an attack at ``party`` would lack what it declares, one line per missing kind; ``provides``:
-    each registered protocol's knowledge (`Protocol.provides`), by name."""
+    """Why an attack at ``party`` would lack what it declares, one line per missing kind."""
     out = []
     for name in needs(attack):
         kind = KNOWLEDGE.get(name)
         if kind is None:
             out.append(f"{name!r} is no known kind of knowledge (known: {', '.join(sorted(KNOWLEDGE))})")
             continue
-        why = None
-        given = provides.get(cfg.protocol.kind, frozenset())
-        if kind.by_protocol and not kind.optional and name not in given:
-            givers = sorted(n for n, given in provides.items() if name in given)
-            why = (
-                f"protocol {cfg.protocol.kind!r} does not provide it (protocols that do: {givers or 'none'})"
-            )
-        why = why or kind.unavailable(cfg, party)
+        why = why_unavailable(kind, cfg, party, provides)
         if why:
             out.append(f"needs {name!r} ({kind.description}), but {why}")
     return out

@@ -28,7 +28,7 @@ from typing import Any
 from vflnet.config import Config, ConfigError
 from vflnet.registry import ATTACKS, PROTOCOLS
 from vflnet.threat.attack import Attack, AttackContext
-from vflnet.threat.knowledge import KNOWLEDGE, needs, threat_model_knowledge
+from vflnet.threat.knowledge import KNOWLEDGE, needs, threat_model_knowledge, why_unavailable
 from vflnet.validation import config_from_dict
 
 # How the report describes a kind of knowledge an attack is given: public, assumed by its threat model
@@ -161,7 +161,7 @@ def _check(
         if spec is None:
             cand.reason = f"declares knowledge {kind!r}, which is no known kind"
             return cand
-        why = spec.unavailable(cfg, party)
+        why = why_unavailable(spec, cfg, party, {n: p.provides for n, p in PROTOCOLS.all().items()})
         standing = KNOWLEDGE_STANDING.get(kind, "provided by the run")
         if why and kind in GRANTS:
             cand.grants += GRANTS[kind](cfg, party)
