@@ -22,9 +22,7 @@ server hook.
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
 import grpc
@@ -32,7 +30,8 @@ from google.protobuf.message import Message
 
 from vflnet.interceptors.chain import Chain, Refused
 from vflnet.interceptors.events import WireEvent
-from vflnet.wire.chunking import FailedCall, serve_with_hook
+from vflnet.wire.calls import FailedCall, SettledCall
+from vflnet.wire.chunking import serve_with_hook
 
 # gRPC health checks (heartbeats, `vflnet health`, probes) pass no mod: taps and attacks see the run's
 # messages only, and a traced run holds the same messages whatever the heartbeat interval
@@ -118,101 +117,31 @@ class ServerChainInterceptor(grpc.ServerInterceptor):
         )
 
 
-class _InterceptedCall(grpc.Call, grpc.Future):
-    """The real call, with the response chain applied once to its reply (as soon as the reply
-    arrives, so a response tap runs even if the caller never reads the result). A failed real
-    call is returned unchanged by result()/exception()."""
+def _intercepted(inner: Any, on_response: Callable[[Message], Message]) -> SettledCall:
+    """The real call ``inner``, settled once with its reply after the response chain, as soon as the
+    reply arrives (so a response tap runs even if the caller never reads the result), or with the real
+    call's error unchanged (the same object). A mod's refusal (:class:`RefusedCall`) fails the call
+    with its status; a mod's own bug is re-raised as is by result() and the call's code is UNKNOWN."""
 
-    def __init__(self, inner: Any, on_response: Callable[[Message], Message]) -> None:
-        self._inner = inner
-        self._on_response = on_response
-        self._lock = threading.Lock()
-        self._settled = False
-        self._response: Message | None = None
-        self._error: BaseException | None = None  # a RefusedCall, or a mod's own bug (re-raised as is)
-        inner.add_done_callback(lambda _: self._settle())  # runs at once if the call is already done
-
-    def _settle(self) -> None:
-        with self._lock:
-            if self._settled:
-                return
-            self._settled = True
-            if self._inner.cancelled() or self._inner.exception() is not None:
-                return
-            try:
-                self._response = self._on_response(self._inner.result())
-            except Exception as exc:  # kept for result(): a done-callback must not raise
-                self._error = exc
-
-    # grpc.Future
-    def result(self, timeout: float | None = None) -> Any:
-        self._inner.result(timeout)  # raises the real call's error, timeout or cancellation unchanged
-        self._settle()
-        if self._error is not None:
-            raise self._error
-        return self._response
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        error = self._inner.exception(timeout)
+    def outcome() -> Message:
+        try:
+            error = inner.exception()
+        except grpc.FutureCancelledError:  # a cancelled gRPC future has no error of its own
+            error = FailedCall(inner.code(), inner.details())
         if error is not None:
-            return error
-        self._settle()
-        return self._error
+            raise error
+        return on_response(inner.result())
 
-    def traceback(self, timeout: float | None = None) -> TracebackType | None:
-        error = self.exception(timeout)
-        if error is None:
-            return None
-        return self._inner.traceback(timeout) if self._error is None else error.__traceback__
+    def wait(timeout: float | None) -> None:
+        try:
+            inner.exception(timeout)  # raises grpc.FutureTimeoutError
+        except grpc.FutureCancelledError:
+            pass
+        call.settle_with(outcome)  # the caller settles it without waiting for the callback thread
 
-    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
-        self._inner.add_done_callback(lambda _: fn(self))
-
-    def cancel(self) -> bool:
-        return self._inner.cancel()
-
-    def cancelled(self) -> bool:
-        return self._inner.cancelled()
-
-    def running(self) -> bool:
-        return self._inner.running()
-
-    def done(self) -> bool:
-        return self._inner.done()
-
-    # grpc.Call / grpc.RpcContext
-    def code(self) -> grpc.StatusCode:
-        code = self._inner.code()
-        if code == grpc.StatusCode.OK:
-            self._settle()
-            if isinstance(self._error, RefusedCall):
-                return self._error.code()
-            if self._error is not None:
-                return grpc.StatusCode.UNKNOWN
-        return code
-
-    def details(self) -> str | None:
-        details = self._inner.details()
-        if self._inner.code() == grpc.StatusCode.OK:
-            self._settle()
-            if self._error is not None:
-                return self._error.details() if isinstance(self._error, RefusedCall) else repr(self._error)
-        return details
-
-    def initial_metadata(self) -> Any:
-        return self._inner.initial_metadata()
-
-    def trailing_metadata(self) -> Any:
-        return self._inner.trailing_metadata()
-
-    def is_active(self) -> bool:
-        return self._inner.is_active()
-
-    def time_remaining(self) -> float | None:
-        return self._inner.time_remaining()
-
-    def add_callback(self, callback: Callable[[], None]) -> bool:
-        return self._inner.add_callback(callback)
+    call = SettledCall(cancel=inner.cancel, wait=wait)
+    inner.add_done_callback(lambda _: call.settle_with(outcome))  # at once if the call is done already
+    return call
 
 
 class ClientChainInterceptor(grpc.UnaryUnaryClientInterceptor):
@@ -239,7 +168,7 @@ class ClientChainInterceptor(grpc.UnaryUnaryClientInterceptor):
             request = self.hook.request(method, request)
         except RefusedCall as exc:
             return exc
-        return _InterceptedCall(
+        return _intercepted(
             continuation(client_call_details, request), functools.partial(self.hook.response, method)
         )
 

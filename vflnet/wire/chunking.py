@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError
 
 from vflnet.config import TransportConfig
 from vflnet.v1 import messages_pb2, services_pb2
+from vflnet.wire.calls import FailedCall
 from vflnet.wire.decoding import Undecodable, lenient_parser
 
 MIB = 1024 * 1024
@@ -452,60 +453,6 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
 
 
 # ------------------------------------------------------------------------------------------ client
-class FailedCall(grpc.RpcError, grpc.Call, grpc.Future):
-    """A call that failed on this side of the wire: a finished call with this status."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self._code = code
-        self._details = details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-    def initial_metadata(self) -> tuple:
-        return ()
-
-    def trailing_metadata(self) -> tuple:
-        return ()
-
-    def is_active(self) -> bool:
-        return False
-
-    def time_remaining(self) -> float | None:
-        return None
-
-    def add_callback(self, callback: Callable[[], None]) -> bool:
-        return False
-
-    def cancel(self) -> bool:
-        return False
-
-    def cancelled(self) -> bool:
-        return False
-
-    def running(self) -> bool:
-        return False
-
-    def done(self) -> bool:
-        return True
-
-    def result(self, timeout: float | None = None) -> Any:
-        raise self
-
-    def exception(self, timeout: float | None = None) -> grpc.RpcError:
-        return self
-
-    def traceback(self, timeout: float | None = None) -> TracebackType | None:
-        return self.__traceback__
-
-    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
-        fn(self)
-
-
 @dataclass(frozen=True)
 class _CallOptions:
     deadline: float | None  # time.monotonic() based

@@ -12,6 +12,7 @@ HTTP/2, TLS and chunking are missing (there is no size limit to chunk under).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import threading
@@ -20,12 +21,11 @@ import weakref
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import grpc
 
-from vflnet.wire.chunking import FailedCall
+from vflnet.wire.calls import FailedCall, SettledCall
 
 SCHEME = "loopback:"
 
@@ -184,7 +184,7 @@ class LoopbackHub:
         self.thread_init = thread_init
         self._servers: dict[str, LoopbackServer] = {}
         self._cond = threading.Condition()
-        self._deadlines: list[tuple[float, int, weakref.ref[LoopbackCall]]] = []
+        self._deadlines: list[tuple[float, int, weakref.ref[SettledCall]]] = []
         self._seq = itertools.count()
         self._timer: threading.Thread | None = None
 
@@ -220,7 +220,7 @@ class LoopbackHub:
         return LoopbackChannel(self, address, caller)
 
     # ---------------------------------------------------------------------- deadlines
-    def expire_at(self, deadline: float, call: LoopbackCall) -> None:
+    def expire_at(self, deadline: float, call: SettledCall) -> None:
         with self._cond:
             heapq.heappush(
                 self._deadlines, (deadline, next(self._seq), weakref.ref(call))
@@ -241,117 +241,29 @@ class LoopbackHub:
                 _, _, ref = heapq.heappop(self._deadlines)
             call = ref()
             if call is not None:
-                call.expire()
+                call.settle(error=FailedCall(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
 
 
-class LoopbackCall(grpc.Call, grpc.Future):
-    """One call in flight: settles with the reply, the handler's status, or DEADLINE_EXCEEDED."""
-
-    def __init__(self, response_deserializer: Callable[[bytes], Any] | None) -> None:
-        self._deserialize = response_deserializer
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._callbacks: list[Callable[[Any], None]] = []
-        self._response: Any = None
-        self._error: FailedCall | None = None
-
-    def _settle(self, response: Any = None, error: FailedCall | None = None) -> None:
-        with self._lock:
-            if self._done.is_set():
-                return
-            self._response, self._error = response, error
-            self._done.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
-            fn(self)
-
-    def finish(self, outcome: futures.Future[bytes]) -> None:
-        """The server's future is done: decode its reply or its status."""
-        if outcome.cancelled():
-            self._settle(error=FailedCall(grpc.StatusCode.CANCELLED, "the server stopped"))
-            return
-        exc = outcome.exception()
-        if isinstance(exc, _Abort):
-            self._settle(error=FailedCall(exc.code, exc.details))
-        elif exc is not None:
-            self._settle(error=FailedCall(grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}"))
+def _finish(
+    call: SettledCall, deserialize: Callable[[bytes], Any] | None, outcome: futures.Future[bytes]
+) -> None:
+    """The server's future is done: settle ``call`` with its decoded reply or its status."""
+    if outcome.cancelled():
+        call.settle(error=FailedCall(grpc.StatusCode.CANCELLED, "the server stopped"))
+        return
+    exc = outcome.exception()
+    if isinstance(exc, _Abort):
+        call.settle(error=FailedCall(exc.code, exc.details))
+    elif exc is not None:
+        call.settle(error=FailedCall(grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}"))
+    else:
+        data = outcome.result()
+        try:
+            reply = deserialize(data) if deserialize else data
+        except Exception as err:  # a reply that does not parse, as grpc reports it
+            call.settle(error=FailedCall(grpc.StatusCode.INTERNAL, f"cannot deserialize the response: {err}"))
         else:
-            data = outcome.result()
-            try:
-                self._settle(self._deserialize(data) if self._deserialize else data)
-            except Exception as err:  # a reply that does not parse, as grpc reports it
-                self._settle(
-                    error=FailedCall(grpc.StatusCode.INTERNAL, f"cannot deserialize the response: {err}")
-                )
-
-    def expire(self) -> None:
-        self._settle(error=FailedCall(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
-
-    def fail(self, code: grpc.StatusCode, details: str) -> None:
-        self._settle(error=FailedCall(code, details))
-
-    # grpc.Future
-    def result(self, timeout: float | None = None) -> Any:
-        if not self._done.wait(timeout):
-            raise grpc.FutureTimeoutError()
-        if self._error is not None:
-            raise self._error
-        return self._response
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        if not self._done.wait(timeout):
-            raise grpc.FutureTimeoutError()
-        return self._error
-
-    def traceback(self, timeout: float | None = None) -> TracebackType | None:
-        error = self.exception(timeout)
-        return None if error is None else error.__traceback__
-
-    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
-        with self._lock:
-            if not self._done.is_set():
-                self._callbacks.append(fn)
-                return
-        fn(self)
-
-    def cancel(self) -> bool:
-        if self._done.is_set():
-            return False
-        self._settle(error=FailedCall(grpc.StatusCode.CANCELLED, "Locally cancelled by application!"))
-        return True
-
-    def cancelled(self) -> bool:
-        return self._error is not None and self._error.code() == grpc.StatusCode.CANCELLED
-
-    def running(self) -> bool:
-        return not self._done.is_set()
-
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    # grpc.Call
-    def code(self) -> grpc.StatusCode:
-        self._done.wait()
-        return grpc.StatusCode.OK if self._error is None else self._error.code()
-
-    def details(self) -> str | None:
-        self._done.wait()
-        return None if self._error is None else self._error.details()
-
-    def initial_metadata(self) -> tuple:
-        return ()
-
-    def trailing_metadata(self) -> tuple:
-        return ()
-
-    def is_active(self) -> bool:
-        return not self._done.is_set()
-
-    def time_remaining(self) -> float | None:
-        return None
-
-    def add_callback(self, callback: Callable[[], None]) -> bool:
-        return False
+            call.settle(reply)
 
 
 class _UnaryUnary:
@@ -373,24 +285,24 @@ class _UnaryUnary:
         credentials: Any = None,
         wait_for_ready: bool | None = None,
         compression: Any = None,
-    ) -> LoopbackCall:
+    ) -> SettledCall | FailedCall:
         hub = self.channel.hub
         deadline = None if timeout is None else time.monotonic() + timeout
-        call = LoopbackCall(self.deserializer)
         server = hub.lookup(self.channel.address, deadline if wait_for_ready else None)
         if server is None:
-            call.fail(grpc.StatusCode.UNAVAILABLE, f"no loopback server at {self.channel.address}")
-            return call
+            return FailedCall(grpc.StatusCode.UNAVAILABLE, f"no loopback server at {self.channel.address}")
         data = self.serializer(request) if self.serializer else request
         peer = f"{SCHEME}{self.channel.caller}"
         try:
             outcome = server.submit(lambda: server.handle(self.method, data, peer, deadline))
         except RuntimeError:  # the server's pool is shut down
-            call.fail(grpc.StatusCode.UNAVAILABLE, f"loopback server at {self.channel.address} stopped")
-            return call
+            return FailedCall(
+                grpc.StatusCode.UNAVAILABLE, f"loopback server at {self.channel.address} stopped"
+            )
+        call = SettledCall()  # cancel() settles it with CANCELLED (the handler still runs, as over gRPC)
         if deadline is not None:
             hub.expire_at(deadline, call)
-        outcome.add_done_callback(call.finish)
+        outcome.add_done_callback(functools.partial(_finish, call, self.deserializer))
         return call
 
     def with_call(
@@ -401,7 +313,7 @@ class _UnaryUnary:
         credentials: Any = None,
         wait_for_ready: bool | None = None,
         compression: Any = None,
-    ) -> tuple[Any, LoopbackCall]:
+    ) -> tuple[Any, SettledCall | FailedCall]:
         call = self.future(request, timeout, metadata, credentials, wait_for_ready, compression)
         return call.result(), call
 
