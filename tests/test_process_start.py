@@ -48,3 +48,25 @@ def test_a_party_process_start_imports_neither_plotting_nor_the_compiler() -> No
     assert "torch" in loaded  # the check itself ran
     heavy = sorted(m for m in loaded if m.split(".")[0] == "matplotlib" or m.startswith("torch._inductor"))
     assert heavy == []
+
+
+def test_role_processes_and_the_launcher_do_not_import_scikit_learn():
+    """scikit-learn takes 1-2 s to import on 2 cores: what a role process, the fork server and the
+    launcher import (every registry's built-ins included) must not pull it in; the functions that need
+    it import it when called (datasets read its arrays from a disk cache, binary_auc imports it)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib, sys\n"
+        "from vflnet.runner.warm import PRELOAD\n"
+        "for m in PRELOAD: importlib.import_module(m)\n"
+        "from vflnet import registry\n"
+        "for r in (registry.ATTACKS, registry.DEFENSES, registry.DATASETS, registry.MODELS, registry.PROTOCOLS):\n"
+        "    r.names()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout[:500]

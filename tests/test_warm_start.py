@@ -98,3 +98,28 @@ def test_a_warm_runs_processes_and_fork_server_die_with_its_launcher(tmp_path, r
     proc.kill()  # SIGKILL: nothing of the launcher's runs
     proc.wait(60)
     _wait_exited([*map(int, children), *pids], 60)
+
+
+def test_vflnet_run_starts_its_fork_server_before_importing_torch(tmp_path):
+    """`vflnet run` starts the fork server from the schema alone, so its imports overlap the launcher's;
+    it offers it to the run (SOCKET_ENV) while the run lasts, and starts none where it would not be used
+    (a cold start, the loopback bridge) or where the config does not parse (the launcher reports it)."""
+    from vflnet.commands.run import build_parser, early_fork_server
+
+    good = write_config(tmp_path, base_config(n_passive=1))
+    loopback = base_config(n_passive=1)
+    loopback["transport"] = {"bridge": "loopback"}
+    (tmp_path / "lb").mkdir()
+    cases = {
+        "cold": [str(good), "--start", "cold"],
+        "loopback": [str(write_config(tmp_path / "lb", loopback))],
+        "bad key": [str(good), "train.epochz=1"],
+        "missing": [str(tmp_path / "missing.yaml")],
+    }
+    for why, argv in cases.items():
+        with early_fork_server(build_parser().parse_args(argv)) as server:
+            assert server is None and SOCKET_ENV not in os.environ, why
+    with early_fork_server(build_parser().parse_args([str(good), "runtime.torch_threads=2"])) as server:
+        assert server.proc.poll() is None
+        assert os.environ[SOCKET_ENV] == f"2:{server.path}"
+    assert server.proc.poll() is not None and SOCKET_ENV not in os.environ

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from sklearn.metrics import roc_auc_score
 
 from vflnet.extras import agg_figure
 
@@ -82,6 +81,11 @@ def binary_auc(scores: ArrayLike | torch.Tensor, truth: ArrayLike) -> float:
         raise ValueError("scores and truth disagree on the number of rows")
     if len(np.unique(labels)) != 2:
         raise ValueError("AUC needs both classes among the rows")
+    # imported here: scikit-learn costs ~1-2 s to import, which every role process and the fork server
+    # would pay through the attack registry (datasets read sklearn's arrays from a disk cache for the same
+    # reason)
+    from sklearn.metrics import roc_auc_score
+
     return float(roc_auc_score(labels, values))
 
 

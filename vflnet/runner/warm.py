@@ -211,6 +211,22 @@ def fork_server(torch_threads: int) -> Iterator[ForkServer]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@contextmanager
+def offered_fork_server(torch_threads: int) -> Iterator[ForkServer]:
+    """A fork server started now and offered (``SOCKET_ENV``) to what this process runs next, as
+    ``vflnet sweep`` offers one to its runs; stopped, and the previous offer restored, on leaving."""
+    with fork_server(torch_threads) as server:
+        before = os.environ.get(SOCKET_ENV)
+        os.environ.update(server.offer())
+        try:
+            yield server
+        finally:
+            if before is None:
+                os.environ.pop(SOCKET_ENV, None)
+            else:
+                os.environ[SOCKET_ENV] = before
+
+
 def shared_server() -> ForkServer | None:
     """The fork server this process was started from, when its starter offers it (``SOCKET_ENV``)."""
     offered = os.environ.get(SOCKET_ENV)
