@@ -1,4 +1,4 @@
-"""SettledCall, the one future behind loopback calls and intercepted gRPC calls: it settles once, runs
+"""SettledCall, the one future behind loopback, intercepted and chunked calls: it settles once, runs
 its done-callbacks once, times out like a gRPC future, takes its status from its error and cancels."""
 
 from __future__ import annotations
@@ -84,6 +84,20 @@ def test_status_comes_from_the_error() -> None:
         call.result()
     assert raised.value is bug  # re-raised as is
     assert call.code() == grpc.StatusCode.UNKNOWN and call.details() == repr(bug)
+
+
+def test_a_reply_reports_the_details_of_the_call_that_carried_it() -> None:
+    """(Its metadata too: tests/test_chunking.py checks a real gRPC call's trailer.)"""
+    carrier = FailedCall(grpc.StatusCode.OK, "carried")  # a finished call, as settle() is given one
+    call = SettledCall()
+    assert call.settle("reply", call=carrier)
+    assert call.result() == "reply" and call.code() == grpc.StatusCode.OK and not call.cancelled()
+    assert call.details() == "carried" and call.trailing_metadata() == ()
+
+    refused = FailedCall(grpc.StatusCode.PERMISSION_DENIED, "not on my wire")
+    call = SettledCall()
+    call.settle(error=refused, call=carrier)  # an error gives its own status
+    assert call.code() == grpc.StatusCode.PERMISSION_DENIED and call.details() == "not on my wire"
 
 
 def test_cancel_without_a_hook_settles_cancelled() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import queue
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +19,13 @@ from tests.conftest import base_config, write_config
 from vflnet.config import TLSConfig, TransportConfig
 from vflnet.interceptors import Chain, WireEvent, read_trace
 from vflnet.interceptors.grpc_adapters import ClientChainHook, ServerChainHook
+from vflnet.registry import PROTOCOLS
 from vflnet.runner.local import run_local
 from vflnet.sdk.bridge import allow_step_deadline
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tensors, tls
 from vflnet.wire.channels import bind, grpc_options, make_server, open_channel
-from vflnet.wire.chunking import CALL_METHOD, FETCH_METHOD, METHOD_KEY, TICKET_KEY
+from vflnet.wire.chunking import CALL_METHOD, FETCH_METHOD, METHOD_KEY, TICKET_KEY, _ChunkingCall
 
 EXCHANGE = "/vflnet.v1.Active/ExchangeEmbeddings"
 SMALL = TransportConfig(
@@ -49,6 +51,7 @@ class Active(services_pb2_grpc.ActiveServicer):
         self.received: list[messages_pb2.Embeddings] = []
         self.repeat = 1
         self.gate: threading.Event | None = None  # set: the reply waits for it (at most DEADLINE)
+        self.gated: queue.Queue[threading.Event] = queue.Queue()  # per gated call: set when it ends
         self.refuse = False  # answer INVALID_ARGUMENT
 
     def ExchangeEmbeddings(  # noqa: N802 - gRPC's name
@@ -56,9 +59,13 @@ class Active(services_pb2_grpc.ActiveServicer):
     ) -> messages_pb2.EmbeddingGradients:
         self.received.append(request)
         if self.gate is not None:
+            ended = threading.Event()
+            context.add_callback(ended.set)
+            self.gated.put(ended)
             self.gate.wait(DEADLINE)
         if self.refuse:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "refused by the test")
+        context.set_trailing_metadata((("vflnet-test", "served"),))  # a parked reply's ticket replaces it
         grads = np.repeat(tensors.from_proto(request.values), self.repeat, axis=0)
         return messages_pb2.EmbeddingGradients(header=request.header, values=tensors.to_proto(grads))
 
@@ -199,7 +206,8 @@ def test_a_future_settles_once_with_its_reply_status_or_cancellation(
 ) -> None:
     """future() through the chunking channel, in each of its three paths (gRPC's own future, a
     chunked call on a thread, a parked reply fetched on a thread): callbacks see the settled future
-    once, a refused call carries the server's status, and cancel() ends a call in flight."""
+    once, a refused call carries the server's status, and cancel() settles the future at once with
+    CANCELLED, as a loopback call's cancel() does, and ends the gRPC call in flight."""
     msg = embeddings(n=rows, dim=50)
     expected = np.repeat(tensors.from_proto(msg.values), repeat, axis=0)
     active.repeat = repeat
@@ -212,6 +220,8 @@ def test_a_future_settles_once_with_its_reply_status_or_cancellation(
         np.testing.assert_array_equal(tensors.from_proto(future.result().values), expected)
         assert settled.wait(DEADLINE) and seen == [future]
         assert future.done() and not future.cancelled() and future.code() == grpc.StatusCode.OK
+        # the status and trailer of the gRPC call that brought the reply (a ticket's fetch has none)
+        assert (("vflnet-test", "served") in future.trailing_metadata()) == (repeat == 1)
         future.add_done_callback(seen.append)  # on a settled future: at once
         assert seen == [future, future]
 
@@ -225,15 +235,38 @@ def test_a_future_settles_once_with_its_reply_status_or_cancellation(
 
         active.refuse, active.gate = False, threading.Event()
         waiting = stub.ExchangeEmbeddings.future(msg, timeout=DEADLINE)
-        assert waiting.cancel() and waiting.cancelled()
-        with pytest.raises(grpc.FutureCancelledError):
+        ended = active.gated.get(timeout=DEADLINE)  # the servicer has the call
+        cancelled: list[grpc.Future] = []
+        waiting.add_done_callback(cancelled.append)
+        assert waiting.cancel() and waiting.cancelled() and waiting.done()
+        assert cancelled == [waiting]  # the callbacks ran once, at once
+        with pytest.raises(grpc.RpcError) as info:
             waiting.result(timeout=DEADLINE)
+        assert info.value is waiting.exception() and waiting.code() == grpc.StatusCode.CANCELLED
         assert not waiting.cancel()  # settled: nothing left to cancel
+        assert ended.wait(DEADLINE / 2)  # the server saw the call end before its reply was let go
+        assert cancelled == [waiting]
         active.gate.set()
         active.gate = None
         # the server keeps serving
         again = stub.ExchangeEmbeddings.future(msg, timeout=DEADLINE)
         np.testing.assert_array_equal(tensors.from_proto(again.result().values), expected)
+
+
+def test_a_gRPC_call_begun_after_cancel_is_cancelled_at_once(active: Active, server: str) -> None:
+    """As a parked reply's fetch that starts after the future was cancelled (its ticket call had
+    ended): the future does not wait on it, and the call ends."""
+    future = _ChunkingCall()
+    assert future.cancel() and future.cancelled()
+    active.gate = threading.Event()
+    with raw_channel(server) as raw:
+        call = services_pb2_grpc.ActiveStub(raw).ExchangeEmbeddings.future(
+            embeddings(4, 50), timeout=DEADLINE
+        )
+        future.track(call)
+        assert call.cancelled() and call.code() == grpc.StatusCode.CANCELLED
+        assert future.code() == grpc.StatusCode.CANCELLED  # the future's own status, unchanged
+    active.gate.set()
 
 
 def test_malformed_chunk_streams_get_an_error_status_and_the_server_keeps_serving(
@@ -303,6 +336,7 @@ def test_malformed_chunk_streams_get_an_error_status_and_the_server_keeps_servin
 def test_a_call_is_authorized_as_the_method_it_carries_before_a_mod_sees_it(
     tmp_path: Path, active: Active, rows: int
 ) -> None:
+    PROTOCOLS.get("split")  # its contract lets passive parties call ExchangeEmbeddings, as in a run
     tls.make_ca(tmp_path)
     for name, role in (("active", "active"), ("passive-1", "passive"), ("coordinator", "coordinator")):
         tls.issue_party_cert(tmp_path, name, role)

@@ -1,7 +1,7 @@
 """The calls vflnet hands to role code in place of gRPC's own: one that has failed already
 (:class:`FailedCall`), and one that settles once (:class:`SettledCall`): a loopback call in flight
-(vflnet/wire/loopback.py) and a real call behind the client mod chain
-(vflnet/interceptors/grpc_adapters.py)."""
+(vflnet/wire/loopback.py), a real call behind the client mod chain
+(vflnet/interceptors/grpc_adapters.py) and a chunking channel's future (vflnet/wire/chunking.py)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,9 @@ class SettledCall(grpc.Call, grpc.Future):
 
     result() raises the error itself (the same object). The status comes from the error: an error that
     is a ``grpc.Call`` (a gRPC error, :class:`FailedCall`) gives its own code, details and metadata;
-    any other exception gives UNKNOWN and its repr. A call settled with CANCELLED is cancelled().
+    any other exception gives UNKNOWN and its repr. A reply's details and metadata are those of the
+    gRPC call that carried it, when ``settle`` is given one (else None and ()). A call settled with
+    CANCELLED is cancelled().
 
     ``cancel`` (optional) cancels the source of the call, which then settles it; without it, cancel()
     settles the call with CANCELLED. ``wait`` (optional) blocks until the source is done, raising
@@ -94,13 +96,17 @@ class SettledCall(grpc.Call, grpc.Future):
         self._callbacks: list[Callable[[Any], None]] = []
         self._response: Any = None
         self._error: BaseException | None = None
+        self._carrier: grpc.Call | None = None  # the gRPC call that carried the reply, if known
 
-    def settle(self, response: Any = None, error: BaseException | None = None) -> bool:
-        """Settle with ``response``, or with ``error`` when it is given; False if settled already."""
+    def settle(
+        self, response: Any = None, error: BaseException | None = None, call: grpc.Call | None = None
+    ) -> bool:
+        """Settle with ``response``, or with ``error`` when it is given; False if settled already.
+        ``call``: the gRPC call that carried ``response``, whose details and metadata this call reports."""
         with self._lock:
             if self._done:
                 return False
-            self._response, self._error = response, error
+            self._response, self._error, self._carrier = response, error, call
             self._done = True
         self._wake()
         return True
@@ -172,7 +178,7 @@ class SettledCall(grpc.Call, grpc.Future):
         return self.settle(error=FailedCall(grpc.StatusCode.CANCELLED, "Locally cancelled by application!"))
 
     def cancelled(self) -> bool:
-        status = self._status() if self._done else None
+        status = self._status() if self._done and self._error is not None else None
         return status is not None and status.code() == grpc.StatusCode.CANCELLED
 
     def running(self) -> bool:
@@ -183,7 +189,9 @@ class SettledCall(grpc.Call, grpc.Future):
 
     # grpc.Call / grpc.RpcContext
     def _status(self) -> grpc.Call | None:
-        """The error, when it carries a status of its own."""
+        """The error, when it carries a status of its own; for a reply, the call that carried it."""
+        if self._error is None:
+            return self._carrier
         return self._error if isinstance(self._error, grpc.Call) else None
 
     def code(self) -> grpc.StatusCode:
@@ -195,10 +203,10 @@ class SettledCall(grpc.Call, grpc.Future):
 
     def details(self) -> str | None:
         self._wait(None)
-        if self._error is None:
-            return None
         status = self._status()
-        return repr(self._error) if status is None else status.details()
+        if status is None:
+            return None if self._error is None else repr(self._error)
+        return status.details()
 
     def initial_metadata(self) -> Any:
         self._wait(None)

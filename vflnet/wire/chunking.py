@@ -27,7 +27,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Protocol
 
 import grpc
@@ -35,7 +34,7 @@ from google.protobuf.message import DecodeError
 
 from vflnet.config import TransportConfig
 from vflnet.v1 import messages_pb2, services_pb2
-from vflnet.wire.calls import FailedCall
+from vflnet.wire.calls import FailedCall, SettledCall
 from vflnet.wire.decoding import Undecodable, lenient_parser
 
 MIB = 1024 * 1024
@@ -555,44 +554,43 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
             wait_for_ready,
             compression,
         )
-        future = _ChunkingFuture()
         try:
             data = self._encode(request)
-        except (
-            Exception
-        ) as exc:  # a refusal or a too-large request; kept for result(), as a failed call would be
-            future.finish(error=exc)
-            return future
+        except Exception as exc:  # a refusal or a too-large request: kept for result(), as a failed call's
+            refused = SettledCall()
+            refused.settle(error=exc)
+            return refused
         if len(data) > self.limits.message:  # several gRPC calls in a row: they run on a thread
+            future = _ChunkingCall()
             future.run_on_thread(functools.partial(self._call_chunked, data, options))
             return future
         # the common case: gRPC's own future, settled by its callback, with no thread of ours (the
         # coordinator sends every party a RunStep per step this way)
         call = self._unary.future(data, **options.kwargs())
-        future.track(call)
+        future = _ChunkingCall(call)
         call.add_done_callback(functools.partial(self._settle, future, options))
         return future
 
-    def _settle(self, future: _ChunkingFuture, options: _CallOptions, call: Any) -> None:
+    def _settle(self, future: _ChunkingCall, options: _CallOptions, call: Any) -> None:
         """The one gRPC call of ``future`` ended (on gRPC's callback thread: nothing here may block)."""
         try:
             reply = call.result()
         except grpc.RpcError as exc:  # a failed call raises itself: its trailer may name a parked reply
             ticket = _ticket(exc)
             if ticket is None:
-                future.finish(error=exc)
+                future.settle(error=exc)
             else:
                 future.run_on_thread(functools.partial(self._fetch_parked, ticket, options))
             return
-        except Exception as exc:  # cancelled
-            future.finish(error=exc)
+        except grpc.FutureCancelledError:  # only future.cancel() cancels it, having settled it already
+            future.settle(error=FailedCall(call.code(), call.details()))
             return
         try:
             response = self._decode(reply)
         except Exception as exc:  # undecodable, refused by a mod, or a mod's own bug: kept for result()
-            future.finish(error=exc)
+            future.settle(error=exc)
             return
-        future.finish(response=response, call=call)
+        future.settle(response, call=call)
 
     def _invoke(self, request: Any, options: _CallOptions) -> tuple[Any, grpc.Call]:
         """The whole call, blocking."""
@@ -654,29 +652,26 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
         return reply if self._hook is None else self._hook.response(self.method, reply)
 
 
-class _ChunkingFuture(grpc.Call, grpc.Future):
+class _ChunkingCall(SettledCall):
     """``future()`` of a chunking call. A request that fits one message is gRPC's own future, settled
     from its callback; a chunked request, or the fetch of a parked reply, runs on a thread of its own
-    (several gRPC calls in a row). cancel() cancels whichever gRPC call is in flight. Done-callbacks
-    (and so a client interceptor's response chain) run on the thread that settles it: gRPC's
-    callback thread of this channel for a one-message call."""
+    (several gRPC calls in a row). Done-callbacks (and so a client interceptor's response chain) run
+    on the thread that settles it: gRPC's callback thread of this channel for a one-message call.
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._finished = threading.Event()
-        self._callbacks: list[Callable[[Any], None]] = []
-        self._current: Any = None
-        self._cancelled = False
-        self._response: Any = None
-        self._call: Any = None  # the last underlying call, once it succeeded
-        self._error: BaseException | None = None
+    cancel() settles it with CANCELLED at once, as gRPC's own future is done at once, then cancels
+    whichever gRPC call is in flight, or the next one as it starts (a parked reply's fetch)."""
+
+    def __init__(self, call: Any = None) -> None:
+        super().__init__()
+        self._in_flight = call  # the gRPC call this one waits on now
 
     def track(self, call: Any) -> None:
-        """``call`` is the gRPC call in flight now (cancelled at once if this future already was)."""
-        with self._lock:
-            self._current = call
-            cancel = self._cancelled
-        if cancel:
+        """``call`` is the gRPC call in flight now; cancelled at once if this one was cancelled (only
+        cancel() settles it before its last gRPC call ends)."""
+        with self._lock:  # a cancel() either sees this call or is seen here
+            self._in_flight = call
+            cancelled = self._done
+        if cancelled:
             call.cancel()
 
     def run_on_thread(self, invoke: Callable[[Callable[[Any], None]], tuple[Any, grpc.Call]]) -> None:
@@ -686,94 +681,16 @@ class _ChunkingFuture(grpc.Call, grpc.Future):
         try:
             response, call = invoke(self.track)
         except Exception as exc:  # an RpcError is the failed call itself; anything else is kept for result()
-            self.finish(error=exc)
+            self.settle(error=exc)
         else:
-            self.finish(response=response, call=call)
-
-    def finish(self, response: Any = None, call: Any = None, error: BaseException | None = None) -> None:
-        self._response, self._call, self._error = response, call, error
-        with self._lock:
-            self._finished.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
-            fn(self)
-
-    def _wait(self, timeout: float | None) -> None:
-        if not self._finished.wait(timeout):
-            raise grpc.FutureTimeoutError()
-        if self._cancelled:
-            raise grpc.FutureCancelledError()
-
-    def _status_source(self) -> Any:
-        self._finished.wait()
-        return self._error if isinstance(self._error, grpc.Call) else self._call
-
-    # grpc.Future
-    def result(self, timeout: float | None = None) -> Any:
-        self._wait(timeout)
-        if self._error is not None:
-            raise self._error
-        return self._response
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        self._wait(timeout)
-        return self._error
-
-    def traceback(self, timeout: float | None = None) -> TracebackType | None:
-        error = self.exception(timeout)
-        return None if error is None else error.__traceback__
-
-    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
-        with self._lock:
-            if not self._finished.is_set():
-                self._callbacks.append(fn)
-                return
-        fn(self)
+            self.settle(response, call=call)
 
     def cancel(self) -> bool:
-        with self._lock:
-            if self._finished.is_set():
-                return False
-            self._cancelled = True
-            current = self._current
-        if current is not None:
-            current.cancel()
-        return True
-
-    def cancelled(self) -> bool:
-        return self._cancelled
-
-    def running(self) -> bool:
-        return not self._finished.is_set()
-
-    def done(self) -> bool:
-        return self._finished.is_set()
-
-    # grpc.Call / grpc.RpcContext
-    def code(self) -> grpc.StatusCode:
-        source = self._status_source()
-        return grpc.StatusCode.UNKNOWN if source is None else source.code()
-
-    def details(self) -> str | None:
-        source = self._status_source()
-        return repr(self._error) if source is None else source.details()
-
-    def initial_metadata(self) -> Any:
-        source = self._status_source()
-        return () if source is None else source.initial_metadata()
-
-    def trailing_metadata(self) -> Any:
-        source = self._status_source()
-        return () if source is None else source.trailing_metadata()
-
-    def is_active(self) -> bool:
-        return not self._finished.is_set()
-
-    def time_remaining(self) -> float | None:
-        return None
-
-    def add_callback(self, callback: Callable[[], None]) -> bool:
-        self.add_done_callback(lambda _: callback())
+        if not super().cancel():  # settled already; else it is now, with CANCELLED
+            return False
+        call = self._in_flight  # read after settling: a later track() sees the call settled
+        if call is not None:
+            call.cancel()
         return True
 
 
