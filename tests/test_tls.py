@@ -356,3 +356,23 @@ def test_healthcheck_imports_little() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_a_tls_server_knows_every_built_in_protocols_callers_without_importing_it() -> None:
+    """A protocol's methods join the TLS permissions when its module is imported (its @handles): a
+    process that builds a TLS server before importing its protocol must not refuse the protocol's
+    methods for that reason (a fresh interpreter, so no test has imported split already)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from vflnet.config import TLSConfig, TransportConfig\n"
+        "from vflnet.wire.channels import make_server\n"
+        "from vflnet.wire.permissions import ROLE_PERMISSIONS as P\n"
+        "assert '/vflnet.v1.Active/ExchangeEmbeddings' not in P\n"
+        "make_server(TransportConfig(tls=TLSConfig(enabled=True, ca='ca', cert='c', key='k')), 'p')\n"
+        "print(sorted(P['/vflnet.v1.Active/ExchangeEmbeddings']), sorted(P['/vflnet.v1.Coordinator/Decrypt']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[0] == "['passive'] ['active', 'passive']"
