@@ -70,6 +70,9 @@ class Recorder:
 
 
 def start_server(recorder: Recorder, credentials: grpc.ServerCredentials | None) -> tuple[grpc.Server, str]:
+    from vflnet.registry import PROTOCOLS
+
+    PROTOCOLS.names()  # the protocols' callers (Decrypt's) join the permissions as vflnet's servers load them
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=4),
         handlers=recorder.handlers(),
