@@ -70,13 +70,11 @@ class Recorder:
 
 
 def start_server(recorder: Recorder, credentials: grpc.ServerCredentials | None) -> tuple[grpc.Server, str]:
-    from vflnet.registry import PROTOCOLS
-
-    PROTOCOLS.names()  # the protocols' callers (Decrypt's) join the permissions as vflnet's servers load them
+    default = tls.RoleAuthorizer()  # vflnet's permissions, the built-in protocols' (Decrypt's) included
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=4),
         handlers=recorder.handlers(),
-        interceptors=[tls.RoleAuthorizer({**tls.ROLE_PERMISSIONS, STREAM_METHOD: {"passive"}})],
+        interceptors=[tls.RoleAuthorizer({**default.allowed, STREAM_METHOD: {"passive"}})],
     )
     health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
     if credentials is None:

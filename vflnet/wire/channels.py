@@ -100,15 +100,9 @@ def make_server(
     chain = list(interceptors or [])
     authorize = None
     if transport.tls.enabled:
-        from vflnet.registry import PROTOCOLS
-        from vflnet.wire.permissions import ROLE_PERMISSIONS
         from vflnet.wire.tls import RoleAuthorizer
 
-        # a protocol's methods join the permissions when its module is imported (its @handles); load
-        # every built-in first, so a server never refuses one because this process has not imported
-        # its protocol yet (plug-ins load with the config, `plugins:`)
-        PROTOCOLS.names()
-        authorizer = RoleAuthorizer(ROLE_PERMISSIONS)
+        authorizer = RoleAuthorizer()  # vflnet's permissions, every built-in protocol's included
         chain.insert(0, authorizer)  # identity first, before any tap or attack
         authorize = authorizer.check
     # outermost: the rest sees whole messages; it runs the role check itself before reading a stream

@@ -296,13 +296,23 @@ class RoleAuthorizer(grpc.ServerInterceptor):
 
     Methods absent from ``allowed`` are refused too (a new RPC without a permission entry fails
     loudly instead of being open), except those of ``open_services`` such as the health service.
+    ``allowed`` defaults to vflnet's permissions (vflnet/wire/permissions.py), every built-in
+    protocol's included.
     """
 
     def __init__(
         self,
-        allowed: Mapping[str, Iterable[str]] = ROLE_PERMISSIONS,
+        allowed: Mapping[str, Iterable[str]] | None = None,
         open_services: Iterable[str] = OPEN_SERVICES,
     ) -> None:
+        if allowed is None:
+            from vflnet.registry import PROTOCOLS
+
+            # a protocol's methods join the permissions when its module is imported (its @handles):
+            # load every built-in first, so that no method is refused because this process has not
+            # imported its protocol yet (plug-ins load with the config, `plugins:`)
+            PROTOCOLS.names()
+            allowed = ROLE_PERMISSIONS
         self.allowed = {method: frozenset(roles) for method, roles in allowed.items()}
         for method, roles in self.allowed.items():
             if not method.startswith("/") or method.count("/") != 2:
