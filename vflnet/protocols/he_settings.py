@@ -49,8 +49,7 @@ class HESettings:
 
 def he_settings(cfg: Config) -> HESettings:
     """The run's Paillier settings (``protocol.params``, defaults filled in by the config check)."""
-    params = {name: p.default for name, p in HE_PARAMS.items()} | cfg.protocol.params
-    return HESettings(**{name: params[name] for name in HE_PARAMS})
+    return HESettings(**{name: cfg.protocol.params[name] for name in HE_PARAMS})
 
 
 def insecure_key_problem(cfg: Config) -> list[tuple[str, str]]:

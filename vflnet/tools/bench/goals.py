@@ -247,7 +247,7 @@ def _vflnet_steps_per_s(name: str, epochs: int) -> float:
         case["train"]["epochs"] = epochs
     with tempfile.TemporaryDirectory(prefix="vflnet-bench-goals-") as tmp:
         case["run"]["dir"] = tmp
-        return transport._distributed(case, Path(tmp), "grpc")["steps_per_s"]
+        return transport.distributed(case, Path(tmp), "grpc")["steps_per_s"]
 
 
 def _floor_steps_per_s(steps: int, tap: bool) -> float:

@@ -121,7 +121,7 @@ CASES = {
 }
 
 
-def _distributed(case: dict[str, Any], workdir: Path, bridge: str) -> dict[str, float]:
+def distributed(case: dict[str, Any], workdir: Path, bridge: str) -> dict[str, float]:
     case = copy.deepcopy(case)
     case.setdefault("transport", {})["bridge"] = bridge
     path = workdir / f"{bridge}.yaml"
@@ -187,7 +187,7 @@ def _measure(args: argparse.Namespace) -> list[tuple[str, dict[str, dict[str, fl
             for bridge in BRIDGES:
                 with tempfile.TemporaryDirectory(prefix="vflnet-bench-") as tmp:
                     case["run"]["dir"] = tmp
-                    d = _distributed(case, Path(tmp), bridge)
+                    d = distributed(case, Path(tmp), bridge)
                 if bridge not in best or d["steps_per_s"] > best[bridge]["steps_per_s"]:
                     best[bridge] = d
             ref = train_reference(config_from_dict(copy.deepcopy(case)), evaluate=False)
