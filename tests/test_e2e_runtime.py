@@ -252,3 +252,11 @@ def test_interrupt_tears_down_every_process(tmp_path, repo):
     # the coordinator, stopped with SIGTERM, said so itself
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and "SIGTERM" in summary["error"]
+
+
+def test_a_second_run_in_the_same_run_directory_does_not_dial_the_first_runs_coordinator(tmp_path):
+    """The first run leaves coordinator.addr behind; the second's parties must read their own."""
+    path = write_config(tmp_path, base_config(n_passive=1))
+    for attempt in range(2):
+        assert run_local(path, run_dir=tmp_path / "run", progress=False) == 0, attempt
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"

@@ -98,8 +98,10 @@ class LocalCluster:
 
     def start(self) -> None:
         coord = self.cfg.coordinator
-        child = self._spawn(coord.name, "coordinator", ["--listen", "127.0.0.1:0"])
         addr_file = self.run_dir / "coordinator.addr"
+        # an earlier run in this folder left its coordinator's address: parties must not dial it
+        addr_file.unlink(missing_ok=True)
+        child = self._spawn(coord.name, "coordinator", ["--listen", "127.0.0.1:0"])
         limit = self.cfg.transport.join_timeout_s  # a loaded machine may take long to start a Python process
         deadline = time.monotonic() + limit
         while not addr_file.exists():
