@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,10 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+
+# A resident fork server the developer started (`vflnet warm start`) would run every `vflnet` command
+# the suite starts; tests/test_resident_server.py turns it back on for its own, private one.
+os.environ["VFLNET_RESIDENT"] = "off"
 
 # Transport deadlines for runs on a loaded machine (four CPU-bound jobs on two cores: five processes
 # importing torch take minutes to join, and a party's set-up or an inline attack can hold a step for

@@ -93,6 +93,11 @@ COMMANDS = {
             "vflnet.tools.audit.cli",
         ),
         Command("bench", "benchmarks that print figures side by side", "vflnet.tools.bench.cli"),
+        Command(
+            "warm",
+            "a resident fork server (torch imported) that later commands start from: start, stop, status",
+            "vflnet.commands.warm",
+        ),
     )
 }
 
@@ -113,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     from vflnet.runner.parent_death import die_with_parent_if_asked
 
     die_with_parent_if_asked()  # a launcher's child never outlives it
+    if argv is None:  # the command line (not a fork server's child): a resident server may run it
+        from vflnet.runner.resident import run_in_resident_server
+
+        code = run_in_resident_server(sys.argv[1:])
+        if code is not None:
+            return code
     try:
         return _main(sys.argv[1:] if argv is None else argv)
     except Exception as exc:
@@ -139,10 +150,11 @@ def _error_message(exc: Exception) -> str | None:
     from vflnet.config import ConfigError
     from vflnet.extras import MissingExtra
     from vflnet.roles.run_lock import RunDirInUse
+    from vflnet.runner.resident import UnsafeFolder
     from vflnet.wire.channels import BindError, PlaintextRefused
 
     if isinstance(exc, ConfigError):
         return f"config error: {exc}"
-    if isinstance(exc, MissingExtra | RunDirInUse | BindError | PlaintextRefused):
+    if isinstance(exc, MissingExtra | RunDirInUse | BindError | PlaintextRefused | UnsafeFolder):
         return f"error: {exc}"
     return None

@@ -26,6 +26,7 @@ processes from the sweep's server): :data:`SOCKET_ENV` names its socket and its 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import importlib
 import importlib.util
@@ -41,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -140,12 +142,24 @@ class ForkServer:
     ) -> WarmProcess:
         """Start ``vflnet ARGS`` with ``env``, stdout and stderr to ``log``, this working directory.
         Waits up to ``timeout_s`` (None: no limit) for the pid: the server may still be importing."""
+        return self._request(args, env, [log.fileno()], timeout_s)
+
+    def spawn_attached(self, args: list[str], env: dict[str, str]) -> WarmProcess:
+        """Start ``vflnet ARGS`` with ``env`` on this process's stdin, stdout and stderr, working
+        directory and umask, as if this process ran it (a resident server's client)."""
+        return self._request(args, env, _stdio_fds(), None)
+
+    def _request(
+        self, args: list[str], env: dict[str, str], fds: list[int], timeout_s: float | None
+    ) -> WarmProcess:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             conn.settimeout(timeout_s)
             conn.connect(str(self.path))
-            request = json.dumps({"args": args, "env": env, "cwd": os.getcwd()}).encode()
-            socket.send_fds(conn, [request], [log.fileno()])
+            umask = os.umask(0o022)
+            os.umask(umask)
+            request = json.dumps({"args": args, "env": env, "cwd": os.getcwd(), "umask": umask}).encode()
+            socket.send_fds(conn, [request], fds)
             data = conn.recv(STATUS.size)
         except OSError as exc:  # timeouts included
             conn.close()
@@ -157,6 +171,18 @@ class ForkServer:
             )
         conn.settimeout(None)
         return WarmProcess(STATUS.unpack(data)[0], conn)
+
+
+def _stdio_fds() -> list[int]:
+    """This process's stdin, stdout and stderr, /dev/null for one that is closed."""
+    fds = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+            fds.append(fd)
+        except OSError:
+            fds.append(os.open(os.devnull, os.O_RDWR))
+    return fds
 
 
 Process = subprocess.Popen[bytes] | WarmProcess
@@ -241,12 +267,32 @@ class _Request:
     args: list[str]
     env: dict[str, str]
     cwd: str
-    log_fd: int
+    umask: int | None
+    stdio: list[int]  # one log file for stdout and stderr, or stdin, stdout and stderr
     server_pid: int
 
 
-def _serve(listener: socket.socket) -> _Request:
-    """Fork a child for every request. Returns only in a child: its request."""
+@dataclass(frozen=True)
+class Residence:
+    """What makes a fork server resident (vflnet/runner/resident.py): it offers itself to its children
+    (``offer``, the value of :data:`SOCKET_ENV`), ends after ``idle_s`` seconds without a child,
+    removes ``files`` (its socket, its description) when it ends, and writes a line to ``ready_fd``
+    once its imports are done."""
+
+    offer: str
+    idle_s: float
+    files: tuple[str, ...]
+    ready_fd: int
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    pid_uid_gid = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", pid_uid_gid)[1]
+
+
+def _serve(listener: socket.socket, idle_s: float | None) -> _Request | None:
+    """Fork a child for every request. Returns a child's request in that child; None in the server
+    when it has had no child and no request for ``idle_s`` seconds (None: it serves until stopped)."""
     server_pid = os.getpid()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -257,11 +303,23 @@ def _serve(listener: socket.socket) -> _Request:
     selector.register(listener, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
     requesters: dict[int, socket.socket] = {}  # child pid -> the connection that asked for it
+    idle_since = time.monotonic()
     while True:
-        for key, _ in selector.select():
+        timeout = None
+        if idle_s is not None and not requesters:
+            timeout = max(0.0, idle_since + idle_s - time.monotonic())
+        events = selector.select(timeout)
+        if not events and timeout is not None and not requesters:
+            selector.close()
+            return None
+        for key, _ in events:
             if key.fileobj is listener:
                 conn, _ = listener.accept()
-                message, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 1)
+                idle_since = time.monotonic()
+                if _peer_uid(conn) != os.getuid():  # the socket's folder is private: belt and braces
+                    conn.close()
+                    continue
+                message, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
                 if not fds:  # the requester hung up (died) before it asked
                     conn.close()
                     continue
@@ -276,8 +334,12 @@ def _serve(listener: socket.socket) -> _Request:
                     signal.set_wakeup_fd(-1)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     signal.signal(signal.SIGINT, signal.default_int_handler)
-                    return _Request(request["args"], request["env"], request["cwd"], fds[0], server_pid)
-                os.close(fds[0])
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    return _Request(
+                        request["args"], request["env"], request["cwd"], request.get("umask"), fds, server_pid
+                    )
+                for fd in fds:
+                    os.close(fd)
                 try:
                     conn.send(STATUS.pack(pid))
                 except OSError:  # the requester is gone: the selector sees it hang up, below
@@ -287,6 +349,7 @@ def _serve(listener: socket.socket) -> _Request:
             elif key.fileobj == wake_r:
                 os.read(wake_r, 4096)
                 _reap(requesters, selector)
+                idle_since = time.monotonic()
             else:  # the requester hung up: its child goes with it, as with PR_SET_PDEATHSIG
                 selector.unregister(key.fileobj)
                 os.kill(key.data, signal.SIGTERM)
@@ -310,15 +373,25 @@ def _reap(requesters: dict[int, socket.socket], selector: selectors.BaseSelector
         conn.close()
 
 
-def _become(request: _Request) -> None:
+def _become(request: _Request, residence: Residence | None) -> None:
     """Turn this forked copy of the server into the requested ``vflnet ARGS`` process."""
-    os.dup2(request.log_fd, 1)
-    os.dup2(request.log_fd, 2)
-    os.close(request.log_fd)
+    if len(request.stdio) == 3:
+        for target, fd in enumerate(request.stdio):
+            os.dup2(fd, target)
+    else:
+        os.dup2(request.stdio[0], 1)
+        os.dup2(request.stdio[0], 2)
+    for fd in request.stdio:
+        if fd > 2:
+            os.close(fd)
     os.chdir(request.cwd)
+    if request.umask is not None:
+        os.umask(request.umask)
     os.environ.clear()
     # vflnet's main asks for SIGTERM when the server (this process's parent) dies
     os.environ.update(request.env, **{PARENT_ENV: str(request.server_pid)})
+    if residence is not None:  # what it runs starts its own processes from the same server
+        os.environ[SOCKET_ENV] = residence.offer
     sys.argv = ["vflnet", *request.args]
     import numpy
 
@@ -326,11 +399,15 @@ def _become(request: _Request) -> None:
 
 
 def main(entry: Callable[[list[str]], int]) -> None:
-    """The fork server: import, then fork a child per request that runs ``entry(ARGS)`` (`vflnet ARGS`)."""
+    """The fork server: import, then fork a child per request that runs ``entry(ARGS)`` (`vflnet ARGS`).
+    Its arguments: the listening socket's fd, then a resident server's :class:`Residence` as JSON."""
     from vflnet.runner.parent_death import die_with_parent_if_asked
 
     die_with_parent_if_asked()
     listener = socket.socket(fileno=int(sys.argv[1]))
+    residence = Residence(**json.loads(sys.argv[2])) if len(sys.argv) > 2 else None
+    if residence is not None:  # `vflnet warm stop`: its files go with it; its children die with it
+        signal.signal(signal.SIGTERM, lambda *_: _leave(residence, 0))
     for module in PRELOAD:
         importlib.import_module(module)
     for module in PRELOAD_IF_INSTALLED:
@@ -349,8 +426,15 @@ def main(entry: Callable[[list[str]], int]) -> None:
     # what is imported stays out of the children's collections (their exit's included): a collection
     # would touch every object, copying each page the child shares with the server
     gc.freeze()
-    request = _serve(listener)
-    _become(request)
+    if residence is not None:
+        os.write(residence.ready_fd, b"ready\n")
+        os.close(residence.ready_fd)
+    request = _serve(listener, residence.idle_s if residence is not None else None)
+    if request is None:
+        assert residence is not None
+        _leave(residence, 0)
+    assert request is not None
+    _become(request, residence)
     code = _run_vflnet(entry, request.args)
     # the interpreter's exit without its last step: joining threads (as multiprocessing's children
     # do), atexit, flushing; tearing down every module would copy each page shared with the server
@@ -361,6 +445,14 @@ def main(entry: Callable[[list[str]], int]) -> None:
     if code == INTERRUPTED:  # an uncaught KeyboardInterrupt: the process ends by SIGINT, as Python's does
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+def _leave(residence: Residence, code: int) -> None:
+    """A resident server's end: its files removed first, so that no new request reaches it."""
+    for name in residence.files:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
     os._exit(code)
 
 

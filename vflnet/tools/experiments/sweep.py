@@ -37,7 +37,7 @@ import yaml
 from vflnet.commands.arguments import add_start_argument
 from vflnet.config import ConfigError, RuntimeConfig
 from vflnet.runner.local import stop_processes
-from vflnet.runner.warm import ForkServer, Process, fork_server, start_vflnet
+from vflnet.runner.warm import ForkServer, Process, fork_server, shared_server, start_vflnet
 from vflnet.tools.experiments.plan import PlannedRun, Sweep, load_sweep, plan_json, run_meta
 from vflnet.tools.experiments.results import (
     PARTIAL,
@@ -125,13 +125,18 @@ def run_sweep(sweep: Sweep, out: Path, jobs: int, quiet: bool, start: str = "war
 @contextmanager
 def _sweep_server(sweep: Sweep, start: str) -> Iterator[ForkServer | None]:
     """The fork server every run of the sweep starts from (warm start), for its first run's torch
-    threads: a run that asks for other threads starts its role processes from a server of its own."""
+    threads: the one this process was offered (a resident server's) when it is for those threads,
+    else one of its own. A run that asks for other threads starts its role processes from a server
+    of its own."""
     if start == "cold":
         yield None
         return
-    with fork_server(
-        sweep.runs[0].config.get("runtime", {}).get("torch_threads", RuntimeConfig().torch_threads)
-    ) as server:
+    threads = sweep.runs[0].config.get("runtime", {}).get("torch_threads", RuntimeConfig().torch_threads)
+    offered = shared_server()
+    if offered is not None and offered.torch_threads == threads:
+        yield offered
+        return
+    with fork_server(threads) as server:
         yield server
 
 

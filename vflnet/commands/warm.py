@@ -1,0 +1,76 @@
+"""`vflnet warm`: this installation's resident fork server (vflnet/runner/resident.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from vflnet.runner import resident
+
+START_TIMEOUT_S = 300.0  # its imports take ~3-6 s on 2 quiet cores; far more on a loaded machine
+STOP_TIMEOUT_S = 30.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from vflnet.config import RuntimeConfig
+
+    parser = argparse.ArgumentParser(
+        prog="vflnet warm",
+        description="A resident fork server: an interpreter with torch and vflnet imported that outlives "
+        "this command. While it runs, every `vflnet` command of this installation (same interpreter, "
+        "same source files, same import-time environment) runs as a fork of it, and so do a run's role "
+        "processes: no command waits for torch's imports. It stops after --idle-minutes without a "
+        "command, or on `vflnet warm stop`. VFLNET_RESIDENT=off makes a command ignore it.",
+    )
+    sub = parser.add_subparsers(dest="action", required=True)
+    start = sub.add_parser("start", help="start it (or report the one running) and wait for its imports")
+    start.add_argument(
+        "--torch-threads",
+        type=int,
+        default=RuntimeConfig().torch_threads,
+        help="runtime.torch_threads of the runs whose role processes it starts (an import-time setting; "
+        "a run that asks for another number starts them from a server of its own) (default %(default)s)",
+    )
+    start.add_argument(
+        "--idle-minutes",
+        type=float,
+        default=resident.DEFAULT_IDLE_MINUTES,
+        help="it ends after this long without a command (default %(default)s)",
+    )
+    sub.add_parser("stop", help="stop it (a command still running in it is stopped too)")
+    sub.add_parser("status", help="whether it runs, its pid, socket and settings (exit 1 when it does not)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.action == "start":
+        if args.torch_threads < 1 or args.idle_minutes <= 0:
+            print("vflnet warm start: --torch-threads must be >= 1 and --idle-minutes > 0", file=sys.stderr)
+            return 2
+        began = time.monotonic()
+        files, pid, started = resident.start(args.torch_threads, args.idle_minutes, START_TIMEOUT_S)
+        if started:
+            print(
+                f"resident fork server {pid} ready in {time.monotonic() - began:.1f} s at {files.socket}; "
+                f"it ends after {args.idle_minutes:g} min idle or on `vflnet warm stop`"
+            )
+        else:
+            print(f"resident fork server {pid} already running at {files.socket}")
+        return 0
+    found = resident.running_server()
+    if found is None:
+        print("no resident fork server runs for this installation")
+        return 1 if args.action == "status" else 0
+    files, info = found
+    if args.action == "status":
+        age_min = (time.time() - float(info["started"])) / 60  # type: ignore[arg-type]
+        print(
+            f"resident fork server {info['pid']} at {files.socket}: torch_threads {info['torch_threads']}, "
+            f"ends after {info['idle_minutes']} min idle, started {age_min:.1f} min ago"
+        )
+        return 0
+    resident.stop_pid(int(info["pid"]), STOP_TIMEOUT_S)  # type: ignore[call-overload]
+    print(f"resident fork server {info['pid']} stopped")
+    return 0
