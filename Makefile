@@ -23,7 +23,10 @@ $(STAMP): pyproject.toml scripts/setup.sh scripts/install-torch.sh scripts/insta
 	bash scripts/setup.sh "$(PYTHON)" "$(VENV)"
 	touch $(STAMP)
 
+# The resident fork server it starts (or finds) outlives it for 15 idle minutes: a second demo, and
+# any vflnet command meanwhile, skip torch's imports (`vflnet warm stop` ends it).
 demo: $(STAMP)
+	$(BIN)/vflnet warm start
 	$(BIN)/vflnet run configs/digits-2p.yaml
 
 # The container engine and base image are prepared in the background while the suite runs (mostly

@@ -143,14 +143,19 @@ STARTUP_FIGURES = [
     ("passive party: start to serving, cold", "s"),
     ("passive party: start to serving, warm", "s"),
     ("fork server: start to first child (once per run or sweep)", "s"),
+    ("resident fork server: `vflnet warm start` (once per installation)", "s"),
     ("make demo's run: wall, cold", "s"),
     ("make demo's run: wall, warm", "s"),
+    ("make demo's run: wall, resident", "s"),
     ("make demo's run: overhead (wall - training), cold", "s"),
     ("make demo's run: overhead (wall - training), warm", "s"),
+    ("make demo's run: overhead (wall - training), resident", "s"),
     ("dp-label-leak sweep: wall per run, cold", "s"),
     ("dp-label-leak sweep: wall per run, warm", "s"),
+    ("dp-label-leak sweep: wall per run, resident", "s"),
     ("dp-label-leak sweep: overhead per run, cold", "s"),
     ("dp-label-leak sweep: overhead per run, warm", "s"),
+    ("dp-label-leak sweep: overhead per run, resident", "s"),
 ]
 
 
@@ -164,7 +169,7 @@ def startup_rows(args: argparse.Namespace) -> list[Row]:
         return float(find(prefix)[f"{start}_s"])  # type: ignore[arg-type]
 
     sweep_runs = str(find("sweep dp-label-leak")["what"]).split("(")[1].split(")")[0]  # "8 runs"
-    sweep_note = f"{sweep_runs}, --jobs 1; results identical cold/warm: {'yes' if same else 'NO'}"
+    sweep_note = f"{sweep_runs}, --jobs 1; results identical cold/warm/resident: {'yes' if same else 'NO'}"
     limits = {
         "coordinator": (WARM_PARTY_S, ""),
         "passive party": (WARM_PARTY_S, ""),
@@ -175,6 +180,7 @@ def startup_rows(args: argparse.Namespace) -> list[Row]:
         "coordinator": "coordinator: start to serving",
         "passive party": "passive party: start to serving",
         "fork server": "fork server",
+        "resident fork server": "resident server",
         "make demo's run: wall": "run: command wall",
         "make demo's run: overhead": "run: overhead",
         "dp-label-leak sweep: wall": "sweep dp-label-leak",
@@ -182,12 +188,16 @@ def startup_rows(args: argparse.Namespace) -> list[Row]:
     }
     out: list[Row] = []
     for figure, unit in STARTUP_FIGURES:
-        start = "cold" if figure.endswith(", cold") else "warm"
+        start = figure.rsplit(", ", 1)[1] if figure.endswith((", cold", ", resident")) else "warm"
+        if figure.startswith("resident fork server"):
+            start = "resident"
         key = next(k for k in sources if figure.startswith(k))
-        limit, goal = limits.get(key, (None, "")) if start == "warm" else (None, "")
+        limit, goal = limits.get(key, (None, "")) if start != "cold" else (None, "")
         note = sweep_note if key.startswith("dp-label-leak") else f"median of {args.repeat}"
-        if key == "fork server":
+        if key.endswith("fork server"):
             note = ""
+        elif start == "resident":
+            note += "; each command sent to a resident server (`vflnet warm start` before it)"
         out.append(_row(figure, value(sources[key], start), unit, load, limit, goal, note))
     return out
 

@@ -9,7 +9,12 @@
   and its overhead: the wall minus the training (the epochs' time_s in metrics.jsonl);
 - sweep: `vflnet sweep configs/sweeps/dp-label-leak.yaml --jobs 1` (--smoke: its first two runs), the
   wall time per run and the overhead per run (wall minus the runs' training, per run), and whether
-  its results table is the same under both starts.
+  its results table is the same under every start;
+- resident: the run and the sweep again, each command sent to a resident fork server (`vflnet warm
+  start`, vflnet/runner/resident.py, in a folder of this bench's own) started before them; and that
+  server's start.
+The cold and warm commands run with ``VFLNET_RESIDENT=off``: a resident server of the user's is never
+measured in their place.
 """
 
 from __future__ import annotations
@@ -30,13 +35,15 @@ import yaml
 
 from vflnet.config import Config
 from vflnet.example_configs import EXAMPLES
+from vflnet.runner import resident
 from vflnet.runner.local import START_MODES, free_port, stop_processes
-from vflnet.runner.warm import ForkServer, Process, fork_server, role_env, start_vflnet
+from vflnet.runner.warm import SOCKET_ENV, ForkServer, Process, fork_server, role_env, start_vflnet
 from vflnet.tools.bench.common import Row, parse_args, write_json
 from vflnet.tools.experiments.results import collect, sweep_run_dirs
 from vflnet.wire.healthcheck import check
 
 LIMIT_S = 300.0  # any one start, on a loaded machine
+COMMAND_STARTS = (*START_MODES, "resident")  # how a whole command (a run, a sweep) may start
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,11 +100,20 @@ def _party_starts(config: Path, folder: Path, server: ForkServer | None, torch_t
     return times
 
 
-def _command(args: list[str], log: Path) -> float:
+def _command_env(start: str, folder: Path) -> dict[str, str]:
+    """The environment of a measured command: no server offered to it, and a resident server only
+    for ``resident`` (this bench's own, in ``folder / "rt"``)."""
+    env = {k: v for k, v in os.environ.items() if k not in (SOCKET_ENV, resident.OFF_ENV)}
+    if start == "resident":
+        return {**env, resident.DIR_ENV: str(folder / "rt")}
+    return {**env, resident.OFF_ENV: "off"}
+
+
+def _command(args: list[str], log: Path, env: dict[str, str]) -> float:
     began = time.perf_counter()
     with log.open("wb") as out:
         rc = subprocess.run(
-            [sys.executable, "-m", "vflnet", *args], stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "vflnet", *args], stdout=out, stderr=subprocess.STDOUT, env=env
         ).returncode
     if rc != 0:
         raise RuntimeError(f"vflnet {' '.join(args)} failed ({rc}); see {log}")
@@ -124,9 +140,9 @@ def _sweep_file(folder: Path, runs: int) -> Path:
 
 
 def measure(repeat: int, sweep_runs: int) -> tuple[list[Row], bool]:
-    """The rows of the table (``what``, ``cold_s``, ``warm_s``): party starts (median of ``repeat``), the
-    demo's run (median of ``repeat``) and the sweep (its first ``sweep_runs`` runs, 0: all); and whether
-    the sweep's results are the same under both starts."""
+    """The rows of the table (``what``, ``cold_s``, ``warm_s``, ``resident_s``): party starts (median of
+    ``repeat``), the resident server's start, the demo's run (median of ``repeat``) and the sweep (its
+    first ``sweep_runs`` runs, 0: all); and whether the sweep's results are the same under every start."""
     threads = Config().runtime.torch_threads
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="vflnet-bench-startup-") as tmp:
@@ -150,51 +166,64 @@ def measure(repeat: int, sweep_runs: int) -> tuple[list[Row], bool]:
             cold, warm = (statistics.median(t[j] for t in party[s]) for s in ("cold", "warm"))
             rows.append({"what": f"{role}: start to serving", "cold_s": cold, "warm_s": warm})
 
-        walls: dict[str, list[float]] = {start: [] for start in START_MODES}
-        overheads: dict[str, list[float]] = {start: [] for start in START_MODES}
-        for i in range(repeat):
-            for start in START_MODES:
-                run_dir = folder / f"run-{start}-{i}"
-                wall = _command(
-                    ["run", str(config), "--run-dir", str(run_dir), "--no-progress", "--start", start],
-                    folder / f"{run_dir.name}.log",
-                )
-                walls[start].append(wall)
-                overheads[start].append(wall - _training_s([run_dir]))
+        began = time.perf_counter()
+        _command(["warm", "start"], folder / "resident-start.log", _command_env("resident", folder))
         rows.append(
-            {"what": "run: command wall"} | {f"{s}_s": statistics.median(walls[s]) for s in START_MODES}
+            {"what": "resident server: `vflnet warm start`", "resident_s": time.perf_counter() - began}
         )
-        rows.append(
-            {"what": "run: overhead (wall - training)"}
-            | {f"{s}_s": statistics.median(overheads[s]) for s in START_MODES}
-        )
-
-        sweep = _sweep_file(folder, sweep_runs)
-        per_run: dict[str, dict[str, Any]] = {}
-        for start in START_MODES:
-            out = folder / f"sweep-{start}"
-            wall = _command(
-                ["sweep", str(sweep), "--out", str(out), "--jobs", "1", "--quiet", "--start", start],
-                folder / f"sweep-{start}.log",
+        try:
+            walls: dict[str, list[float]] = {start: [] for start in COMMAND_STARTS}
+            overheads: dict[str, list[float]] = {start: [] for start in COMMAND_STARTS}
+            for i in range(repeat):
+                for start in COMMAND_STARTS:
+                    run_dir = folder / f"run-{start}-{i}"
+                    wall = _command(
+                        ["run", str(config), "--run-dir", str(run_dir), "--no-progress"]
+                        + ([] if start == "resident" else ["--start", start]),
+                        folder / f"{run_dir.name}.log",
+                        _command_env(start, folder),
+                    )
+                    walls[start].append(wall)
+                    overheads[start].append(wall - _training_s([run_dir]))
+            rows.append(
+                {"what": "run: command wall"}
+                | {f"{s}_s": statistics.median(walls[s]) for s in COMMAND_STARTS}
             )
-            dirs = sweep_run_dirs(out / "runs")
-            per_run[start] = {
-                "wall": wall / len(dirs),
-                "overhead": (wall - _training_s(dirs)) / len(dirs),
-                "results": [
-                    {k: v for k, v in r.items() if k != "wall_time_s"} for r in collect(out / "runs")
-                ],
-                "runs": len(dirs),
-            }
+            rows.append(
+                {"what": "run: overhead (wall - training)"}
+                | {f"{s}_s": statistics.median(overheads[s]) for s in COMMAND_STARTS}
+            )
+
+            sweep = _sweep_file(folder, sweep_runs)
+            per_run: dict[str, dict[str, Any]] = {}
+            for start in COMMAND_STARTS:
+                out = folder / f"sweep-{start}"
+                wall = _command(
+                    ["sweep", str(sweep), "--out", str(out), "--jobs", "1", "--quiet"]
+                    + ([] if start == "resident" else ["--start", start]),
+                    folder / f"sweep-{start}.log",
+                    _command_env(start, folder),
+                )
+                dirs = sweep_run_dirs(out / "runs")
+                per_run[start] = {
+                    "wall": wall / len(dirs),
+                    "overhead": (wall - _training_s(dirs)) / len(dirs),
+                    "results": [
+                        {k: v for k, v in r.items() if k != "wall_time_s"} for r in collect(out / "runs")
+                    ],
+                    "runs": len(dirs),
+                }
+        finally:
+            _command(["warm", "stop"], folder / "resident-stop.log", _command_env("resident", folder))
         n = per_run["warm"]["runs"]
         rows.append(
             {"what": f"sweep dp-label-leak ({n} runs): wall per run"}
-            | {f"{s}_s": per_run[s]["wall"] for s in START_MODES}
+            | {f"{s}_s": per_run[s]["wall"] for s in COMMAND_STARTS}
         )
         rows.append(
-            {"what": "sweep: overhead per run"} | {f"{s}_s": per_run[s]["overhead"] for s in START_MODES}
+            {"what": "sweep: overhead per run"} | {f"{s}_s": per_run[s]["overhead"] for s in COMMAND_STARTS}
         )
-        same = per_run["warm"]["results"] == per_run["cold"]["results"]
+        same = all(per_run[s]["results"] == per_run["cold"]["results"] for s in COMMAND_STARTS)
     return rows, same
 
 
@@ -202,12 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv, {"repeat": 1, "sweep_runs": 2})
     rows, same = measure(args.repeat, args.sweep_runs)
     load = os.getloadavg()[0]
-    print(f"{'':48}{'cold s':>10}{'warm s':>10}")
+    print(f"{'':48}{'cold s':>10}{'warm s':>10}{'resident s':>12}")
     for row in rows:
-        cells = "".join(f"{row[k]:>10.2f}" if k in row else f"{'-':>10}" for k in ("cold_s", "warm_s"))
+        cells = "".join(
+            f"{row[k]:>{w}.2f}" if k in row else f"{'-':>{w}}"
+            for k, w in (("cold_s", 10), ("warm_s", 10), ("resident_s", 12))
+        )
         print(f"{row['what']:<48}{cells}")
     print(
-        f"sweep results identical under both starts: {'yes' if same else 'NO'}; load average {load:.1f} at the end"
+        f"sweep results identical under every start: {'yes' if same else 'NO'}; load average {load:.1f} at the end"
     )
     write_json(args.json, rows, sweep_results_identical=same, load_average_end=load)
     return 0 if same else 1
