@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -118,17 +119,18 @@ def test_ctrl_c_reaches_a_sent_run_which_stops_its_processes_and_the_server_keep
 
 def test_another_import_time_environment_or_source_file_names_another_server(tmp_path, monkeypatch):
     key = resident.installation_key()
-    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.setenv("OMP_NUM_THREADS", "8" if os.environ.get("OMP_NUM_THREADS") == "7" else "7")
     assert resident.installation_key() != key
-    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.undo()
     assert resident.installation_key() == key
-    source = Path(resident.__file__)
-    before = source.stat()
-    try:
-        os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))  # an edit
-        assert resident.installation_key() != key
-    finally:
-        os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+    package = tmp_path / "vflnet"
+    package.mkdir()
+    source = package / "module.py"
+    source.write_text("X = 1\n")
+    before = resident.installation_key(package)
+    assert before != key  # other source files
+    os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 1_000_000_000))  # an edit
+    assert resident.installation_key(package) != before
 
 
 def test_a_server_for_other_files_is_not_used(tmp_path, server):
@@ -137,6 +139,17 @@ def test_a_server_for_other_files_is_not_used(tmp_path, server):
     other = _vflnet(["warm", "status"], {**env, "OMP_NUM_THREADS": "7"}, tmp_path)
     assert other.returncode == 1 and "no resident fork server" in other.stdout
     assert _vflnet(["warm", "status"], env, tmp_path).returncode == 0
+    # another network namespace (the lab's hosts, a container): a fork would run outside it
+    if shutil.which("unshare") and os.geteuid() == 0:
+        elsewhere = subprocess.run(
+            ["unshare", "--net", sys.executable, "-m", "vflnet", "warm", "status"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=LIMIT_S,
+        )
+        assert elsewhere.returncode == 1 and "no resident fork server" in elsewhere.stdout, elsewhere.stderr
 
 
 def test_a_folder_others_can_open_is_refused(tmp_path, server):

@@ -2,20 +2,24 @@
 started it, so that a later `vflnet` command skips the interpreter's imports (torch's ~3-5 s).
 
 `vflnet warm start` starts one for this user and this installation; it ends after
-``--idle-minutes`` without a child (default 15), on `vflnet warm stop`, or when its folder's files are
-removed. While it runs, the `vflnet` command sends its whole command line there (:func:`run_in_resident_server`):
-the server forks a child that runs the command on this process's stdin, stdout and stderr, in its
-working directory, with its environment and umask; this process passes on the signals it gets
-(Ctrl-C included) and exits with the child's code. A run's role processes, and a sweep's runs, are
-forked from the same server. Every child is a fresh fork of the imported server, as with the
-per-run server: nothing one command does reaches another.
+``--idle-minutes`` without a child (default 15) or on `vflnet warm stop`. While it runs, the `vflnet`
+command sends its whole command line there (:func:`run_in_resident_server`): the server forks a
+child that runs the command on this process's stdin, stdout and stderr, in its working directory,
+with its environment and umask; this process passes on the signals it gets (Ctrl-C included) and
+exits with the child's code. A run's role processes, and a sweep's runs, are forked from the same
+server. Every child is a fresh fork of the imported server, as with the per-run server: nothing one
+command does reaches another.
 
 Which server a command may use is decided by :func:`installation_key`: the interpreter, the mtimes
-of the folders packages are imported from, every vflnet source file (path, size, mtime) and the
-environment variables read at import time. A changed source file, an installed package or another
-``OMP_NUM_THREADS`` names another server, so a command never runs code older than its files. The
-socket lives in a folder only this user can open (checked); the server also checks each caller's uid.
-``VFLNET_RESIDENT=off`` turns the whole mechanism off for a command (the test suite does).
+of the folders packages are imported from, every vflnet source file (path, size, mtime), the
+process's namespaces (a fork runs in the server's: a command in a lab's network namespace or a
+container must not run outside it) and the environment variables read at import time. A changed
+source file, an installed package or another ``OMP_NUM_THREADS`` names another server, so a command
+never runs code older than its files. A command sent to the server runs in the server's cgroup and
+under its resource limits, not the caller's (results do not depend on them; a terminal tab's cgroup
+may differ from the next one's). The socket lives in a folder only this user can open (checked); the
+server also checks each caller's uid. ``VFLNET_RESIDENT=off`` turns the whole mechanism off for a
+command (the test suite does).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ IMPORT_TIME_PREFIXES = (
     "GRPC_",
     "LD_",
 )
+NAMESPACES = ("net", "mnt", "pid", "ipc", "uts", "user", "cgroup")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
@@ -89,19 +94,25 @@ def _checked(folder: Path) -> Path:
     return folder
 
 
-def installation_key() -> str:
-    """What a server must share with a command that uses it (the module's docstring); a few ms."""
+def installation_key(package: Path | None = None) -> str:
+    """What a server must share with a command that uses it (the module's docstring); a few ms.
+    ``package``: vflnet's source folder (tests give another)."""
     import vflnet
 
+    package = package or Path(vflnet.__file__).parent
     digest = hashlib.sha256(sys.executable.encode())
     paths = sysconfig.get_paths()
     for folder in sorted({paths["purelib"], paths["platlib"], *os.environ.get("PYTHONPATH", "").split(":")}):
         with contextlib.suppress(OSError):
             digest.update(f"{folder}:{os.stat(folder).st_mtime_ns}\n".encode())
-    package = Path(vflnet.__file__).parent
     for path in sorted(package.rglob("*.py")):
         info = path.stat()
         digest.update(f"{path}:{info.st_size}:{info.st_mtime_ns}\n".encode())
+    # a child runs in the server's namespaces: a command in a network namespace of the lab, or in a
+    # container, must not run outside it
+    for kind in NAMESPACES:
+        with contextlib.suppress(OSError):
+            digest.update(f"{kind}:{os.readlink(f'/proc/self/ns/{kind}')}\n".encode())
     for name in sorted(os.environ):
         if name.startswith(IMPORT_TIME_PREFIXES):
             digest.update(f"{name}={os.environ[name]}\n".encode())
@@ -259,8 +270,14 @@ def run_in_resident_server(args: list[str]) -> int | None:
         child = server.spawn_attached(args, dict(os.environ))
     except ForkServerError:  # none answers (it was killed, or was ending idle): the command runs here
         return None
+
+    def forward(number: int, _: object) -> None:
+        if child.returncode is None:  # not yet reported: the pid is still the child's
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, number)
+
     for sig in FORWARDED_SIGNALS:
-        signal.signal(sig, lambda number, _: child.send_signal(number))
+        signal.signal(sig, forward)
     code = child.wait()
     if code == SERVER_GONE:
         print(f"vflnet: the resident fork server {info['pid']} ended during the command", file=sys.stderr)
