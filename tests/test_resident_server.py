@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -50,17 +51,24 @@ def _ppid(pid: int) -> int:
     raise AssertionError(f"no PPid for {pid}")
 
 
+def _start(env: dict[str, str], cwd: Path, idle_minutes: str) -> int:
+    """`vflnet warm start`: the pid it reports."""
+    started = _vflnet(["warm", "start", "--idle-minutes", idle_minutes], env, cwd)
+    assert started.returncode == 0, started.stderr
+    found = re.match(r"resident fork server (\d+) ready", started.stdout)
+    assert found, started.stdout
+    return int(found[1])
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[dict[str, str], int]]:
     """A resident server in a private folder: (the environment that uses it, its pid); stopped by pid."""
     env = _env(tmp_path / "rt")
-    started = _vflnet(["warm", "start", "--idle-minutes", "10"], env, tmp_path)
-    assert started.returncode == 0, started.stderr
-    info = json.loads(next((tmp_path / "rt").glob("fork-*.json")).read_text())
+    pid = _start(env, tmp_path, "10")
     try:
-        yield env, info["pid"]
+        yield env, pid
     finally:
-        resident.stop_pid(info["pid"], 60)
+        resident.stop_pid(pid, 60)
 
 
 def test_a_run_sent_to_the_resident_server_ends_bit_identical_to_one_run_alone(tmp_path, server):
@@ -177,9 +185,7 @@ def test_warm_stop_ends_it_and_removes_its_files(tmp_path, server):
 
 def test_an_idle_server_ends_by_itself(tmp_path):
     env = _env(tmp_path / "rt")
-    started = _vflnet(["warm", "start", "--idle-minutes", "0.02"], env, tmp_path)  # 1.2 s
-    assert started.returncode == 0, started.stderr
-    pid = json.loads(next((tmp_path / "rt").glob("fork-*.json")).read_text())["pid"]
+    pid = _start(env, tmp_path, "0.02")  # 1.2 s
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -190,3 +196,26 @@ def test_an_idle_server_ends_by_itself(tmp_path):
         finally:
             os.close(fd)
     assert not [*(tmp_path / "rt").glob("fork-*.sock"), *(tmp_path / "rt").glob("fork-*.json")]
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_a_sent_command_killed_by_a_signal_ends_its_client_by_the_same_signal(tmp_path, server):
+    env, server_pid = server
+    client = subprocess.Popen(
+        [sys.executable, "-m", "vflnet", "proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + LIMIT_S
+    while not _children(server_pid):  # the server has forked the proxy
+        assert client.poll() is None, client.stderr.read() if client.stderr else b""
+        assert time.monotonic() < deadline, "the server forked nothing"
+        time.sleep(0.05)
+    (child,) = _children(server_pid)
+    os.kill(child, signal.SIGKILL)  # as the OOM killer would
+    assert client.wait(LIMIT_S) == -signal.SIGKILL, client.stderr.read() if client.stderr else b""

@@ -25,6 +25,7 @@ command (the test suite does).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -40,12 +41,10 @@ from pathlib import Path
 
 from vflnet.runner.warm import (
     SERVER_COMMAND,
-    SERVER_GONE,
     SOCKET_ENV,
     ForkServer,
     ForkServerError,
     Residence,
-    role_env,
 )
 
 OFF_ENV = "VFLNET_RESIDENT"  # "off": never use a resident server
@@ -65,6 +64,7 @@ IMPORT_TIME_PREFIXES = (
     "CUDA",
     "GRPC_",
     "LD_",
+    "MPL",
 )
 NAMESPACES = ("net", "mnt", "pid", "ipc", "uts", "user", "cgroup")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -76,9 +76,9 @@ class UnsafeFolder(RuntimeError):
 
 def runtime_dir() -> Path:
     if os.environ.get(DIR_ENV):
-        return Path(os.environ[DIR_ENV])
+        return Path(os.environ[DIR_ENV]).absolute()  # the server runs from /
     if os.environ.get("XDG_RUNTIME_DIR"):
-        return Path(os.environ["XDG_RUNTIME_DIR"]) / "vflnet"
+        return Path(os.environ["XDG_RUNTIME_DIR"]).absolute() / "vflnet"
     return Path(f"/tmp/vflnet-{os.getuid()}")
 
 
@@ -106,8 +106,9 @@ def installation_key(package: Path | None = None) -> str:
         with contextlib.suppress(OSError):
             digest.update(f"{folder}:{os.stat(folder).st_mtime_ns}\n".encode())
     for path in sorted(package.rglob("*.py")):
-        info = path.stat()
-        digest.update(f"{path}:{info.st_size}:{info.st_mtime_ns}\n".encode())
+        with contextlib.suppress(OSError):  # gone since the listing (an editor's save, a checkout)
+            info = path.stat()
+            digest.update(f"{path}:{info.st_size}:{info.st_mtime_ns}\n".encode())
     # a child runs in the server's namespaces: a command in a network namespace of the lab, or in a
     # container, must not run outside it
     for kind in NAMESPACES:
@@ -166,19 +167,30 @@ def start(torch_threads: int, idle_minutes: float, timeout_s: float) -> tuple[Re
     whether it was started now. Returns once its imports are done (or raises after ``timeout_s``)."""
     folder = runtime_dir()
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    files = ResidentFiles.for_this_installation(_checked(folder))
+    _checked(folder)
+    with (folder / "start.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one start at a time: a second finds the first's server
+        return _start(folder, torch_threads, idle_minutes, timeout_s)
+
+
+def _start(
+    folder: Path, torch_threads: int, idle_minutes: float, timeout_s: float
+) -> tuple[ResidentFiles, int, bool]:
+    files = ResidentFiles.for_this_installation(folder)
     found = running_server()
     if found is not None:
         return files, int(found[1]["pid"]), False  # type: ignore[call-overload]
     with contextlib.suppress(FileNotFoundError):
         files.socket.unlink()  # left by a server that was killed
-    env = role_env(torch_threads)
-    env.pop(SOCKET_ENV, None)  # it is its own server
+    # the caller's environment, not a role process's: a command it runs gets torch's default threads
+    # as in its own process; a role process sets runtime.torch_threads after the fork (warm._become)
+    env = {k: v for k, v in os.environ.items() if k != SOCKET_ENV}
+    env["PYTHONUNBUFFERED"] = "1"  # its children's stdout and stderr reach the terminal as written
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ready_r, ready_w = os.pipe()
     log = open(folder / LOG_NAME, "ab")  # noqa: SIM115 (closed below; the servers' own, appended)
     try:
-        listener.bind(str(files.socket))  # a second `warm start` at the same moment fails here
+        listener.bind(str(files.socket))
         listener.listen(64)
         residence = Residence(
             offer=f"{torch_threads}:{files.socket}",
@@ -208,16 +220,15 @@ def start(torch_threads: int, idle_minutes: float, timeout_s: float) -> tuple[Re
         listener.close()
         log.close()
         os.close(ready_w)
-    files.info.write_text(
-        json.dumps(
-            {
-                "pid": proc.pid,
-                "torch_threads": torch_threads,
-                "idle_minutes": idle_minutes,
-                "started": time.time(),
-            }
-        )
-    )
+    info = {
+        "pid": proc.pid,
+        "torch_threads": torch_threads,
+        "idle_minutes": idle_minutes,
+        "started": time.time(),
+    }
+    partial = files.info.with_suffix(".partial")
+    partial.write_text(json.dumps(info))
+    partial.replace(files.info)  # a reader sees the whole description or none
     try:
         with os.fdopen(ready_r, "rb") as ready:
             _wait_readable(ready.fileno(), timeout_s)
@@ -259,7 +270,7 @@ def run_in_resident_server(args: list[str]) -> int | None:
         return None
     try:
         files = _files_if_safe()
-    except UnsafeFolder as exc:
+    except (UnsafeFolder, OSError) as exc:
         print(f"vflnet: not using a resident fork server: {exc}", file=sys.stderr)
         return None
     info = files.read_info() if files is not None and files.socket.exists() else None
@@ -279,10 +290,11 @@ def run_in_resident_server(args: list[str]) -> int | None:
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, forward)
     code = child.wait()
-    if code == SERVER_GONE:
+    if child.server_gone:
         print(f"vflnet: the resident fork server {info['pid']} ended during the command", file=sys.stderr)
     if code < 0:  # the child ended by a signal: so does this process, as the shell expects
-        signal.signal(-code, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's and SIGSTOP's cannot be changed
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         return 128 - code
     return code

@@ -76,6 +76,7 @@ SOCKET_ENV = "VFLNET_FORK_SERVER"
 STATUS = struct.Struct("i")  # a child's pid, then its exit code (negative: the signal that killed it)
 SERVER_GONE = 255  # the exit code reported when the server died before the child's status came
 MAX_REQUEST = 1 << 20
+REQUEST_TIMEOUT_S = 10.0  # a connected caller sends its request at once
 # the server's program: the fork loop below, whose children run the `vflnet` command's entry point
 # (named here, not imported: the CLI starts runs through this module)
 SERVER_COMMAND = "from vflnet.cli import main as entry; from vflnet.runner.warm import main; main(entry)"
@@ -93,6 +94,7 @@ class WarmProcess:
     def __init__(self, pid: int, conn: socket.socket) -> None:
         self.pid = pid
         self.returncode: int | None = None
+        self.server_gone = False  # the server ended before it reported the child's status
         self._conn = conn
 
     def poll(self) -> int | None:
@@ -111,6 +113,7 @@ class WarmProcess:
     def _read_status(self) -> None:
         data = self._conn.recv(STATUS.size)
         self.returncode = STATUS.unpack(data)[0] if data else SERVER_GONE
+        self.server_gone = not data
         self._conn.close()
 
     def send_signal(self, sig: int) -> None:
@@ -142,22 +145,20 @@ class ForkServer:
     ) -> WarmProcess:
         """Start ``vflnet ARGS`` with ``env``, stdout and stderr to ``log``, this working directory.
         Waits up to ``timeout_s`` (None: no limit) for the pid: the server may still be importing."""
-        return self._request(args, env, [log.fileno()], timeout_s)
+        return self._request(args, env, [log.fileno()], None, timeout_s)
 
     def spawn_attached(self, args: list[str], env: dict[str, str]) -> WarmProcess:
         """Start ``vflnet ARGS`` with ``env`` on this process's stdin, stdout and stderr, working
         directory and umask, as if this process ran it (a resident server's client)."""
-        return self._request(args, env, _stdio_fds(), None)
+        return self._request(args, env, _stdio_fds(), _umask(), None)
 
     def _request(
-        self, args: list[str], env: dict[str, str], fds: list[int], timeout_s: float | None
+        self, args: list[str], env: dict[str, str], fds: list[int], umask: int | None, timeout_s: float | None
     ) -> WarmProcess:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             conn.settimeout(timeout_s)
             conn.connect(str(self.path))
-            umask = os.umask(0o022)
-            os.umask(umask)
             request = json.dumps({"args": args, "env": env, "cwd": os.getcwd(), "umask": umask}).encode()
             socket.send_fds(conn, [request], fds)
             data = conn.recv(STATUS.size)
@@ -171,6 +172,14 @@ class ForkServer:
             )
         conn.settimeout(None)
         return WarmProcess(STATUS.unpack(data)[0], conn)
+
+
+def _umask() -> int:
+    """This process's umask, read without setting it (another thread may be creating a file)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Umask:"):
+            return int(line.split()[1], 8)
+    raise OSError("no Umask in /proc/self/status")
 
 
 def _stdio_fds() -> list[int]:
@@ -319,7 +328,13 @@ def _serve(listener: socket.socket, idle_s: float | None) -> _Request | None:
                 if _peer_uid(conn) != os.getuid():  # the socket's folder is private: belt and braces
                     conn.close()
                     continue
-                message, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
+                conn.settimeout(REQUEST_TIMEOUT_S)  # a caller that connects and stalls holds no one up
+                try:
+                    message, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
+                except OSError:
+                    conn.close()
+                    continue
+                conn.settimeout(None)
                 if not fds:  # the requester hung up (died) before it asked
                     conn.close()
                     continue
@@ -392,6 +407,13 @@ def _become(request: _Request, residence: Residence | None) -> None:
     os.environ.update(request.env, **{PARENT_ENV: str(request.server_pid)})
     if residence is not None:  # what it runs starts its own processes from the same server
         os.environ[SOCKET_ENV] = residence.offer
+        # a resident server was started without a thread setting: a command asking for one (a role
+        # process: runtime.torch_threads) gets it here, before its first torch op
+        if request.env.get("OMP_NUM_THREADS", "").isdigit():
+            import torch
+
+            torch.set_num_threads(int(request.env["OMP_NUM_THREADS"]))
+    tempfile.tempdir = None  # found again from this environment's TMPDIR
     sys.argv = ["vflnet", *request.args]
     import numpy
 
@@ -407,7 +429,8 @@ def main(entry: Callable[[list[str]], int]) -> None:
     listener = socket.socket(fileno=int(sys.argv[1]))
     residence = Residence(**json.loads(sys.argv[2])) if len(sys.argv) > 2 else None
     if residence is not None:  # `vflnet warm stop`: its files go with it; its children die with it
-        signal.signal(signal.SIGTERM, lambda *_: _leave(residence, 0))
+        own_socket = os.stat(residence.files[0]).st_ino
+        signal.signal(signal.SIGTERM, lambda *_: _leave(residence, own_socket, 0))
     for module in PRELOAD:
         importlib.import_module(module)
     for module in PRELOAD_IF_INSTALLED:
@@ -432,7 +455,7 @@ def main(entry: Callable[[list[str]], int]) -> None:
     request = _serve(listener, residence.idle_s if residence is not None else None)
     if request is None:
         assert residence is not None
-        _leave(residence, 0)
+        _leave(residence, own_socket, 0)
     assert request is not None
     _become(request, residence)
     code = _run_vflnet(entry, request.args)
@@ -448,11 +471,14 @@ def main(entry: Callable[[list[str]], int]) -> None:
     os._exit(code)
 
 
-def _leave(residence: Residence, code: int) -> None:
-    """A resident server's end: its files removed first, so that no new request reaches it."""
-    for name in residence.files:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name)
+def _leave(residence: Residence, own_socket: int, code: int) -> None:
+    """A resident server's end: its files removed first, so that no new request reaches it; not
+    when its socket's path names another server's socket by now."""
+    with contextlib.suppress(FileNotFoundError):
+        if os.stat(residence.files[0]).st_ino == own_socket:
+            for name in residence.files:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name)
     os._exit(code)
 
 
