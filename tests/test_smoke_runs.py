@@ -88,7 +88,7 @@ POSITIVE = {
     "secureboost": ["seconds_per_tree", "bytes_per_tree"],
     "scaling": ["step_ms", "cpu_s", "peak_rss_mib", "bytes_per_step"],
     "cafe": ["attack_iteration_ms", "step_without_attack_ms"],
-    "startup": ["warm_s"],
+    "startup": [],  # a row has warm_s or resident_s, or both (below)
     "netem": ["step_ms"],
     "goals": [],  # a row may have no measured value, only the reason (tests/test_bench_goals.py)
 }
@@ -111,6 +111,8 @@ def test_bench_smoke_writes_every_benchmarks_figures(tmp_path: Path) -> None:
             assert all(math.isfinite(v) for v in numbers.values()), (name, row)
             assert all(v >= 0 for k, v in numbers.items() if k not in SIGNED), (name, row)
             assert all(row[key] > 0 for key in POSITIVE[name]), (name, row)
+    for row in record["benchmarks"]["startup"]["rows"]:
+        assert row.get("warm_s", 0) > 0 or row.get("resident_s", 0) > 0, row
     scaling = record["benchmarks"]["scaling"]["rows"]
     assert {(r["K"], r["role"].split()[0]) for r in scaling} == {
         (k, role) for k in (1, 2) for role in ("coordinator", "active", "passive")
