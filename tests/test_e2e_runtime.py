@@ -140,8 +140,11 @@ def test_cnn_bottoms_and_input_layer_cut_match_the_reference(tmp_path, cut):
 TRANSPORT = base_config()["transport"]
 
 
-def _start_long_run(tmp_path: Path, repo: Path) -> tuple[subprocess.Popen, Path]:
-    """A run that trains far longer than any test waits, returned once it has taken 5 steps."""
+def _start_long_run(
+    tmp_path: Path, repo: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, Path]:
+    """A run that trains far longer than any test waits (``env``: its command's environment, None:
+    this one's), returned once it has taken 5 steps."""
     data = base_config(n_passive=2)
     data["train"].update(epochs=500, batch_size=16)
     path = write_config(tmp_path, data)
@@ -152,6 +155,7 @@ def _start_long_run(tmp_path: Path, repo: Path) -> tuple[subprocess.Popen, Path]
         stderr=subprocess.PIPE,
         text=True,
         cwd=repo,
+        env=env,
     )
     # metrics.jsonl is the run's documented per-step record: 5 lines, 5 steps done. Starting and
     # joining is bounded by join_timeout_s, each step by rpc_timeout_s.

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import base_config, write_config
-from tests.test_e2e_runtime import _wait_exited
+from tests.test_e2e_runtime import _start_long_run, _wait_exited
 from tests.test_warm_start import _metrics
 from vflnet.runner import resident
 
@@ -96,26 +96,11 @@ def test_a_sent_command_keeps_its_exit_code_stderr_and_working_directory(tmp_pat
     assert listed.returncode == 0 and "cafe-conv" in listed.stdout
 
 
-def test_ctrl_c_reaches_a_sent_run_which_stops_its_processes_and_the_server_keeps_serving(tmp_path, server):
+def test_ctrl_c_reaches_a_sent_run_which_stops_its_processes_and_the_server_keeps_serving(
+    tmp_path, repo, server
+):
     env, server_pid = server
-    data = base_config(n_passive=2)
-    data["train"].update(epochs=500, batch_size=16)
-    path = write_config(tmp_path, data)
-    run_dir = tmp_path / "run"
-    client = subprocess.Popen(
-        [sys.executable, "-m", "vflnet", "run", str(path), "--run-dir", str(run_dir), "--no-progress"],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + LIMIT_S
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):  # 3 steps taken
-        assert client.poll() is None, client.stderr.read() if client.stderr else ""
-        assert time.monotonic() < deadline, "the sent run took no 3 steps"
-        time.sleep(0.2)
+    client, run_dir = _start_long_run(tmp_path, repo, env)
     pids = [p["pid"] for p in json.loads((run_dir / "processes.json").read_text()).values()]
     assert {_ppid(pid) for pid in pids} == {server_pid}  # forked by the resident server
     client.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C sends the command
@@ -219,3 +204,14 @@ def test_a_sent_command_killed_by_a_signal_ends_its_client_by_the_same_signal(tm
     (child,) = _children(server_pid)
     os.kill(child, signal.SIGKILL)  # as the OOM killer would
     assert client.wait(LIMIT_S) == -signal.SIGKILL, client.stderr.read() if client.stderr else b""
+
+
+def test_a_misspelt_setting_or_a_bad_argument_is_refused_by_name(tmp_path):
+    env = _env(tmp_path / "rt")
+    misspelt = _vflnet(["models"], {**env, resident.OFF_ENV: "of"}, tmp_path)
+    assert misspelt.returncode == 2 and "VFLNET_RESIDENT" in misspelt.stderr and "'of'" in misspelt.stderr
+    assert misspelt.stdout == ""  # the command did not run
+    for bad in (["--idle-minutes", "0"], ["--torch-threads", "0"]):
+        refused = _vflnet(["warm", "start", *bad], env, tmp_path)
+        assert refused.returncode == 2 and bad[0] in refused.stderr, refused.stderr
+    assert not (tmp_path / "rt").exists()  # nothing started

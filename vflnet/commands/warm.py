@@ -29,8 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--torch-threads",
         type=int,
         default=RuntimeConfig().torch_threads,
-        help="runtime.torch_threads of the runs whose role processes it starts (an import-time setting; "
-        "a run that asks for another number starts them from a server of its own) (default %(default)s)",
+        help="runtime.torch_threads of the runs whose role processes it starts (a run that asks for "
+        "another number starts them from a fork server of its own) (default %(default)s)",
     )
     start.add_argument(
         "--idle-minutes",
@@ -46,8 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.action == "start":
-        if args.torch_threads < 1 or args.idle_minutes <= 0:
-            print("vflnet warm start: --torch-threads must be >= 1 and --idle-minutes > 0", file=sys.stderr)
+        if args.torch_threads < 1:
+            print(
+                f"vflnet warm start: --torch-threads must be >= 1, not {args.torch_threads}", file=sys.stderr
+            )
+            return 2
+        if args.idle_minutes <= 0:
+            print(
+                f"vflnet warm start: --idle-minutes must be > 0, not {args.idle_minutes:g}", file=sys.stderr
+            )
             return 2
         began = time.monotonic()
         files, pid, started = resident.start(args.torch_threads, args.idle_minutes, START_TIMEOUT_S)

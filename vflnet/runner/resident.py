@@ -29,6 +29,7 @@ import fcntl
 import hashlib
 import json
 import os
+import select
 import signal
 import socket
 import stat
@@ -47,7 +48,8 @@ from vflnet.runner.warm import (
     Residence,
 )
 
-OFF_ENV = "VFLNET_RESIDENT"  # "off": never use a resident server
+OFF_ENV = "VFLNET_RESIDENT"  # "off": never use a resident server; "on" (or unset): use one if it runs
+SETTINGS = ("on", "off")
 DIR_ENV = "VFLNET_RUNTIME_DIR"  # its folder (default: $XDG_RUNTIME_DIR/vflnet, else /tmp/vflnet-UID)
 DEFAULT_IDLE_MINUTES = 15.0
 LOG_NAME = "fork-servers.log"  # every resident server's stderr, in its folder
@@ -146,9 +148,10 @@ def _files_if_safe() -> ResidentFiles | None:
     return ResidentFiles.for_this_installation(_checked(folder))
 
 
-def running_server() -> tuple[ResidentFiles, dict[str, object]] | None:
-    """This installation's resident server's files and description, when one answers on its socket."""
-    files = _files_if_safe()
+def running_server(files: ResidentFiles | None = None) -> tuple[ResidentFiles, dict[str, object]] | None:
+    """This installation's resident server's files (``files``: found again when None) and
+    description, when one answers on its socket."""
+    files = files or _files_if_safe()
     if files is None or not files.socket.exists():
         return None
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -177,7 +180,7 @@ def _start(
     folder: Path, torch_threads: int, idle_minutes: float, timeout_s: float
 ) -> tuple[ResidentFiles, int, bool]:
     files = ResidentFiles.for_this_installation(folder)
-    found = running_server()
+    found = running_server(files)
     if found is not None:
         return files, int(found[1]["pid"]), False  # type: ignore[call-overload]
     with contextlib.suppress(FileNotFoundError):
@@ -243,8 +246,6 @@ def _start(
 
 
 def _wait_readable(fd: int, timeout_s: float) -> None:
-    import select
-
     if not select.select([fd], [], [], timeout_s)[0]:
         raise ForkServerError(f"the resident fork server did not finish its imports in {timeout_s:.0f} s")
 
@@ -266,7 +267,11 @@ def stop_pid(pid: int, timeout_s: float) -> bool:
 def run_in_resident_server(args: list[str]) -> int | None:
     """Run ``vflnet ARGS`` in this installation's resident server, as if in this process: its exit
     code, or None when no server is running (or it did not take the command) and this process runs it."""
-    if os.environ.get(OFF_ENV) == "off" or not args or args[0] in NOT_SENT or args[0].startswith("-"):
+    setting = os.environ.get(OFF_ENV) or "on"
+    if setting not in SETTINGS:  # a misspelt "off" must not leave it on
+        print(f"vflnet: {OFF_ENV} must be one of {list(SETTINGS)}, not {setting!r}", file=sys.stderr)
+        return 2
+    if setting == "off" or not args or args[0] in NOT_SENT or args[0].startswith("-"):
         return None
     try:
         files = _files_if_safe()
