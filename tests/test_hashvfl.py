@@ -44,6 +44,18 @@ def test_sign_ste_forward_is_pm1_with_sign0_plus1_and_backward_is_identity():
     assert torch.equal(v.grad, g)
 
 
+def test_greedy_penalty_is_su_et_als_and_pulls_each_value_towards_its_sign():
+    v = torch.tensor([[-2.0, -0.5, 0.0, 0.25, 1.0, 3.0]], requires_grad=True)
+    penalty = hashing.greedy_penalty(v)
+    assert penalty.item() == pytest.approx(0.1 * ((v.abs() - 1).abs() ** 3).mean().item())
+    penalty.backward()
+    # a descent step moves each value towards Sign(v) (+1 at 0), and one already at +/-1 stays
+    towards = (hashing.hard_sign(v.detach()) - v.detach()) * -v.grad
+    assert (towards[:, [0, 1, 2, 3, 5]] > 0).all() and v.grad[0, 4] == 0
+    # the gradient shrinks with the distance (cubed): it never pins a value that is far from its sign
+    assert v.grad[0, 1].abs() < v.grad[0, 3].abs() < v.grad[0, 5].abs()  # distances 0.5, 0.75, 2
+
+
 @pytest.mark.parametrize("n_classes, bits", [(2, 1), (10, 4), (7, 3), (10, 16), (4, 2)])
 def test_class_codes_are_unique_pm1_rows(n_classes, bits):
     for seed in range(20):
@@ -298,6 +310,25 @@ def test_base_bn_sends_real_valued_batch_normalised_embeddings(tmp_path):
     assert seen == 2 * 3
     with pytest.raises(Exception, match="dp_epsilon"):
         config_from_dict(hash_config(variant="base_bn", dp_epsilon=1))
+
+
+@pytest.mark.e2e
+def test_greedy_hash_trains_with_codes_that_still_tell_the_classes_apart(tmp_path):
+    """Table X's Greedy Hash (Sign, no BN, CE + its penalty): it learns the task, its codes spread over
+    many values; a penalty that pinned every sample to one code would leave chance (0.1)."""
+    data = hash_config(variant="greedy_hash")
+    data["trace"] = {"parties": ["passive-1"]}
+    data["train"].update(epochs=8, batch_size=32, optimizer={"kind": "adam", "lr": 0.01})
+    summary = _run(tmp_path, data, "greedy")
+    assert summary["final"]["test_accuracy"] > 0.5
+    codes = [
+        e.tensors()["values"]
+        for e in read_trace(tmp_path / "greedy/traces/passive-1.trace")
+        if e.short_method == "ExchangeEmbeddings"
+        and e.direction == "request"
+        and e.phase == messages_pb2.TRAIN
+    ]
+    assert len(np.unique(codes[-1], axis=0)) >= 6
 
 
 @pytest.mark.e2e

@@ -6,6 +6,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,3 +125,24 @@ def test_vflnet_run_starts_its_fork_server_before_importing_torch(tmp_path):
         assert server.proc.poll() is None
         assert os.environ[SOCKET_ENV] == f"2:{server.path}"
     assert server.proc.poll() is not None and SOCKET_ENV not in os.environ
+
+
+@pytest.mark.timeout(300)
+def test_a_warm_childs_exit_skips_torchs_op_teardown_and_still_removes_its_temporary_folder(tmp_path):
+    # what a child runs before os._exit: every exit function except the op libraries' deregistration
+    script = """
+import atexit, os, tempfile, weakref
+import torch.library
+from vflnet.runner.warm import _skip_op_library_teardown
+folder = tempfile.TemporaryDirectory()
+ops = [f for f in weakref.finalize._registry if f.peek()[1] is torch.library._del_library]
+assert ops and all(f.atexit for f in ops)
+_skip_op_library_teardown()
+assert not any(f.atexit for f in ops)
+atexit._run_exitfuncs()
+assert all(f.alive for f in ops), "an op library was torn down"
+print("removed" if not os.path.exists(folder.name) else "kept")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "removed"

@@ -7,7 +7,7 @@ and consistency loss of the label holder, and the paper's baselines' pieces.
   rows are unique) and adds the consistency term -mean_i mean_u (h_i . o_y)/d to the cross-entropy
   (Algorithm 1's ``CE + 1 - Cos`` without the constant).
 - Variants (the baselines of Table X and Fig. 6): ``hashvfl`` (BN + Sign + class codes), ``no_bn``
-  (Sign + class codes), ``greedy_hash`` (Sign, no BN, CE plus the party-local penalty ||V - H||_3),
+  (Sign + class codes), ``greedy_hash`` (Sign, no BN, CE plus Greedy Hash's party-local penalty 0.1 mean|V - Sign(V)|^3),
   ``bsl`` (binarised split learning: BN + Sign, CE only, no class codes), and ``base_bn`` (BN, no Sign,
   CE only: the paper's structure without the hash, so each party sends its real-valued BN output, one
   standard deviation per dimension like the +/-1 codes; the comparably scaled "Base" of Table V).
@@ -79,10 +79,18 @@ def consistency_loss(codes: list[torch.Tensor], table: torch.Tensor, y: torch.Te
     return -torch.stack([(h * target).sum(1).mean() / d for h in codes]).mean()
 
 
-def greedy_penalty(v: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """Greedy Hash's pull of the real-valued output towards its code, as the reference code has it:
-    the 3-norm ||V - H||_3 over the batch matrix; computed where V lives: at the party."""
-    return torch.linalg.vector_norm(v - h.detach(), ord=3)
+# Greedy Hash's weight on its penalty (Su et al., NeurIPS 2018, the paper's [27]; its reference code)
+GREEDY_WEIGHT = 0.1
+
+
+def greedy_penalty(v: torch.Tensor) -> torch.Tensor:
+    """Greedy Hash's pull of the real-valued output V towards its code Sign(V), as Su et al. [27] publish
+    it: 0.1 x the mean over the batch matrix of |V - Sign(V)|^3 (= ||V| - 1|^3); computed where V lives,
+    at the party. Not the HashVFL authors' ``||V - H||_3`` with H the STE's output: that term's
+    gradient is exactly zero (the STE's identity cancels V's own), so it trains nothing; with H held
+    constant instead, its gradient keeps its size however close V is, and pins every sample to one
+    code (docs/attacks.md, Table X)."""
+    return GREEDY_WEIGHT * (v - hard_sign(v.detach())).abs().pow(3).mean()
 
 
 def laplace_resign(h: torch.Tensor, epsilon: float, generator: torch.Generator) -> torch.Tensor:

@@ -107,7 +107,7 @@ class PassiveHash(PassiveSplit):
         code, pre = self._pending, self._pre
         self._pending = self._pre = None
         if self.variant == "greedy_hash":  # its quantisation penalty needs V, which only this party has
-            torch.autograd.backward([code, hashing.greedy_penalty(pre, code)], [torch.from_numpy(grad), None])
+            torch.autograd.backward([code, hashing.greedy_penalty(pre)], [torch.from_numpy(grad), None])
         else:
             code.backward(torch.from_numpy(grad))
         self.local.apply_update()
@@ -219,7 +219,7 @@ class HashVFL(Protocol):
     params = {
         "variant": Param(
             "hashvfl",
-            "hashvfl (BN + Sign + class codes), no_bn, greedy_hash (Sign, no BN, ||V-H||_3 penalty), bsl (BN + Sign, no class codes), base_bn (BN, no Sign, CE only: real-valued BN outputs on the wire)",
+            "hashvfl (BN + Sign + class codes), no_bn, greedy_hash (Sign, no BN, Greedy Hash penalty 0.1 mean|V-Sign(V)|^3), bsl (BN + Sign, no class codes), base_bn (BN, no Sign, CE only: real-valued BN outputs on the wire)",
             lambda v: v in hashing.VARIANTS,
             f"one of {list(hashing.VARIANTS)}",
         ),

@@ -44,6 +44,7 @@ import tempfile
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -462,6 +463,7 @@ def main(entry: Callable[[list[str]], int]) -> None:
     # the interpreter's exit without its last step: joining threads (as multiprocessing's children
     # do), atexit, flushing; tearing down every module would copy each page shared with the server
     threading._shutdown()  # type: ignore[attr-defined]
+    _skip_op_library_teardown()
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -469,6 +471,19 @@ def main(entry: Callable[[list[str]], int]) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     os._exit(code)
+
+
+def _skip_op_library_teardown() -> None:
+    """Keep torch's op libraries registered at exit: each of the ~130 deregisters itself there (a
+    weakref.finalize), work for an interpreter that goes on, not for a child about to ``os._exit``, and
+    ~40 ms of a forked child's exit (pages copied from the server). Every other finalizer still runs
+    (a temporary folder's removal)."""
+    import torch.library
+
+    for finalizer in list(getattr(weakref.finalize, "_registry", {})):
+        held = finalizer.peek()
+        if held is not None and held[1] is torch.library._del_library:
+            finalizer.atexit = False
 
 
 def _leave(residence: Residence, own_socket: int, code: int) -> None:
