@@ -9,8 +9,9 @@ and consistency loss of the label holder, and the paper's baselines' pieces.
 - Variants (the baselines of Table X and Fig. 6): ``hashvfl`` (BN + Sign + class codes), ``no_bn``
   (Sign + class codes), ``greedy_hash`` (Sign, no BN, CE plus Greedy Hash's party-local penalty
   0.1 mean|V - Sign(V)|^3), ``bsl`` (binarised split learning: BN + Sign, CE only, no class codes),
-  and ``base_bn`` (BN, no Sign, CE only: the paper's structure without the hash, so each party sends its real-valued BN output, one
-  standard deviation per dimension like the +/-1 codes; the comparably scaled "Base" of Table V).
+  and ``base_bn`` (BN, no Sign, CE only: the paper's structure without the hash, so each party sends
+  its real-valued BN output, one standard deviation per dimension like the +/-1 codes; the comparably
+  scaled "Base" of Table V).
 - Laplace noise on the codes (Table VII): ``Sign(H + Lap(2/eps))``, re-signed so the wire stays +/-1.
 """
 
