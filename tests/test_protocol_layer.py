@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import base_config, write_config
+from tests.conftest import base_config, max_difference_from_reference, write_config
 from vflnet.config import ConfigError
 from vflnet.interceptors.trace import read_trace
 from vflnet.runner.local import run_local
@@ -239,3 +239,37 @@ def test_handles_refuses_callers_that_are_not_roles(callers):
 
     with pytest.raises(ValueError, match=r"callers must be roles among coordinator/active/passive, got"):
         sdk.handles("/vflnet_plugin_test.Pull/Forward", callers=callers)
+
+
+def test_the_pipeline_runs_on_across_an_epoch_end_that_waits_for_nothing(tmp_path):
+    """The first step of an epoch goes out before the last of the epoch before it has completed,
+    unless that epoch's end needs the trained model (here: an evaluation after epoch 1, the run's end
+    after epoch 2). The timing changes, the result does not: the run ends where the reference ends."""
+    data = base_config(n_passive=2)
+    data["run"]["id"] = "across-epochs"
+    data["train"].update(epochs=3, batch_size=256, eval_every=2, checkpoint_every=3)
+    data["trace"] = {"parties": ["active"]}
+    run = _run(tmp_path, data, "grpc")
+    received: dict[tuple[int, int], int] = {}  # (phase, step) -> position of its RunStep in the trace
+    answered: dict[int, int] = {}  # step -> position of the active party's report
+    for i, e in enumerate(read_trace(run / "traces" / "active.trace")):
+        if e.side == "server" and e.short_method == "RunStep":
+            if e.direction == "request":
+                received[(e.message.header.phase, e.message.header.step)] = i
+            else:
+                answered[e.message.header.step] = i
+    train = sorted(step for phase, step in received if phase == messages_pb2.TRAIN)
+    per_epoch = len(train) // 3
+    assert len(train) == 3 * per_epoch and per_epoch >= 3, train
+    first_of_1, first_of_2 = train[per_epoch], train[2 * per_epoch]
+    # epoch 0 -> 1: no evaluation, no checkpoint; the next epoch's first command came first
+    assert received[(messages_pb2.TRAIN, first_of_1)] < answered[first_of_1 - 1]
+    # epoch 1 -> 2: the evaluation ran on the model after epoch 1's last step, and training went on after it
+    evals = [s for phase, s in received if phase == messages_pb2.EVAL and first_of_1 < s < first_of_2]
+    assert evals, received
+    last_of_1 = min(evals) - 1  # steps are numbered across phases
+    assert (messages_pb2.TRAIN, last_of_1) in received
+    assert answered[last_of_1] < received[(messages_pb2.EVAL, min(evals))]
+    assert max(answered[s] for s in evals) < received[(messages_pb2.TRAIN, first_of_2)]
+    reference = train_reference(config_from_dict(data), evaluate=False)
+    assert max_difference_from_reference(run, reference) <= 1e-5

@@ -36,11 +36,11 @@ from vflnet.sdk import (
     PartySide,
     Protocol,
     aborted,
+    call,
     duplicate,
     handles,
     invalid,
     malformed,
-    send,
     stale_step,
 )
 from vflnet.threat.attack import OwnStepView
@@ -200,7 +200,7 @@ class SplitPassive(PartySide):
         emb = self.compute.forward(host.data.x[rows], train)
         msg = messages_pb2.Embeddings(header=host.header(h), sample_ids=cmd.sample_ids)
         self.encode(msg, emb)
-        reply = send(host, self.active_channel, self.active, EXCHANGE, msg).result()
+        reply = call(host, self.active_channel, self.active, EXCHANGE, msg)
         if reply.header.step != h.step:
             raise malformed(f"gradients for step {reply.header.step}, expected {h.step}")
         if train:
@@ -229,6 +229,7 @@ class StepSlot:
     """Everything the active party gathers for one step, whichever message arrives first."""
 
     step: int
+    full: threading.Condition  # the step's wait for every passive party's embeddings (on the side's lock)
     command: messages_pb2.StepCommand | None = None
     embeddings: dict[str, tuple[np.ndarray, Any]] = field(default_factory=dict)  # sender -> (ids, values)
     result: StepResult | None = None
@@ -246,7 +247,8 @@ class SplitActive(PartySide):
         cfg = self.cfg
         self.passives = [p.name for p in cfg.passives]
         self.embedding_dims = {p.name: p.bottom.out for p in cfg.passives if p.bottom is not None}
-        self.cond = threading.Condition()
+        self.lock = threading.RLock()  # of the slots and what is in them
+        self.cond = threading.Condition(self.lock)  # notified at every embedding that arrives
         self.slots: dict[int, StepSlot] = {}
         self.completed_step = 0
         self.keeper = PredictionsKeeper(host)
@@ -300,7 +302,7 @@ class SplitActive(PartySide):
         if step > self.completed_step + 1:  # nothing parks a slot for a step the schedule has not reached
             raise stale_step(f"step {step} is out of order: step {self.completed_step + 1} is next")
         if step not in self.slots:
-            self.slots[step] = StepSlot(step)
+            self.slots[step] = StepSlot(step, threading.Condition(self.lock))
         return self.slots[step]
 
     # the replies are metered as they are built (``_build_replies``), so their bytes count in this step's report
@@ -321,6 +323,8 @@ class SplitActive(PartySide):
                 raise invalid(f"{h.sender} sent embeddings for other sample ids than step {h.step} schedules")
             slot.embeddings[h.sender] = (ids, values)
             self.cond.notify_all()
+            if len(slot.embeddings) == len(self.passives):  # the step waits for them all, not for each
+                slot.full.notify()
         if not slot.done.wait(self.host.step_deadline_s):
             raise TimeoutError(f"step {h.step} did not complete within {self.host.step_deadline_s:.0f} s")
         if slot.error is not None:
@@ -340,7 +344,7 @@ class SplitActive(PartySide):
                         slot, f"{sender} sent embeddings for other sample ids than step {step} schedules"
                     )
             while slot.error is None and len(slot.embeddings) < len(self.passives):
-                if not self.cond.wait(timeout=max(0.0, deadline - time.monotonic())):
+                if not slot.full.wait(timeout=max(0.0, deadline - time.monotonic())):
                     missing = [p for p in self.passives if p not in slot.embeddings]
                     self._fail(slot, f"no embeddings from {', '.join(missing)} within {timeout:.0f} s")
         if slot.error is not None:
@@ -401,15 +405,16 @@ class SplitActive(PartySide):
         self.keeper.keep(cmd, confidence, rows, self.host.local.modules, predicted)
 
     def _fail(self, slot: StepSlot, error: str) -> None:
-        slot.error = error
-        slot.done.set()
-        self.slots.pop(slot.step, None)
+        with self.lock:
+            slot.error = error
+            slot.done.set()
+            slot.full.notify()
+            self.slots.pop(slot.step, None)
 
     def stop(self, reason: str) -> None:
-        with self.cond:  # release any step still waiting, so shutdown is not held up by a dead peer
+        with self.lock:  # release any step still waiting, so shutdown is not held up by a dead peer
             for slot in list(self.slots.values()):
                 self._fail(slot, f"run is shutting down: {reason}")
-            self.cond.notify_all()
 
     def finish(self) -> None:
         """<run>/predictions/: test-epoch-NNN.npz per evaluation and predict-epoch-NNN.npz per

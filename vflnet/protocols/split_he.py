@@ -45,7 +45,7 @@ from vflnet.protocols.split import (
     label_loss,
     outcome,
 )
-from vflnet.sdk import PROTOCOLS, CoordinatorSide, Protocol, deadlines, handles, invalid, send, wrong_state
+from vflnet.sdk import PROTOCOLS, CoordinatorSide, Protocol, call, deadlines, handles, invalid, wrong_state
 from vflnet.v1 import messages_pb2
 from vflnet.wire.checks import check_sender, header
 from vflnet.wire.ciphers import cipher_from_proto_checked
@@ -298,7 +298,7 @@ class Decryption:
             purpose=purpose,
             cipher=cipher_to_proto(masked, workers=he_settings(cfg).workers),
         )
-        reply = send(host, host.coordinator_channel, cfg.coordinator.name, DECRYPT, req).result()
+        reply = call(host, host.coordinator_channel, cfg.coordinator.name, DECRYPT, req)
         return ints_from_bytes(reply.integers, reply.integer_width, tuple(reply.shape))
 
 

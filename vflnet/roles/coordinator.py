@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,12 +155,27 @@ class Cursor:
     metrics_bytes: int = 0  # metrics.jsonl's length at the checkpoint
 
 
+@dataclass(frozen=True)
+class Planned:
+    """A step of the schedule: its epoch, batch and sample ids; whether a coordinated checkpoint follows
+    it; whether it is the last of its epoch; and whether nothing may be sent beyond it until it has
+    completed (``hold``: a checkpoint, or epoch-end work that needs the trained model)."""
+
+    epoch: int
+    batch: int
+    ids: np.ndarray
+    checkpoint: bool = False
+    last: bool = False
+    hold: bool = False
+
+
 @dataclass
 class Sent:
     """A step whose RunStep calls are out: its command, the waves still to send, the calls in flight."""
 
     cmd: messages_pb2.StepCommand
     waves: list[list[str]]
+    planned: Planned
     calls: dict[str, Any] = field(default_factory=dict)
     reports: dict[str, messages_pb2.StepReport] = field(default_factory=dict)
     sent_at: float = field(default_factory=time.perf_counter)
@@ -174,8 +189,10 @@ class Schedule:
     RunStep goes out before step n's reports are in, so its delivery overlaps step n's work; each
     party still runs its steps one at a time and in order (vflnet/roles/step_order.py), and the
     reports are taken in order. The messages are the same as without pipelining; only when they
-    travel changes. A step that ends in a coordinated checkpoint completes before the next is sent,
-    so a checkpoint is exactly the state after its step everywhere."""
+    travel changes. The pipeline runs on across an epoch's end, unless that end evaluates, predicts
+    or ends the run: those need the model after the epoch's last step, so they wait for it, as does
+    the step after a coordinated checkpoint (a checkpoint is exactly the state after its step
+    everywhere)."""
 
     def __init__(
         self,
@@ -244,12 +261,14 @@ class Schedule:
             for name in sent.waves.pop(0)
         }
 
-    def _send(self, phase: int, epoch: int, batch_id: int, ids: np.ndarray, checkpoint: bool) -> Sent:
+    def _send(self, phase: int, p: Planned) -> Sent:
         self.step += 1
         cmd = messages_pb2.StepCommand(  # a list fills the repeated field ~2.5x faster than an array
-            header=self._header(phase, epoch, batch_id), sample_ids=ids.tolist(), checkpoint_after=checkpoint
+            header=self._header(phase, p.epoch, p.batch),
+            sample_ids=p.ids.tolist(),
+            checkpoint_after=p.checkpoint,
         )
-        sent = Sent(cmd, self.side.waves(list(self.stubs)))
+        sent = Sent(cmd, self.side.waves(list(self.stubs)), p)
         if self.side.pipelined and len(sent.waves) > 1:
             raise RunFailed(f"protocol {self.cfg.protocol.kind!r}: a pipelined step runs in one wave")
         self._send_wave(sent)
@@ -268,20 +287,19 @@ class Schedule:
             raise RunFailed(f"step {h.step}: {exc}") from exc
         return sent.reports
 
-    def _steps(
-        self, phase: int, epoch: int, batches: list[tuple[int, np.ndarray, bool]]
-    ) -> Iterator[tuple[Sent, float]]:
-        """Run ``batches`` (batch id, sample ids, checkpoint after it) as consecutive steps; yield each
-        step with its reports, in order, and its wall time: from when it was sent, or when the step
-        before it completed if that was later."""
+    def _steps(self, phase: int, plan: Iterable[Planned]) -> Iterator[tuple[Sent, float]]:
+        """Run ``plan`` as consecutive steps; yield each step with its reports, in order, and its wall
+        time: from when it was sent, or when the step before it completed if that was later. Another
+        pass (an evaluation between epochs) may only start while no step is out (``hold``)."""
+        if self.window:
+            raise RuntimeError(f"steps {[s.cmd.header.step for s in self.window]} are still out")
         depth = STEPS_IN_FLIGHT if self.side.pipelined else 1
-        todo, last_done = iter(batches), 0.0
+        todo, last_done = iter(plan), 0.0
         try:
             while True:
-                # a checkpoint is the state after its step: nothing is sent beyond it until it is done
-                limit = 1 if self.window and self.window[-1].cmd.checkpoint_after else depth
-                if len(self.window) < limit and (batch := next(todo, None)) is not None:
-                    self.window.append(self._send(phase, epoch, *batch))
+                limit = 1 if self.window and self.window[-1].planned.hold else depth
+                if len(self.window) < limit and (p := next(todo, None)) is not None:
+                    self.window.append(self._send(phase, p))
                     continue
                 if not self.window:
                     return
@@ -304,20 +322,30 @@ class Schedule:
             t.checkpoint_every_steps and (trained + 1) % t.checkpoint_every_steps == 0
         )
 
-    def _epoch_plan(self, epoch: int) -> list[tuple[int, np.ndarray, bool]]:
-        """The training steps of ``epoch`` still to run: (batch id, sample ids, checkpoint after it)."""
+    def _epoch_end_waits(self, epoch: int, end_of_run: bool) -> bool:
+        """Whether ``epoch``'s end needs the model after its last step (nothing is sent beyond it first)."""
+        evaluates = (epoch + 1) % self.cfg.train.eval_every == 0
+        return end_of_run or evaluates or self.cfg.predict.when == "every_epoch"
+
+    def _training_plan(self) -> Iterator[Planned]:
+        """The run's training steps from the cursor on, across epochs; each epoch's batches are drawn
+        when the sender reaches them (it runs ahead of the steps completed)."""
         t, c = self.cfg.train, self.cursor
-        batches = epoch_batches(self.train_ids, t.batch_size, epoch, self.cfg.run.seed, t.drop_last)
-        plan, trained = [], c.trained
-        for b in range(c.batch, len(batches)):
-            if t.max_steps and trained >= t.max_steps:
-                break  # resumed from the checkpoint of the run's last training step
-            last_of_run = bool(t.max_steps) and trained + 1 >= t.max_steps
-            plan.append(
-                (b, batches[b], self._checkpoint_due(epoch, b == len(batches) - 1 or last_of_run, trained))
-            )
-            trained += 1
-        return plan
+        trained, first = c.trained, c.batch
+        for epoch in range(c.epoch, t.epochs):
+            batches = epoch_batches(self.train_ids, t.batch_size, epoch, self.cfg.run.seed, t.drop_last)
+            for b in range(first, len(batches)):
+                if t.max_steps and trained >= t.max_steps:
+                    return  # resumed from the checkpoint of the run's last training step
+                end_of_run = (epoch == t.epochs - 1 and b == len(batches) - 1) or bool(
+                    t.max_steps and trained + 1 >= t.max_steps
+                )
+                last = b == len(batches) - 1 or end_of_run
+                checkpoint = self._checkpoint_due(epoch, last, trained)
+                hold = checkpoint or (last and self._epoch_end_waits(epoch, end_of_run))
+                yield Planned(epoch, b, batches[b], checkpoint, last, hold)
+                trained += 1
+            first = 0
 
     def save_point(self, reports: dict[str, messages_pb2.StepReport]) -> None:
         """Every party saved this step (its report names the file's digest): save the coordinator's
@@ -344,14 +372,24 @@ class Schedule:
             checkpoints.prune(self.run_dir, self.checkpointed[-checkpoints.KEEP])
 
     def run(self) -> dict[str, Any]:
+        steps = self._steps(messages_pb2.TRAIN, self._training_plan())
+        try:
+            return self._train(steps)
+        finally:  # a failed or stopped run ends the steps still out
+            steps.close()
+
+    def _train(self, steps: Iterator[tuple[Sent, float]]) -> dict[str, Any]:
         t, c = self.cfg.train, self.cursor
         final: dict[str, Any] = {}
+        per_epoch = self.plan()["steps_per_epoch"]
         if c.trained == 0:
             self.release("start")
         for epoch in range(c.epoch, t.epochs):
             c.epoch = epoch
             start = time.perf_counter()
-            for sent, step_time in self._steps(messages_pb2.TRAIN, epoch, self._epoch_plan(epoch)):
+            # the steps of this epoch still to run (none: resumed from a checkpoint at its end)
+            due = c.batch < per_epoch and not (t.max_steps and c.trained >= t.max_steps)
+            for sent, step_time in steps if due else ():
                 h, reports = sent.cmd.header, sent.reports
                 act = reports[self.cfg.active.name].metrics
                 c.step, c.trained, c.batch = h.step, c.trained + 1, h.batch_id + 1
@@ -383,6 +421,8 @@ class Schedule:
                 )
                 if sent.cmd.checkpoint_after:
                     self.save_point(reports)
+                if sent.planned.last:
+                    break
             record = {
                 "kind": "epoch",
                 "epoch": epoch,
@@ -421,10 +461,10 @@ class Schedule:
     def evaluate(self, epoch: int) -> dict[str, float]:
         loss_sum = correct = count = 0.0
         batches = [
-            (b, ids, False)
+            Planned(epoch, b, ids)
             for b, ids in enumerate(eval_batches(self.test_ids, self.cfg.train.eval_batch_size))
         ]
-        for sent, _ in self._steps(messages_pb2.EVAL, epoch, batches):
+        for sent, _ in self._steps(messages_pb2.EVAL, batches):
             act = sent.reports[self.cfg.active.name].metrics
             loss_sum, correct, count = (
                 loss_sum + act["loss_sum"],
@@ -448,9 +488,9 @@ class Schedule:
             return
         start, served = time.perf_counter(), 0
         batches = [
-            (b, batch, False) for b, batch in enumerate(eval_batches(ids, self.cfg.predict.batch_size))
+            Planned(epoch, b, batch) for b, batch in enumerate(eval_batches(ids, self.cfg.predict.batch_size))
         ]
-        for sent, _ in self._steps(messages_pb2.PREDICT, epoch, batches):
+        for sent, _ in self._steps(messages_pb2.PREDICT, batches):
             served += int(sent.reports[self.cfg.active.name].metrics["count"])
         self.metrics.write(
             {

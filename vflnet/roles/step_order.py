@@ -30,14 +30,20 @@ STEPS_IN_FLIGHT = 3  # step commands a pipelined schedule keeps out at once (thi
 
 
 class StepTurns:
-    """The last step this party completed, and the commands waiting for their turn."""
+    """The last step this party completed, and the commands waiting for their turn.
+
+    Each waiting command has a condition of its own on the shared lock, so a completed step wakes
+    only the command whose turn it is (with three out, a shared condition would also wake the one
+    behind it, each step, for nothing); a failure or a stop wakes them all."""
 
     def __init__(self) -> None:
-        self.cond = threading.Condition()
+        self._lock = threading.RLock()  # of everything here; the conditions of the waiting steps share it
+        self.cond = threading.Condition(self._lock)  # notified when ``waiting`` grows
         self.done = 0  # the last step this party completed (steps are numbered 1, 2, ... across phases)
         self.failures = 0  # steps that failed here: a command waiting on one stops waiting
         self.stopped: str | None = None
         self.waiting: set[int] = set()
+        self._turns: dict[int, threading.Condition] = {}  # a waiting step -> its own condition
 
     def wait(self, step: int, timeout: float) -> None:
         """Return when ``step`` is next (or already done: the caller answers a retry or refuses it as
@@ -56,16 +62,18 @@ class StepTurns:
                     grpc.StatusCode.ALREADY_EXISTS, f"step {step} is already waiting for its turn"
                 )
             self.waiting.add(step)
+            self._turns[step] = mine = threading.Condition(self._lock)
             self.cond.notify_all()  # whoever watches ``waiting`` (a health view, a test) sees it at once
             failures = self.failures
             ahead = step - self.done - 1  # steps that run here before this one
             try:
-                turn = self.cond.wait_for(
+                turn = mine.wait_for(
                     lambda: step <= self.done + 1 or self.failures > failures or self.stopped is not None,
                     timeout * ahead,
                 )
             finally:
                 self.waiting.discard(step)
+                del self._turns[step]
             if self.stopped is not None:
                 raise RpcFailure(
                     grpc.StatusCode.ABORTED, f"step {step}: the party is stopping: {self.stopped}"
@@ -85,15 +93,21 @@ class StepTurns:
     def complete(self, step: int) -> None:
         with self.cond:
             self.done = step
-            self.cond.notify_all()
+            for waiting, turn in self._turns.items():
+                if waiting <= step + 1:  # the next one (a restored party may jump ahead)
+                    turn.notify()
+
+    def _wake_all(self) -> None:
+        for turn in self._turns.values():
+            turn.notify()
 
     def fail(self) -> None:
         """The step in progress failed: the command waiting for it is refused (the run is ending)."""
         with self.cond:
             self.failures += 1
-            self.cond.notify_all()
+            self._wake_all()
 
     def stop(self, why: str) -> None:
         with self.cond:
             self.stopped = why
-            self.cond.notify_all()
+            self._wake_all()

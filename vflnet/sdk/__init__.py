@@ -2,7 +2,7 @@
 
 A protocol is a registered ``Protocol`` naming its three sides (``contract``); each side sees its
 role process through a typed context (``context``); its service methods are marked ``@handles`` and
-its calls go out through ``send`` (``handlers``), so the host checks, meters and answers with a
+its calls go out through ``send`` or ``call`` (``handlers``), so the host checks, meters and answers with a
 status, and the protocol never touches gRPC: it fails a request with ``invalid``, ``malformed``,
 ``wrong_state``, ``stale_step``, ``duplicate``, ``not_found`` or ``aborted``, each a gRPC status. ``bridge``, ``deadlines`` and vflnet/wire/checks.py are
 what the hosts build on.
@@ -20,7 +20,7 @@ from vflnet.sdk.contract import (
     RunFailed,
     register_messages,
 )
-from vflnet.sdk.handlers import Pending, handles, send
+from vflnet.sdk.handlers import Pending, call, handles, send
 from vflnet.v1.messages_pb2 import EVAL, PREDICT, TRAIN, Header, JoinReply, StepCommand, StepReport
 from vflnet.wire.errors import aborted, duplicate, invalid, malformed, not_found, stale_step, wrong_state
 from vflnet.wire.tensors import from_proto, to_proto
@@ -45,6 +45,7 @@ __all__ = [
     "StepReport",
     "aborted",
     "aggregate",
+    "call",
     "duplicate",
     "from_proto",
     "handles",

@@ -11,7 +11,8 @@ become the method's permissions under mutual TLS, and the marked methods the pro
 (``Protocol.methods``), from this one declaration.
 
 Sending: ``send`` checks a request's size, meters it and starts the call with the step's deadline;
-its ``result()`` turns a failed call into a status that names the peer and what was asked.
+its ``result()`` turns a failed call into a status that names the peer and what was asked. ``call``
+does the same as one blocking call, for a caller that waits for the reply at once.
 """
 
 from __future__ import annotations
@@ -115,15 +116,32 @@ class Pending:
         try:
             return self.future.result()
         except grpc.RpcError as exc:
-            raise RpcFailure(
-                grpc.StatusCode.ABORTED,
-                f"{self.peer} refused {short_name(self.method)}: {describe_rpc_error(exc)}",
-            ) from exc
+            raise _refused(self.peer, self.method, exc) from exc
+
+
+def _refused(peer: str, method: str, exc: grpc.RpcError) -> RpcFailure:
+    return RpcFailure(
+        grpc.StatusCode.ABORTED, f"{peer} refused {short_name(method)}: {describe_rpc_error(exc)}"
+    )
+
+
+def _outgoing(host: Any, peer: str, method: str, request: Message) -> None:
+    short = short_name(method)
+    check_message_size(request, host.cfg.transport, f"{host.name}'s {short} to {peer}")
+    host.meter.record(short, request)
 
 
 def send(host: Any, channel: grpc.Channel, peer: str, method: str, request: Message) -> Pending:
     """Check ``request``'s size, meter it and start the call to ``peer`` with the step's deadline."""
-    short = short_name(method)
-    check_message_size(request, host.cfg.transport, f"{host.name}'s {short} to {peer}")
-    host.meter.record(short, request)
+    _outgoing(host, peer, method, request)
     return Pending(unary(channel, method).future(request, timeout=host.step_deadline_s), peer, method)
+
+
+def call(host: Any, channel: grpc.Channel, peer: str, method: str, request: Message) -> Any:
+    """``send(...).result()`` as one blocking call: gRPC polls it on the caller's thread, where a
+    future's reply comes through the channel's polling thread and a hand-off to the caller."""
+    _outgoing(host, peer, method, request)
+    try:
+        return unary(channel, method)(request, timeout=host.step_deadline_s)
+    except grpc.RpcError as exc:
+        raise _refused(peer, method, exc) from exc

@@ -7,6 +7,7 @@ finite. A violation raises :class:`PayloadError`, which servicers turn into ``IN
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -59,7 +60,7 @@ def from_proto(
             want = tuple("*" if e is None else e for e in expect_shape)
             raise PayloadError(f"{what}: shape {shape} where {want} was expected")
     dtype = np.dtype(msg.dtype).newbyteorder("<")
-    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    n = math.prod(shape)  # exact (Python ints), and cheaper than numpy for a few dimensions
     if len(msg.data) != n * dtype.itemsize:
         raise PayloadError(f"{what}: {len(msg.data)} data bytes do not match shape {shape} of {msg.dtype}")
     array = np.frombuffer(msg.data, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
@@ -96,7 +97,7 @@ def from_pm1_proto(
         )
     ):
         raise PayloadError(f"{what}: shape {shape} where {tuple(expect_shape or ())} was expected")
-    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    n = math.prod(shape)  # exact (Python ints), and cheaper than numpy for a few dimensions
     if len(msg.data) != (n + 7) // 8:
         raise PayloadError(f"{what}: {len(msg.data)} bytes do not hold {n} bits")
     bits = np.unpackbits(np.frombuffer(msg.data, dtype=np.uint8))

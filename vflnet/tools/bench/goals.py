@@ -13,7 +13,9 @@ machine's load average (1 min, before -> after the measurement the row comes fro
   Needs root and network namespaces; elsewhere its rows say why;
 - vflnet against its floor on the digits MLP (`vflnet bench transport`'s digits-mlp-b256 over gRPC,
   `vflnet bench grpc-floor`'s ``coordinated`` mode, vflnet's message pattern in bare Python gRPC),
-  alternating, best of ``--repeat`` (goal: vflnet <= floor + 1 ms per step); and the trace tap on every
+  alternating, best of ``--repeat`` (goal: vflnet <= floor + 1 ms per step). Like the floor's, vflnet's
+  steps are one unbroken pipeline: its runs write their one checkpoint at the end (timed apart), so
+  the pipeline runs on across epoch ends; and the trace tap on every
   party against the floor's bare crash-safe tap (``coordinated+tap``), each as the ms it adds per step
   (goal: tap <= bare tap + 0.3 ms).
 
@@ -62,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default="goals", help="the network lab's namespace prefix")
     p.add_argument("--floor-steps", type=int, default=1000, help="timed steps of each grpc-floor run")
     p.add_argument(
-        "--transport-epochs", type=int, default=0, help="epochs of the digits-mlp-b256 runs (0: the case's 6)"
+        "--transport-epochs", type=int, default=60, help="epochs of the digits-mlp-b256 runs (6 steps each)"
     )
     p.add_argument(
         "--skip",
@@ -252,9 +254,10 @@ FLOOR_FIGURES = [
 
 
 def _vflnet_steps_per_s(name: str, epochs: int) -> float:
+    """Steps per second of ``name`` run as one pipeline, as the floor's steps are: its checkpoint (and
+    the step after it) only at the end, where `transport.distributed` times it apart."""
     case = copy.deepcopy(transport.CASES[name])
-    if epochs:
-        case["train"]["epochs"] = epochs
+    case["train"].update(epochs=epochs, checkpoint_every=epochs)
     with tempfile.TemporaryDirectory(prefix="vflnet-bench-goals-") as tmp:
         case["run"]["dir"] = tmp
         return transport.distributed(case, Path(tmp), "grpc")["steps_per_s"]
