@@ -35,6 +35,12 @@ def test_raw_bytes_not_repeated_doubles():
         (lambda m: setattr(m, "dtype", "object"), "not allowed"),
         (lambda m: setattr(m, "data", m.data[:-4]), "do not match shape"),
         (lambda m: m.shape.append(-1), "negative dimension"),
+        (lambda m: m.shape.extend([1] * 40), "42 dimensions; at most 32"),
+        # 2**32 x 2**32 elements: 2**64, which an int64 product wraps to 0, the length of no data
+        (
+            lambda m: (m.ClearField("shape"), m.shape.extend([2**32, 2**32]), m.ClearField("data")),
+            "do not match",
+        ),
     ],
 )
 def test_malformed_tensors_are_rejected(mutate, expect):

@@ -16,6 +16,7 @@ import torch
 from vflnet.v1 import tensor_pb2
 
 ALLOWED_DTYPES = {"float32", "float64", "int64", "int32", "uint8", "bool"}
+MAX_DIMS = 32  # numpy's own limit is 64; no tensor here has more than a handful
 
 
 class PayloadError(ValueError):
@@ -34,6 +35,14 @@ def to_proto(array: np.ndarray | torch.Tensor) -> tensor_pb2.Tensor:
     )
 
 
+def _shape(msg: tensor_pb2.Tensor, what: str) -> tuple[int, ...]:
+    """The shape, refused before it is read if it has more dimensions than any tensor here (its
+    element count is then a product of a few exact integers, never a wrapped int64)."""
+    if len(msg.shape) > MAX_DIMS:
+        raise PayloadError(f"{what}: {len(msg.shape)} dimensions; at most {MAX_DIMS}")
+    return tuple(int(d) for d in msg.shape)
+
+
 def from_proto(
     msg: tensor_pb2.Tensor,
     *,
@@ -50,7 +59,7 @@ def from_proto(
         raise PayloadError(f"{what}: dtype {msg.dtype!r} is not allowed")
     if expect_dtype is not None and msg.dtype != expect_dtype:
         raise PayloadError(f"{what}: dtype {msg.dtype} where {expect_dtype} was expected")
-    shape = tuple(int(d) for d in msg.shape)
+    shape = _shape(msg, what)
     if any(d < 0 for d in shape):
         raise PayloadError(f"{what}: negative dimension in shape {shape}")
     if expect_shape is not None:
@@ -60,7 +69,7 @@ def from_proto(
             want = tuple("*" if e is None else e for e in expect_shape)
             raise PayloadError(f"{what}: shape {shape} where {want} was expected")
     dtype = np.dtype(msg.dtype).newbyteorder("<")
-    n = math.prod(shape)  # exact (Python ints), and cheaper than numpy for a few dimensions
+    n = math.prod(shape)
     if len(msg.data) != n * dtype.itemsize:
         raise PayloadError(f"{what}: {len(msg.data)} data bytes do not match shape {shape} of {msg.dtype}")
     array = np.frombuffer(msg.data, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
@@ -88,7 +97,7 @@ def from_pm1_proto(
     """Bit-packed +/-1 codes as float32; any other dtype, a wrong length or set padding bits is refused."""
     if msg.dtype != PM1:
         raise PayloadError(f"{what}: dtype {msg.dtype!r} where bit-packed +/-1 codes ({PM1!r}) were expected")
-    shape = tuple(int(d) for d in msg.shape)
+    shape = _shape(msg, what)
     if any(d < 0 for d in shape) or (
         expect_shape is not None
         and (
@@ -97,7 +106,7 @@ def from_pm1_proto(
         )
     ):
         raise PayloadError(f"{what}: shape {shape} where {tuple(expect_shape or ())} was expected")
-    n = math.prod(shape)  # exact (Python ints), and cheaper than numpy for a few dimensions
+    n = math.prod(shape)
     if len(msg.data) != (n + 7) // 8:
         raise PayloadError(f"{what}: {len(msg.data)} bytes do not hold {n} bits")
     bits = np.unpackbits(np.frombuffer(msg.data, dtype=np.uint8))
