@@ -322,10 +322,16 @@ class Schedule:
             t.checkpoint_every_steps and (trained + 1) % t.checkpoint_every_steps == 0
         )
 
+    def _evaluates(self, epoch: int, last_epoch: bool) -> bool:
+        return last_epoch or (epoch + 1) % self.cfg.train.eval_every == 0
+
+    def _predicts(self, last_epoch: bool) -> bool:
+        return last_epoch or self.cfg.predict.when == "every_epoch"
+
     def _epoch_end_waits(self, epoch: int, end_of_run: bool) -> bool:
-        """Whether ``epoch``'s end needs the model after its last step (nothing is sent beyond it first)."""
-        evaluates = (epoch + 1) % self.cfg.train.eval_every == 0
-        return end_of_run or evaluates or self.cfg.predict.when == "every_epoch"
+        """Whether ``epoch``'s end needs the model after its last step (nothing is sent beyond it first):
+        it evaluates, predicts or (the run's end) releases the model."""
+        return self._evaluates(epoch, end_of_run) or self._predicts(end_of_run)
 
     def _training_plan(self) -> Iterator[Planned]:
         """The run's training steps from the cursor on, across epochs; each epoch's batches are drawn
@@ -433,7 +439,7 @@ class Schedule:
             }
             c.batch, c.loss_sum, c.correct, c.count = 0, 0.0, 0.0, 0.0
             last_epoch = epoch == t.epochs - 1 or bool(t.max_steps and c.trained >= t.max_steps)
-            if (epoch + 1) % t.eval_every == 0 or last_epoch:
+            if self._evaluates(epoch, last_epoch):
                 record.update(self.evaluate(epoch))
             self.metrics.write(record)
             log.info(
@@ -444,7 +450,7 @@ class Schedule:
             final = record
             if last_epoch:  # the trained model is released before serving: an attacker may use it there
                 self.release("end")
-            if self.cfg.predict.when == "every_epoch" or last_epoch:
+            if self._predicts(last_epoch):
                 self.predict(epoch)
             if last_epoch:
                 break
