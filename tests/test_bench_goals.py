@@ -79,3 +79,11 @@ def test_bench_goals_smoke_writes_every_row_measured_or_why(tmp_path: Path) -> N
         r["measured"] is not None for r in rows if r["figure"] in expected and "netem" not in r["figure"]
     )
     assert "| figure | measured | goal | met | load | note |" in result.stdout
+
+
+def test_no_digits_epochs_is_refused_before_anything_runs(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        goals.main(["--transport-epochs", "0"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr()
+    assert "--transport-epochs: at least 1, got 0" in err.err and "load average" not in err.out

@@ -373,7 +373,10 @@ def _display(row: Row) -> Row:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv, SMOKE)
+    parser = build_parser()
+    args = parse_args(parser, argv, SMOKE)
+    if args.transport_epochs < 1:  # refused now, not after minutes of other measurements
+        parser.error(f"--transport-epochs: at least 1, got {args.transport_epochs}")
     began, load_start = time.perf_counter(), _load()
     print(f"load average {load_start:.1f} at the start, {os.cpu_count()} cores", flush=True)
     rows: list[Row] = []
