@@ -8,6 +8,7 @@ import json
 import queue
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -21,11 +22,18 @@ from vflnet.interceptors import Chain, WireEvent, read_trace
 from vflnet.interceptors.grpc_adapters import ClientChainHook, ServerChainHook
 from vflnet.registry import PROTOCOLS
 from vflnet.runner.local import run_local
-from vflnet.sdk.bridge import allow_step_deadline
+from vflnet.sdk.bridge import allow_step_deadline, unary
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tensors, tls
 from vflnet.wire.channels import bind, grpc_options, make_server, open_channel
-from vflnet.wire.chunking import CALL_METHOD, FETCH_METHOD, METHOD_KEY, TICKET_KEY, _ChunkingCall
+from vflnet.wire.chunking import (
+    CALL_METHOD,
+    FETCH_METHOD,
+    MAX_CACHED_CALLABLES,
+    METHOD_KEY,
+    TICKET_KEY,
+    _ChunkingCall,
+)
 
 EXCHANGE = "/vflnet.v1.Active/ExchangeEmbeddings"
 SMALL = TransportConfig(
@@ -155,6 +163,32 @@ def test_an_oversized_exchange_travels_in_chunks_and_mods_see_whole_messages(act
         assert all(e.message == msg for e in rec.events if e.direction == "request")
     # the client's tap sees the reply as the server's rewrite left it: whole and doubled
     np.testing.assert_array_equal(client_rec.events[1].tensors()["values"], expected)
+
+
+def test_a_channel_builds_one_callable_per_method_and_every_call_and_thread_shares_it(
+    active: Active, server: str
+) -> None:
+    """Issue 40: building a method's callable for each call built three gRPC callables, on every
+    step's path. The channel keeps one per method, shared by calls on several threads at once, and
+    keeps no more than its bound when a caller passes new serializer functions each time."""
+    channel = open_channel(server, SMALL, "passive-1")
+    try:
+        first, again = unary(channel, EXCHANGE), unary(channel, EXCHANGE)
+        assert first is again
+        msgs = [embeddings(n=10, dim=100, step=s) for s in range(1, 17)]  # 4 KB: one gRPC message each
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(lambda m: unary(channel, EXCHANGE)(m, timeout=DEADLINE), msgs))
+        for msg, reply in zip(msgs, replies, strict=True):
+            np.testing.assert_array_equal(tensors.from_proto(reply.values), tensors.from_proto(msg.values))
+        for _ in range(MAX_CACHED_CALLABLES + 10):
+            fresh = channel.unary_unary(
+                EXCHANGE, lambda m: m.SerializeToString(), messages_pb2.EmbeddingGradients.FromString
+            )
+            assert fresh is not first
+        assert len(channel._callables) == MAX_CACHED_CALLABLES
+        assert unary(channel, EXCHANGE) is first
+    finally:
+        channel.close()
 
 
 def test_a_large_reply_to_a_small_request_is_fetched_once_by_ticket(active: Active, server: str) -> None:
