@@ -74,6 +74,34 @@ def test_round_trip_rebuilds_every_event(tmp_path: Path) -> None:
     assert (header.format_version, header.party, header.run_id) == (1, "passive-1", "r1")
 
 
+def test_a_record_is_written_as_the_bytes_protobuf_would_serialize(tmp_path: Path) -> None:
+    """The writer frames a record itself, so that a message's bytes are not copied into it: the
+    bytes must be exactly protobuf's, for a large message, a small one and an empty one."""
+    events = [
+        *exchange_events(1),
+        WireEvent("request", "client", EXCHANGE, "p", "x", embeddings(1, n=2000, dim=64), 5.0),
+        WireEvent("response", "server", RUN_STEP, "p", "", messages_pb2.StepReport(), 6.0),
+    ]
+    for event in events:
+        record = trace_pb2.TraceRecord(
+            time=event.time,
+            party=event.party,
+            side=event.side,
+            direction=event.direction,
+            method=event.method,
+            peer=event.peer,
+            message_type=event.message.DESCRIPTOR.full_name,
+            message=event.message.SerializeToString(),
+        )
+        head, body = trace_mod.record_entry(event)
+        assert head + body == trace_pb2.TraceEntry(record=record).SerializeToString()
+    path = tmp_path / "p.trace"
+    with TraceWriter(path, party="p") as writer:
+        for event in events:
+            writer(event)
+    assert all(same(a, b) for a, b in zip(events, read_trace(path), strict=True))
+
+
 def test_reader_follows_a_file_being_written(tmp_path: Path) -> None:
     path = tmp_path / "live.trace"
     events = exchange_events(2)

@@ -78,6 +78,35 @@ def _open_append(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # the umask applies, as for open()
 
 
+def _tag(message: type[Message], name: str) -> bytes:
+    """The key of a length-delimited field (wire type 2)."""
+    return _varint(message.DESCRIPTOR.fields_by_name[name].number << 3 | 2)
+
+
+_RECORD_TAG = _tag(trace_pb2.TraceEntry, "record")
+_MESSAGE_TAG = _tag(trace_pb2.TraceRecord, "message")
+
+
+def record_entry(event: WireEvent) -> tuple[bytes, bytes]:
+    """``event`` as a serialized ``TraceEntry`` in two parts, head + message bytes: the same bytes as
+    ``TraceEntry(record=...).SerializeToString()`` (``message`` is the record's last field), without
+    copying the message (tens of KB) into a record and serializing it a second time."""
+    record = trace_pb2.TraceRecord(
+        time=event.time,
+        party=event.party,
+        side=event.side,
+        direction=event.direction,
+        method=event.method,
+        peer=event.peer,
+        message_type=event.message.DESCRIPTOR.full_name,
+    )
+    head = record.SerializeToString()
+    body = event.message.SerializeToString()
+    if body:  # proto3 leaves an empty bytes field out
+        head += _MESSAGE_TAG + _varint(len(body))
+    return _RECORD_TAG + _varint(len(head) + len(body)) + head, body
+
+
 def _write_all(fd: int, prefix: bytes, data: bytes) -> None:
     """Write ``prefix`` then ``data`` (one ``writev`` in the common case; a short write is finished)."""
     written = os.writev(fd, [prefix, data])
@@ -239,13 +268,14 @@ class TraceWriter:
     def _append(self, entry: trace_pb2.TraceEntry) -> None:
         self._append_bytes(entry.SerializeToString())
 
-    def _append_bytes(self, data: bytes) -> None:
-        """One framed entry, handed to the kernel before this returns (readers following the file
-        see whole entries; a crash of this process loses nothing written)."""
+    def _append_bytes(self, data: bytes, more: bytes = b"") -> None:
+        """One framed entry (``data`` + ``more``), handed to the kernel before this returns (readers
+        following the file see whole entries; a crash of this process loses nothing written)."""
         assert self._fd is not None
-        prefix = _varint(len(data))
-        _write_all(self._fd, prefix, data)
-        self.size += len(prefix) + len(data)
+        size = len(data) + len(more)
+        prefix = _varint(size)
+        _write_all(self._fd, prefix + data, more)
+        self.size += len(prefix) + size
 
     def __call__(self, event: WireEvent) -> None:
         self.write(event)
@@ -253,19 +283,9 @@ class TraceWriter:
 
     def write(self, event: WireEvent) -> bool:
         """Append one event; False when it was dropped (cap reached or writer closed)."""
-        # built in place and serialized once: a record holds a whole message (tens of KB), and every
-        # copy of it is paid on the hot path of the call being traced
-        entry = trace_pb2.TraceEntry()
-        record = entry.record
-        record.time = event.time
-        record.party = event.party
-        record.side = event.side
-        record.direction = event.direction
-        record.method = event.method
-        record.peer = event.peer
-        record.message_type = event.message.DESCRIPTOR.full_name
-        record.message = event.message.SerializeToString()
-        data = entry.SerializeToString()
+        # a record holds a whole message (tens of KB), and every copy of it is paid on the hot path of
+        # the call being traced: the message's bytes go to the kernel as they are
+        head, body = record_entry(event)
         with self._lock:
             if self._fd is None:
                 self.dropped += 1
@@ -277,7 +297,7 @@ class TraceWriter:
                 self.dropped += 1
                 return False
             # framed size <= payload + 10-byte varint
-            if self.size + len(data) + _MAX_VARINT_BYTES + _MARKER_RESERVE > self.max_bytes:
+            if self.size + len(head) + len(body) + _MAX_VARINT_BYTES + _MARKER_RESERVE > self.max_bytes:
                 self.truncated = True
                 self.dropped += 1
                 marker = trace_pb2.TraceTruncated(
@@ -291,7 +311,7 @@ class TraceWriter:
                     self.records,
                 )
                 return False
-            self._append_bytes(data)
+            self._append_bytes(head, body)
             self.records += 1
             return True
 

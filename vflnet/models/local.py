@@ -34,6 +34,7 @@ class LocalModel:
     optimizer: torch.optim.Optimizer | None = field(init=False)
     device: torch.device = field(init=False)
     schedule: Any = field(init=False)
+    _parts: list[nn.Module] = field(init=False, repr=False)  # every module and submodule, for ``train``
 
     def __post_init__(self) -> None:
         # An active party with no features and no top model ("sum" of passive logits) has no parameters.
@@ -44,6 +45,7 @@ class LocalModel:
             build_optimizer(params, self.optimizer_cfg) if params and self.own_optimizer else None
         )
         self.schedule = build_schedule(self.optimizer, self.schedule_cfg) if self.optimizer else None
+        self._parts = [part for m in self.modules.values() for part in m.modules()]
 
     def enter_epoch(self, epoch: int) -> None:
         """Advance the LR schedule once per epoch boundary the coordinator announces."""
@@ -92,6 +94,11 @@ class LocalModel:
         return out
 
     def train(self, mode: bool) -> None:
+        """Every module in training (or evaluation) mode. Nothing to do when each one and each of
+        their parts is already: the case of every step but a phase's first, where ``Module.train``
+        would walk and set them all again."""
+        if all(m.training == mode for m in self._parts):
+            return
         for m in self.modules.values():
             m.train(mode)
 

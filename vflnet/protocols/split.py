@@ -230,7 +230,7 @@ class StepSlot:
 
     step: int
     full: threading.Condition  # the step's wait for every passive party's embeddings (on the side's lock)
-    command: messages_pb2.StepCommand | None = None
+    command_ids: np.ndarray | None = None  # the sample ids of the step's command, once it is in
     embeddings: dict[str, tuple[np.ndarray, Any]] = field(default_factory=dict)  # sender -> (ids, values)
     result: StepResult | None = None
     replies: dict[str, messages_pb2.EmbeddingGradients] = field(default_factory=dict)
@@ -319,7 +319,7 @@ class SplitActive(PartySide):
             slot = self._slot(h.step)
             if h.sender in slot.embeddings:
                 raise duplicate(f"{h.sender} already sent embeddings for step {h.step}")
-            if slot.command is not None and not np.array_equal(ids, slot.command.sample_ids):
+            if slot.command_ids is not None and not np.array_equal(ids, slot.command_ids):
                 raise invalid(f"{h.sender} sent embeddings for other sample ids than step {h.step} schedules")
             slot.embeddings[h.sender] = (ids, values)
             self.cond.notify_all()
@@ -337,9 +337,9 @@ class SplitActive(PartySide):
         deadline = time.monotonic() + timeout
         with self.cond:
             slot = self._slot(step)
-            slot.command = cmd
+            slot.command_ids = np.asarray(cmd.sample_ids, dtype=np.int64)
             for sender, (ids, _) in slot.embeddings.items():
-                if not np.array_equal(ids, cmd.sample_ids):
+                if not np.array_equal(ids, slot.command_ids):
                     self._fail(
                         slot, f"{sender} sent embeddings for other sample ids than step {step} schedules"
                     )
@@ -388,10 +388,10 @@ class SplitActive(PartySide):
             reply = messages_pb2.EmbeddingGradients(header=self.host.header(h))
             if h.phase == messages_pb2.TRAIN:
                 self.fill_reply(reply, index, slot.result)
-            check_message_size(
+            size = check_message_size(
                 reply, self.cfg.transport, f"{self.host.name}'s gradients for {sender} at step {h.step}"
             )
-            self.host.meter.record("ExchangeEmbeddings.reply", reply)
+            self.host.meter.record("ExchangeEmbeddings.reply", reply, size)
             slot.replies[sender] = reply
 
     def _record_predictions(

@@ -97,9 +97,9 @@ def _checked(fn: Callable[[Any, Any], Message], spec: Handles, host: Any) -> Cal
             host.waitroom.wait(h.sender, context, host.step_deadline_s)
         reply = fn(request, context)
         if spec.meter_reply:  # else the side checked and metered the reply where it built it
-            check_message_size(reply, host.cfg.transport, f"{host.name}'s {short} reply to {h.sender}")
+            size = check_message_size(reply, host.cfg.transport, f"{host.name}'s {short} reply to {h.sender}")
             if meter is not None:
-                meter.record(f"{short}.reply", reply)
+                meter.record(f"{short}.reply", reply, size)
         return reply
 
     handler.__name__ = getattr(fn, "__name__", short)
@@ -127,8 +127,8 @@ def _refused(peer: str, method: str, exc: grpc.RpcError) -> RpcFailure:
 
 def _outgoing(host: Any, peer: str, method: str, request: Message) -> None:
     short = short_name(method)
-    check_message_size(request, host.cfg.transport, f"{host.name}'s {short} to {peer}")
-    host.meter.record(short, request)
+    size = check_message_size(request, host.cfg.transport, f"{host.name}'s {short} to {peer}")
+    host.meter.record(short, request, size)
 
 
 def send(host: Any, channel: grpc.Channel, peer: str, method: str, request: Message) -> Pending:

@@ -89,15 +89,12 @@ def _tls_files(transport: TransportConfig, name: str) -> tuple[bytes, bytes, byt
 
 
 def make_server(
-    transport: TransportConfig,
-    name: str,
-    interceptors: list[grpc.ServerInterceptor] | None = None,
-    max_workers: int = 32,
-    hook: ServerHook | None = None,
+    transport: TransportConfig, name: str, max_workers: int = 32, hook: ServerHook | None = None
 ) -> grpc.Server:
     """``hook`` (a party's mod chain) runs in the chunking layer on every vflnet call, after the role
-    check: no interceptor layer of its own."""
-    chain = list(interceptors or [])
+    check: no interceptor layer of its own. The chunking layer resolves each method's handler once,
+    so no interceptor here may choose a handler by anything but the method's name."""
+    chain: list[grpc.ServerInterceptor] = []
     authorize = None
     if transport.tls.enabled:
         from vflnet.wire.tls import RoleAuthorizer
@@ -217,12 +214,15 @@ def open_channel(
     return ChunkingChannel(channel, Limits.of(transport), hook)
 
 
-def check_message_size(msg: Message, transport: TransportConfig, what: str) -> None:
+def check_message_size(msg: Message, transport: TransportConfig, what: str) -> int:
     """Fail before sending a message over ``transport.max_payload_mb``, with an error that names the
-    setting (a message over ``max_message_mb`` but under this travels in chunks)."""
-    error = payload_error(msg.ByteSize(), Limits.of(transport), what)
+    setting (a message over ``max_message_mb`` but under this travels in chunks); returns its size,
+    which the meter takes instead of serializing the message again."""
+    size = msg.ByteSize()
+    error = payload_error(size, Limits.of(transport), what)
     if error:
         raise MessageTooLarge(f"{error} (or use a smaller batch)")
+    return size
 
 
 class PlaintextRefused(PermissionError):

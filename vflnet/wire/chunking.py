@@ -325,6 +325,10 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
         # so they may take only part of the server's workers and control calls (RunStep) keep the rest
         self.streams = threading.BoundedSemaphore(max_streams)
         self.max_streams = max_streams
+        # a unary method's handler, built at its first call: what the rest of the pipeline returns
+        # depends on the method name alone (gRPC's generic handlers, the role authorizer), and
+        # building it again cost every call of every step ~10 us of Python
+        self._unary_handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     def allow_deadline(self, seconds: float) -> None:
         """Chunked calls may ask for deadlines up to ``seconds`` + 5: the run's step deadline, known once
@@ -355,13 +359,18 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
                 request_deserializer=lenient_parser(messages_pb2.Chunk),
                 response_serializer=messages_pb2.Chunk.SerializeToString,
             )
+        cached = self._unary_handlers.get(method)
+        if cached is not None:
+            return cached
         handler = continuation(handler_call_details)
         if method not in CHUNKABLE or handler is None or handler.unary_unary is None:
             return handler
-        return grpc.unary_unary_rpc_method_handler(
+        wrapped = grpc.unary_unary_rpc_method_handler(
             functools.partial(self._serve_unary, method, handler),
             request_deserializer=handler.request_deserializer,
         )
+        self._unary_handlers[method] = wrapped
+        return wrapped
 
     def _reply_bytes(
         self, method: str, handler: grpc.RpcMethodHandler, reply: Any, context: grpc.ServicerContext

@@ -17,6 +17,13 @@ from vflnet.v1 import tensor_pb2
 
 ALLOWED_DTYPES = {"float32", "float64", "int64", "int32", "uint8", "bool"}
 MAX_DIMS = 32  # numpy's own limit is 64; no tensor here has more than a handful
+# Looked up once, not per message: numpy computes ``dtype.name`` in Python (several us a call), and
+# every tensor of a step passes here twice
+_WIRE_DTYPE = {name: np.dtype(name).newbyteorder("<") for name in ALLOWED_DTYPES}  # as the bytes are
+_HOST_DTYPE = {name: dtype.newbyteorder("=") for name, dtype in _WIRE_DTYPE.items()}  # as decoded
+_NAME_OF = {  # a sender's array in either byte order (big-endian is converted as it is encoded)
+    np.dtype(name).newbyteorder(order): name for name in ALLOWED_DTYPES for order in "<>="
+}
 
 
 class PayloadError(ValueError):
@@ -27,11 +34,11 @@ def to_proto(array: np.ndarray | torch.Tensor) -> tensor_pb2.Tensor:
     if isinstance(array, torch.Tensor):
         array = array.detach().cpu().numpy()
     array = np.ascontiguousarray(array)
-    dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
-    if dtype.name not in ALLOWED_DTYPES:
-        raise PayloadError(f"dtype {dtype.name} cannot be sent; allowed: {sorted(ALLOWED_DTYPES)}")
+    name = _NAME_OF.get(array.dtype)
+    if name is None:
+        raise PayloadError(f"dtype {array.dtype.name} cannot be sent; allowed: {sorted(ALLOWED_DTYPES)}")
     return tensor_pb2.Tensor(
-        dtype=dtype.name, shape=list(array.shape), data=array.astype(dtype, copy=False).tobytes()
+        dtype=name, shape=array.shape, data=array.astype(_WIRE_DTYPE[name], copy=False).tobytes()
     )
 
 
@@ -40,7 +47,16 @@ def _shape(msg: tensor_pb2.Tensor, what: str) -> tuple[int, ...]:
     element count is then a product of a few exact integers, never a wrapped int64)."""
     if len(msg.shape) > MAX_DIMS:
         raise PayloadError(f"{what}: {len(msg.shape)} dimensions; at most {MAX_DIMS}")
-    return tuple(int(d) for d in msg.shape)
+    return tuple(msg.shape)  # Python ints already (an int64 field)
+
+
+def _shape_matches(shape: tuple[int, ...], expect: Sequence[int | None]) -> bool:
+    if len(shape) != len(expect):
+        return False
+    for got, want in zip(shape, expect, strict=True):
+        if want is not None and want != got:
+            return False
+    return True
 
 
 def from_proto(
@@ -53,27 +69,27 @@ def from_proto(
 ) -> np.ndarray:
     """Decode and validate. ``None`` in ``expect_shape`` matches any size on that axis. Bit-packed
     +/-1 codes decode to float32 where no other dtype is expected."""
-    if msg.dtype == PM1 and expect_dtype in (None, PM1):
+    name = msg.dtype
+    if name == PM1 and expect_dtype in (None, PM1):
         return from_pm1_proto(msg, expect_shape=expect_shape, what=what)
-    if msg.dtype not in ALLOWED_DTYPES:
-        raise PayloadError(f"{what}: dtype {msg.dtype!r} is not allowed")
-    if expect_dtype is not None and msg.dtype != expect_dtype:
-        raise PayloadError(f"{what}: dtype {msg.dtype} where {expect_dtype} was expected")
+    dtype = _WIRE_DTYPE.get(name)
+    if dtype is None:
+        raise PayloadError(f"{what}: dtype {name!r} is not allowed")
+    if expect_dtype is not None and name != expect_dtype:
+        raise PayloadError(f"{what}: dtype {name} where {expect_dtype} was expected")
     shape = _shape(msg, what)
-    if any(d < 0 for d in shape):
+    if shape and min(shape) < 0:
         raise PayloadError(f"{what}: negative dimension in shape {shape}")
-    if expect_shape is not None:
-        if len(shape) != len(expect_shape) or any(
-            e is not None and e != d for d, e in zip(shape, expect_shape, strict=False)
-        ):
-            want = tuple("*" if e is None else e for e in expect_shape)
-            raise PayloadError(f"{what}: shape {shape} where {want} was expected")
-    dtype = np.dtype(msg.dtype).newbyteorder("<")
+    if expect_shape is not None and not _shape_matches(shape, expect_shape):
+        want = tuple("*" if e is None else e for e in expect_shape)
+        raise PayloadError(f"{what}: shape {shape} where {want} was expected")
     n = math.prod(shape)
-    if len(msg.data) != n * dtype.itemsize:
-        raise PayloadError(f"{what}: {len(msg.data)} data bytes do not match shape {shape} of {msg.dtype}")
-    array = np.frombuffer(msg.data, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
-    if require_finite and array.dtype.kind == "f" and not np.isfinite(array).all():
+    data = msg.data
+    if len(data) != n * dtype.itemsize:
+        raise PayloadError(f"{what}: {len(data)} data bytes do not match shape {shape} of {name}")
+    # a writable copy in this machine's byte order (frombuffer's view of the message is read-only)
+    array = np.frombuffer(data, dtype=dtype).astype(_HOST_DTYPE[name]).reshape(shape)
+    if require_finite and dtype.kind == "f" and not np.isfinite(array).all():
         raise PayloadError(f"{what}: contains NaN or Inf")
     return array
 
@@ -98,13 +114,7 @@ def from_pm1_proto(
     if msg.dtype != PM1:
         raise PayloadError(f"{what}: dtype {msg.dtype!r} where bit-packed +/-1 codes ({PM1!r}) were expected")
     shape = _shape(msg, what)
-    if any(d < 0 for d in shape) or (
-        expect_shape is not None
-        and (
-            len(shape) != len(expect_shape)
-            or any(e is not None and e != d for d, e in zip(shape, expect_shape, strict=False))
-        )
-    ):
+    if (shape and min(shape) < 0) or (expect_shape is not None and not _shape_matches(shape, expect_shape)):
         raise PayloadError(f"{what}: shape {shape} where {tuple(expect_shape or ())} was expected")
     n = math.prod(shape)
     if len(msg.data) != (n + 7) // 8:
