@@ -78,3 +78,18 @@ def test_a_dropout_run_on_the_loopback_bridge_ends_where_the_reference_ends(tmp_
     reference = train_reference(config_from_dict(data), evaluate=False)
     worst = max_difference_from_reference(tmp_path / "run", reference)
     assert worst <= 1e-5, f"max parameter difference {worst}"
+
+
+def test_local_model_train_sets_every_part_even_where_one_was_switched_alone():
+    """``LocalModel.train`` skips the walk when every part is in the mode already; a part switched
+    on its own (dropout in evaluation mode inside a training model) must still be switched back."""
+    bottom = build_bottom(DROPOUT_MLP, (16,))
+    local = LocalModel({"bottom": bottom}, OptimizerConfig(), LRScheduleConfig())
+    dropout = next(m for m in bottom.modules() if isinstance(m, SeededDropout))
+    local.train(False)
+    assert not any(m.training for m in bottom.modules())
+    local.train(True)
+    assert all(m.training for m in bottom.modules())
+    dropout.eval()
+    local.train(True)
+    assert dropout.training

@@ -15,7 +15,9 @@ import pytest
 from cryptography import x509
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from vflnet.config import TLSConfig, TransportConfig
 from vflnet.wire import certs_cli, healthcheck, tls
+from vflnet.wire.channels import bind, make_server
 
 DEADLINE = 5.0
 STREAM_METHOD = "/test.Echo/Stream"
@@ -137,6 +139,33 @@ def test_wrong_role_is_denied_and_server_keeps_serving(tls_server, pki) -> None:
     assert recorder.calls == []  # the servicer never ran
     assert call(address, creds(pki["good"], "coord"), "/vflnet.v1.Party/RunStep") == b"coord/coordinator"
     assert call(address, creds(pki["good"], "bob"), "/vflnet.v1.Coordinator/Join") == b"bob/passive"
+
+
+def test_a_vflnet_server_checks_the_role_on_every_call_of_a_method_it_has_served(pki) -> None:
+    """The chunking layer builds a method's handler once and keeps it: the role check inside must
+    still run for each call, whoever called the method before."""
+    good = pki["good"]
+    transport = TransportConfig(
+        tls=TLSConfig(
+            enabled=True,
+            ca=str(good / "ca.pem"),
+            cert=str(good / "{name}.pem"),
+            key=str(good / "{name}.key"),
+        )
+    )
+    recorder = Recorder()
+    server = make_server(transport, "coord")
+    server.add_generic_rpc_handlers(recorder.handlers())
+    address = f"127.0.0.1:{bind(server, '127.0.0.1:0', transport, 'coord')}"
+    server.start()
+    try:
+        for _ in range(2):
+            assert call(address, creds(good, "coord"), "/vflnet.v1.Party/RunStep") == b"coord/coordinator"
+            err = rpc_error(address, creds(good, "bob"), "/vflnet.v1.Party/RunStep")
+            assert err.code() == grpc.StatusCode.PERMISSION_DENIED and "'bob'" in err.details()
+        assert len(recorder.calls) == 2  # the servicer ran for the coordinator's calls only
+    finally:
+        server.stop(grace=None)
 
 
 def test_method_without_permission_entry_is_denied(tls_server, pki) -> None:
