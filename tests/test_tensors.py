@@ -75,3 +75,15 @@ def test_meter_counts_wire_and_payload_bytes_per_method():
         == {"ExchangeEmbeddings": 2 * tensor_payload_bytes(msg)}
     )
     assert meter.take() == ({}, {})
+
+
+@pytest.mark.parametrize(
+    "array",
+    [np.arange(12, dtype=np.float32).reshape(4, 3), np.arange(5, dtype=">i8"), np.zeros((0,), np.float64)],
+)
+def test_a_tensor_filled_into_a_message_field_is_the_tensor_to_proto_builds(array) -> None:
+    built = messages_pb2.EmbeddingGradients()
+    built.values.CopyFrom(tensors.to_proto(array))
+    filled = messages_pb2.EmbeddingGradients()
+    tensors.to_proto(array, into=filled.values)
+    assert filled.HasField("values") and filled.SerializeToString() == built.SerializeToString()

@@ -105,7 +105,10 @@ def outcome(
     out = logits.detach().cpu().numpy()
     if y is None or loss is None:
         return StepResult(grads, 0.0, 0, n, out)
-    correct = int((predict(logits.detach(), defense).cpu() == torch.from_numpy(y)).sum())
+    if defense is None:  # argmax as torch's (the first of equal maxima), on the copy at hand
+        correct = int(np.count_nonzero(out.argmax(axis=1) == y))
+    else:
+        correct = int((predict(logits.detach(), defense).cpu() == torch.from_numpy(y)).sum())
     return StepResult(grads, float(loss.detach()) * n, correct, n, out)
 
 
@@ -180,7 +183,7 @@ class SplitPassive(PartySide):
         return copy.deepcopy(self.host.local.modules["bottom"])
 
     def encode(self, msg: messages_pb2.Embeddings, emb: Any) -> None:
-        msg.values.CopyFrom(tensors.to_proto(emb))
+        tensors.to_proto(emb, into=msg.values)
 
     def decode_gradient(self, reply: messages_pb2.EmbeddingGradients, shape: tuple[int, ...]) -> Any:
         if reply.WhichOneof("payload") != "values":
@@ -293,7 +296,7 @@ class SplitActive(PartySide):
         return self.compute.step(x_own, received, y, train)
 
     def fill_reply(self, reply: messages_pb2.EmbeddingGradients, index: int, result: StepResult) -> None:
-        reply.values.CopyFrom(tensors.to_proto(result.grads[index]))
+        tensors.to_proto(result.grads[index], into=reply.values)
 
     # ------------------------------------------------------------------ passive -> active
     def _slot(self, step: int) -> StepSlot:

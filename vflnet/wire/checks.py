@@ -41,13 +41,11 @@ def check_run(cfg: Config, got: str) -> None:
 def check_sender(cfg: Config, sender: str, roles: set[str], context: grpc.ServicerContext | None) -> None:
     """The sender must be in the roster with an allowed role; under TLS it must also be the
     certificate's identity (a party cannot speak for another)."""
-    names = {p.name: p.role for p in cfg.parties}
-    if sender not in names:
+    role = next((p.role for p in cfg.parties if p.name == sender), None)
+    if role is None:
         raise permission_denied(f"unknown party {shown(sender)}: not in the roster")
-    if names[sender] not in roles:
-        raise permission_denied(
-            f"party {sender!r} has role {names[sender]!r}; this call needs {sorted(roles)}"
-        )
+    if role not in roles:
+        raise permission_denied(f"party {sender!r} has role {role!r}; this call needs {sorted(roles)}")
     if cfg.transport.tls.enabled and context is not None:
         from vflnet.wire.tls import peer_identity
 

@@ -30,16 +30,22 @@ class PayloadError(ValueError):
     """A received payload is malformed, has the wrong shape/dtype, or holds NaN/Inf."""
 
 
-def to_proto(array: np.ndarray | torch.Tensor) -> tensor_pb2.Tensor:
+def to_proto(array: np.ndarray | torch.Tensor, into: tensor_pb2.Tensor | None = None) -> tensor_pb2.Tensor:
+    """``array`` as a Tensor; ``into``: an empty Tensor field of a message to fill in place, which
+    spares copying a built Tensor (the whole payload) into it."""
     if isinstance(array, torch.Tensor):
         array = array.detach().cpu().numpy()
     array = np.ascontiguousarray(array)
     name = _NAME_OF.get(array.dtype)
     if name is None:
         raise PayloadError(f"dtype {array.dtype.name} cannot be sent; allowed: {sorted(ALLOWED_DTYPES)}")
-    return tensor_pb2.Tensor(
-        dtype=name, shape=array.shape, data=array.astype(_WIRE_DTYPE[name], copy=False).tobytes()
-    )
+    data = array.astype(_WIRE_DTYPE[name], copy=False).tobytes()
+    if into is None:
+        return tensor_pb2.Tensor(dtype=name, shape=array.shape, data=data)
+    into.dtype = name
+    into.shape.extend(array.shape)
+    into.data = data
+    return into
 
 
 def _shape(msg: tensor_pb2.Tensor, what: str) -> tuple[int, ...]:
