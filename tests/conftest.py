@@ -9,10 +9,13 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
+
+if TYPE_CHECKING:
+    from vflnet.config import TLSConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,6 +27,18 @@ os.environ["VFLNET_RESIDENT"] = "off"
 # importing torch take minutes to join, and a party's set-up or an inline attack can hold a step for
 # over a minute). A passing run never waits them out; tests of a timeout set their own.
 DEADLINES = {"rpc_timeout_s": 120, "join_timeout_s": 300}
+
+
+def tls_in(folder: Path) -> TLSConfig:
+    """Mutual TLS with the files `vflnet certs` writes to ``folder`` (ca.pem, <name>.pem, <name>.key)."""
+    from vflnet.config import TLSConfig
+
+    return TLSConfig(
+        enabled=True,
+        ca=str(folder / "ca.pem"),
+        cert=str(folder / "{name}.pem"),
+        key=str(folder / "{name}.key"),
+    )
 
 
 def base_config(

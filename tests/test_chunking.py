@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import base_config, write_config
-from vflnet.config import TLSConfig, TransportConfig
+from tests.conftest import base_config, tls_in, write_config
+from vflnet.config import TransportConfig
 from vflnet.interceptors import Chain, WireEvent, read_trace
 from vflnet.interceptors.grpc_adapters import ClientChainHook, ServerChainHook
 from vflnet.registry import PROTOCOLS
@@ -376,12 +376,7 @@ def test_a_call_is_authorized_as_the_method_it_carries_before_a_mod_sees_it(
         tls.issue_party_cert(tmp_path, name, role)
     transport = dataclasses.replace(
         SMALL,
-        tls=TLSConfig(
-            enabled=True,
-            ca=str(tmp_path / "ca.pem"),
-            cert=str(tmp_path / "{name}.pem"),
-            key=str(tmp_path / "{name}.key"),
-        ),
+        tls=tls_in(tmp_path),
     )
     rec = Recorder()
     srv, address = serve(active, transport, chain=Chain([rec]))
@@ -500,12 +495,7 @@ def test_a_chunked_call_from_the_wrong_role_is_refused_before_its_stream_is_read
         tls.issue_party_cert(tmp_path, name, role)
     transport = dataclasses.replace(
         SMALL,
-        tls=TLSConfig(
-            enabled=True,
-            ca=str(tmp_path / "ca.pem"),
-            cert=str(tmp_path / "{name}.pem"),
-            key=str(tmp_path / "{name}.key"),
-        ),
+        tls=tls_in(tmp_path),
     )
     srv, address = serve(active, transport)
     release, finished = threading.Event(), threading.Event()

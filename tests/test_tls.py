@@ -15,7 +15,8 @@ import pytest
 from cryptography import x509
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from vflnet.config import TLSConfig, TransportConfig
+from tests.conftest import tls_in
+from vflnet.config import TransportConfig
 from vflnet.wire import certs_cli, healthcheck, tls
 from vflnet.wire.channels import bind, make_server
 
@@ -145,14 +146,7 @@ def test_a_vflnet_server_checks_the_role_on_every_call_of_a_method_it_has_served
     """The chunking layer builds a method's handler once and keeps it: the role check inside must
     still run for each call, whoever called the method before."""
     good = pki["good"]
-    transport = TransportConfig(
-        tls=TLSConfig(
-            enabled=True,
-            ca=str(good / "ca.pem"),
-            cert=str(good / "{name}.pem"),
-            key=str(good / "{name}.key"),
-        )
-    )
+    transport = TransportConfig(tls=tls_in(good))
     recorder = Recorder()
     server = make_server(transport, "coord")
     server.add_generic_rpc_handlers(recorder.handlers())
@@ -340,15 +334,10 @@ def test_healthcheck_wait_until_serving() -> None:
 def test_a_channel_to_a_roster_party_accepts_only_that_partys_certificate(tls_server, pki) -> None:
     """Security finding 1: every party certificate also holds localhost, so checking the dialled host
     let a client reach whichever party answered; a channel opened for a roster peer checks its name."""
-    from vflnet.config import TLSConfig, TransportConfig
     from vflnet.wire.channels import open_channel
 
     good = pki["good"]
-    transport = TransportConfig(
-        tls=TLSConfig(
-            enabled=True, ca=str(good / "ca.pem"), cert=str(good / "{name}.pem"), key=str(good / "{name}.key")
-        )
-    )
+    transport = TransportConfig(tls=tls_in(good))
     _, address = tls_server  # serves with coord's certificate
     with open_channel(address, transport, "alice", peer="coord") as channel:
         assert channel.unary_unary("/vflnet.v1.Coordinator/Join")(b"x", timeout=DEADLINE) == b"alice/active"

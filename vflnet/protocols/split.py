@@ -37,6 +37,7 @@ from vflnet.sdk import (
     Protocol,
     aborted,
     call,
+    check_and_meter,
     duplicate,
     handles,
     invalid,
@@ -46,7 +47,7 @@ from vflnet.sdk import (
 from vflnet.threat.attack import OwnStepView
 from vflnet.v1 import messages_pb2
 from vflnet.wire import tensors
-from vflnet.wire.channels import MessageTooLarge, check_message_size
+from vflnet.wire.channels import MessageTooLarge
 
 EXCHANGE = "/vflnet.v1.Active/ExchangeEmbeddings"
 
@@ -391,10 +392,12 @@ class SplitActive(PartySide):
             reply = messages_pb2.EmbeddingGradients(header=self.host.header(h))
             if h.phase == messages_pb2.TRAIN:
                 self.fill_reply(reply, index, slot.result)
-            size = check_message_size(
-                reply, self.cfg.transport, f"{self.host.name}'s gradients for {sender} at step {h.step}"
+            check_and_meter(
+                self.host,
+                "ExchangeEmbeddings.reply",
+                reply,
+                f"{self.host.name}'s gradients for {sender} at step {h.step}",
             )
-            self.host.meter.record("ExchangeEmbeddings.reply", reply, size)
             slot.replies[sender] = reply
 
     def _record_predictions(

@@ -20,7 +20,7 @@ from vflnet.sdk.contract import (
     RunFailed,
     register_messages,
 )
-from vflnet.sdk.handlers import Pending, call, handles, send
+from vflnet.sdk.handlers import Pending, call, check_and_meter, handles, send
 from vflnet.v1.messages_pb2 import EVAL, PREDICT, TRAIN, Header, JoinReply, StepCommand, StepReport
 from vflnet.wire.errors import aborted, duplicate, invalid, malformed, not_found, stale_step, wrong_state
 from vflnet.wire.tensors import from_proto, to_proto
@@ -46,6 +46,7 @@ __all__ = [
     "aborted",
     "aggregate",
     "call",
+    "check_and_meter",
     "duplicate",
     "from_proto",
     "handles",

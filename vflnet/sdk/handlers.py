@@ -85,9 +85,18 @@ def serve_handlers(server: Server, side: Any, host: Any) -> None:
         add_handlers(server, handlers)
 
 
+def check_and_meter(host: Any, name: str, msg: Message, what: str) -> None:
+    """Refuse ``msg`` if it is over ``transport.max_payload_mb`` (the error names ``what``), else count
+    it in the host's meter as ``name`` (the coordinator meters nothing). For a side that builds a
+    reply itself (``meter_reply=False``), so its bytes count in the step's report."""
+    size = check_message_size(msg, host.cfg.transport, what)
+    meter = getattr(host, "meter", None)
+    if meter is not None:
+        meter.record(name, msg, size)
+
+
 def _checked(fn: Callable[[Any, Any], Message], spec: Handles, host: Any) -> Callable[[Any, Any], Message]:
     short = short_name(spec.method)
-    meter = getattr(host, "meter", None)  # the coordinator meters nothing
 
     def handler(request: Any, context: Any) -> Message:
         h = request.header
@@ -97,9 +106,7 @@ def _checked(fn: Callable[[Any, Any], Message], spec: Handles, host: Any) -> Cal
             host.waitroom.wait(h.sender, context, host.step_deadline_s)
         reply = fn(request, context)
         if spec.meter_reply:  # else the side checked and metered the reply where it built it
-            size = check_message_size(reply, host.cfg.transport, f"{host.name}'s {short} reply to {h.sender}")
-            if meter is not None:
-                meter.record(f"{short}.reply", reply, size)
+            check_and_meter(host, f"{short}.reply", reply, f"{host.name}'s {short} reply to {h.sender}")
         return reply
 
     handler.__name__ = getattr(fn, "__name__", short)
@@ -127,8 +134,7 @@ def _refused(peer: str, method: str, exc: grpc.RpcError) -> RpcFailure:
 
 def _outgoing(host: Any, peer: str, method: str, request: Message) -> None:
     short = short_name(method)
-    size = check_message_size(request, host.cfg.transport, f"{host.name}'s {short} to {peer}")
-    host.meter.record(short, request, size)
+    check_and_meter(host, short, request, f"{host.name}'s {short} to {peer}")
 
 
 def send(host: Any, channel: grpc.Channel, peer: str, method: str, request: Message) -> Pending:
