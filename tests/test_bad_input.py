@@ -27,9 +27,11 @@ DEADLINE = 30
 
 
 @pytest.fixture
-def active(tmp_path):
+def active(tmp_path, request):
     data = base_config(n_passive=2)
     data["run"]["id"] = "bad-input"
+    if getattr(request, "param", "plain") == "traced":  # a mod chain on the server: the party's trace tap
+        data["trace"] = {"parties": ["active"]}
     data["transport"]["rpc_timeout_s"] = RPC_TIMEOUT_S
     cfg = config_from_dict(data)
     bridge = GrpcBridge(cfg.transport)
@@ -271,8 +273,10 @@ def test_a_refused_run_step_has_no_effect(active):
     assert report.metrics["count"] == 4 and party.local.version == 1
 
 
+@pytest.mark.parametrize("active", ["plain", "traced"], indirect=True)
 def test_undecodable_bytes_get_invalid_argument_and_the_server_keeps_serving(active, caplog, monkeypatch):
-    """Security finding 8: each undecodable message logged a full traceback and got INTERNAL."""
+    """Security finding 8: each undecodable message logged a full traceback and got INTERNAL. With a
+    trace on, the tap expected a message and the call failed with UNKNOWN: no mod sees such bytes."""
     from vflnet.wire import errors
 
     # the throttle counts per process: other tests in this pytest worker may have counted already
@@ -288,8 +292,11 @@ def test_undecodable_bytes_get_invalid_argument_and_the_server_keeps_serving(act
         assert "not a valid message" in info.value.details()
     refusals = [r for r in caplog.records if "undecodable" in r.getMessage()]
     assert 1 <= len(refusals) <= 6 and not any(r.exc_info for r in refusals)  # 1, 2, 4, 8, 16: throttled
+    trace = party.interception.trace
+    assert trace is None or trace.records == 0
     report, _ = _full_step(party_stub, stub, 1, train[:4])
     assert report.metrics["count"] == 4
+    assert trace is None or trace.records == 6  # the good step's RunStep and two exchanges, both ways
 
 
 def test_an_oversized_name_is_cut_in_the_status(active):

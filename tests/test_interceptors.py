@@ -503,3 +503,66 @@ def test_a_buggy_response_mod_surfaces_its_own_exception(plain_server: str, bind
         future = stub.ExchangeEmbeddings.future(embeddings(), timeout=DEADLINE)
         assert isinstance(future.exception(), ZeroDivisionError)
         assert future.code() == grpc.StatusCode.UNKNOWN
+
+
+# ---------------------------------------------------------------------------------------- wire bytes
+def _out_of_field_order(msg: messages_pb2.Embeddings) -> bytes:
+    """``msg``'s bytes with its fields in reverse order: a valid message that protobuf would never
+    write, so that bytes taken from the wire and a new serialization tell apart."""
+    parts = []
+    for fd, _ in msg.ListFields():
+        single = type(msg)()
+        getattr(single, fd.name).MergeFrom(getattr(msg, fd.name))
+        parts.append(single.SerializeToString())
+    data = b"".join(reversed(parts))
+    assert data != msg.SerializeToString() and type(msg).FromString(data) == msg
+    return data
+
+
+def test_a_party_hook_gives_its_mods_the_bytes_on_the_wire(active: EchoActive) -> None:
+    """A party's server and channel hand each event the message's bytes as they crossed the wire (a
+    trace records those, not a second serialization); a mod after a rewrite gets no bytes (they
+    would be the old message's), and what is sent is the rewritten message."""
+    server_seen = Recorder()
+    server, address = start_server(active, Chain([server_seen]), "hook")
+    msg = embeddings(step=2)
+    wire = _out_of_field_order(msg)
+    try:
+        with grpc.insecure_channel(address) as channel:
+            raw = channel.unary_unary(EXCHANGE, request_serializer=bytes, response_deserializer=bytes)
+            reply_bytes = raw(wire, timeout=DEADLINE)
+        client_seen, after = Recorder(), Recorder()
+        chain = Chain([client_seen, scale_values(2.0, messages_pb2.Embeddings), after])
+        channel, stub = client_stub(address, chain, "hook")
+        with channel:
+            stub.ExchangeEmbeddings(msg, timeout=DEADLINE)
+    finally:
+        server.stop(grace=0)
+    request, response = server_seen.events[:2]
+    assert request.data == wire and request.message == msg  # exactly what arrived
+    assert response.data == reply_bytes  # exactly what left
+    sent, got = client_seen.events
+    assert sent.data == msg.SerializeToString() and got.data is not None
+    assert got.message == messages_pb2.EmbeddingGradients.FromString(got.data)
+    rewritten = after.events[0]
+    assert rewritten.data is None and rewritten.serialized() == rewritten.message.SerializeToString()
+    assert server_seen.events[2].data == rewritten.message.SerializeToString()  # the rewrite went out
+    np.testing.assert_allclose(values_of(active.received[1]), values_of(msg) * 2, rtol=1e-6)
+
+
+def test_undecodable_bytes_reach_no_mod_and_get_invalid_argument(active: EchoActive) -> None:
+    """Bytes that are not the method's message are refused before any mod sees them (a tap expects a
+    message), and the server keeps serving."""
+    seen = Recorder()
+    server, address = start_server(active, Chain([seen]), "hook")
+    try:
+        with grpc.insecure_channel(address) as channel:
+            raw = channel.unary_unary(EXCHANGE, request_serializer=bytes, response_deserializer=bytes)
+            with pytest.raises(grpc.RpcError) as info:
+                raw(b"\xff\xff\xff\xff", timeout=DEADLINE)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "does not decode" in info.value.details()
+            services_pb2_grpc.ActiveStub(channel).ExchangeEmbeddings(embeddings(), timeout=DEADLINE)
+    finally:
+        server.stop(grace=0)
+    assert [e.direction for e in seen.events] == ["request", "response"]

@@ -76,11 +76,15 @@ def test_round_trip_rebuilds_every_event(tmp_path: Path) -> None:
 
 def test_a_record_is_written_as_the_bytes_protobuf_would_serialize(tmp_path: Path) -> None:
     """The writer frames a record itself, so that a message's bytes are not copied into it: the
-    bytes must be exactly protobuf's, for a large message, a small one and an empty one."""
+    bytes must be exactly protobuf's, for a large message, a small one and an empty one; for a time
+    protobuf leaves out (0.0) and one it keeps (-0.0); and for a second message of the same route,
+    whose record reuses the route's fields."""
     events = [
-        *exchange_events(1),
+        *exchange_events(2),
         WireEvent("request", "client", EXCHANGE, "p", "x", embeddings(1, n=2000, dim=64), 5.0),
         WireEvent("response", "server", RUN_STEP, "p", "", messages_pb2.StepReport(), 6.0),
+        WireEvent("response", "server", RUN_STEP, "p", "", messages_pb2.StepReport(), 0.0),
+        WireEvent("response", "server", RUN_STEP, "p", "", messages_pb2.StepReport(), -0.0),
     ]
     for event in events:
         head, body = trace_mod.record_entry(event)
@@ -92,6 +96,22 @@ def test_a_record_is_written_as_the_bytes_protobuf_would_serialize(tmp_path: Pat
         for event in events:
             writer(event)
     assert all(same(a, b) for a, b in zip(events, read_trace(path), strict=True))
+
+
+def test_a_record_holds_the_bytes_that_crossed_the_wire(tmp_path: Path) -> None:
+    """An event that carries its message's bytes from the wire is recorded with those bytes, even when
+    protobuf would serialize the message otherwise (here: its fields in reverse order)."""
+    msg = embeddings(3)
+    wire = b"".join(  # the fields in reverse order: a valid Embeddings that protobuf never writes
+        type(msg)(**{name: getattr(msg, name)}).SerializeToString()
+        for name in ("values", "sample_ids", "header")
+    )
+    assert wire != msg.SerializeToString() and type(msg).FromString(wire) == msg
+    path = tmp_path / "wire.trace"
+    with TraceWriter(path, party="active") as writer:
+        writer(WireEvent("request", "server", EXCHANGE, "active", "x", msg, 7.0, data=wire))
+    (entry,) = [e for e in trace_mod.iter_entries(path) if e.WhichOneof("entry") == "record"]
+    assert entry.record.message == wire
 
 
 def test_reader_follows_a_file_being_written(tmp_path: Path) -> None:

@@ -56,7 +56,7 @@ class Chain:
                     f"mod {mod!r} returned {type(out).__name__} for a {type(event.message).__name__} "
                     f"({event.short_method} {event.direction}); a rewrite must keep the message type"
                 )
-            event = dataclasses.replace(event, message=out)
+            event = dataclasses.replace(event, message=out, data=None)  # the old bytes are not its
         return event.message
 
 

@@ -7,6 +7,7 @@ pays for turning tensor bytes into arrays.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -91,6 +92,12 @@ def _walk(msg: Message, prefix: str, kind: type[Message]) -> Iterator[tuple[str,
                 yield from _walk(sub, f"{sub_path}.", kind)
 
 
+@functools.cache  # one entry per message type: a tap asks for every message it sees
+def _has_header(descriptor: Any) -> bool:
+    fd = descriptor.fields_by_name.get("header")
+    return fd is not None and fd.message_type is messages_pb2.Header.DESCRIPTOR
+
+
 @dataclass(frozen=True)
 class WireEvent:
     """One message seen by a tap: ``message`` is the live protobuf object; mods must not mutate it
@@ -103,6 +110,13 @@ class WireEvent:
     peer: str
     message: Message
     time: float = field(default_factory=time.time)
+    # the message's bytes as they crossed (or will cross) the wire, when the adapter has them: a trace
+    # records them as they are instead of serializing the message again; None after a rewrite
+    data: bytes | None = field(default=None, repr=False, compare=False)
+
+    def serialized(self) -> bytes:
+        """The message's bytes: those on the wire when known, else protobuf's serialization."""
+        return self.data if self.data is not None else self.message.SerializeToString()
 
     @property
     def short_method(self) -> str:
@@ -112,9 +126,7 @@ class WireEvent:
     @property
     def header(self) -> messages_pb2.Header | None:
         """The message's ``Header``; None for messages without one (Join, Shutdown)."""
-        fields = self.message.DESCRIPTOR.fields_by_name
-        fd = fields.get("header")
-        if fd is None or fd.message_type is not messages_pb2.Header.DESCRIPTOR:
+        if not _has_header(self.message.DESCRIPTOR):
             return None
         return self.message.header  # type: ignore[attr-defined]
 

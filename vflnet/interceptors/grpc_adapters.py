@@ -54,15 +54,15 @@ class ServerChainHook:
         self.chain = chain
         self.party = party
 
-    def request(self, method: str, message: Message, peer: str) -> Message:
+    def request(self, method: str, message: Message, peer: str, data: bytes | None = None) -> Message:
         try:
-            return self.chain(WireEvent("request", "server", method, self.party, peer, message))
+            return self.chain(WireEvent("request", "server", method, self.party, peer, message, data=data))
         except Refused as exc:
             raise RefusedCall(exc.code, f"{self.party} refused the {method} request: {exc.reason}") from exc
 
-    def response(self, method: str, message: Message, peer: str) -> Message:
+    def response(self, method: str, message: Message, peer: str, data: bytes | None = None) -> Message:
         try:
-            return self.chain(WireEvent("response", "server", method, self.party, peer, message))
+            return self.chain(WireEvent("response", "server", method, self.party, peer, message, data=data))
         except Refused as exc:
             raise RefusedCall(exc.code, f"{self.party} refused the {method} response: {exc.reason}") from exc
 
@@ -76,17 +76,21 @@ class ClientChainHook:
         self.party = party
         self.target = target
 
-    def request(self, method: str, message: Message) -> Message:
+    def request(self, method: str, message: Message, data: bytes | None = None) -> Message:
         try:
-            return self.chain(WireEvent("request", "client", method, self.party, self.target, message))
+            return self.chain(
+                WireEvent("request", "client", method, self.party, self.target, message, data=data)
+            )
         except Refused as exc:
             raise RefusedCall(
                 exc.code, f"{self.party} refused its own {method} request: {exc.reason}"
             ) from exc
 
-    def response(self, method: str, message: Message) -> Message:
+    def response(self, method: str, message: Message, data: bytes | None = None) -> Message:
         try:
-            return self.chain(WireEvent("response", "client", method, self.party, self.target, message))
+            return self.chain(
+                WireEvent("response", "client", method, self.party, self.target, message, data=data)
+            )
         except Refused as exc:
             raise RefusedCall(exc.code, f"{self.party} refused the {method} response: {exc.reason}") from exc
 

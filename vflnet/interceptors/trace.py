@@ -12,8 +12,10 @@ a new header, so one file can hold several sessions of the same party (e.g. a re
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import struct
 import threading
 import time
 from collections import Counter
@@ -48,6 +50,12 @@ class TraceError(ValueError):
 
 
 def _varint(n: int) -> bytes:
+    if n < 0x80:  # up to three bytes without a loop: every record frames three lengths
+        return _ONE_BYTE[n]
+    if n < 0x4000:
+        return bytes((n & 0x7F | 0x80, n >> 7))
+    if n < 0x200000:
+        return bytes((n & 0x7F | 0x80, n >> 7 & 0x7F | 0x80, n >> 14))
     out = bytearray()
     while True:
         low = n & 0x7F
@@ -57,6 +65,9 @@ def _varint(n: int) -> bytes:
         else:
             out.append(low)
             return bytes(out)
+
+
+_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
 
 
 def _read_varint(f: BinaryIO) -> int | None:
@@ -85,23 +96,38 @@ def _tag(message: type[Message], name: str) -> bytes:
 
 _RECORD_TAG = _tag(trace_pb2.TraceEntry, "record")
 _MESSAGE_TAG = _tag(trace_pb2.TraceRecord, "message")
+_TIME_FIELD = trace_pb2.TraceRecord.DESCRIPTOR.fields_by_name["time"]
+_TIME_KEY = _varint(_TIME_FIELD.number << 3 | 1)  # wire type 1: 64 bits
+_DOUBLE = struct.Struct("<d")
+_NO_TIME = _DOUBLE.pack(0.0)  # proto3 leaves a double out when its bits are all zero (-0.0 is kept)
+assert _TIME_FIELD.number == 1, "record_entry writes the time first: protobuf's order by field number"
+
+
+@functools.lru_cache(maxsize=1024)  # one per method, direction and peer of a run: a handful
+def _record_fields(party: str, side: str, direction: str, method: str, peer: str, message_type: str) -> bytes:
+    """A record's fields between its time and its message, serialized: the same for every message of
+    a method, direction and peer, so each record builds only its time and its message's length."""
+    return trace_pb2.TraceRecord(
+        party=party, side=side, direction=direction, method=method, peer=peer, message_type=message_type
+    ).SerializeToString()
 
 
 def record_entry(event: WireEvent) -> tuple[bytes, bytes]:
     """``event`` as a serialized ``TraceEntry`` in two parts, head + message bytes: the same bytes as
-    ``TraceEntry(record=...).SerializeToString()`` (``message`` is the record's last field), without
-    copying the message (tens of KB) into a record and serializing it a second time."""
-    record = trace_pb2.TraceRecord(
-        time=event.time,
-        party=event.party,
-        side=event.side,
-        direction=event.direction,
-        method=event.method,
-        peer=event.peer,
-        message_type=event.message.DESCRIPTOR.full_name,
+    ``TraceEntry(record=...).SerializeToString()`` (protobuf writes fields in number order: the time,
+    the fields that name the message's route, then ``message``), without copying the message (tens
+    of KB) into a record and serializing it a second time."""
+    time_bits = _DOUBLE.pack(event.time)
+    fields = _record_fields(
+        event.party,
+        event.side,
+        event.direction,
+        event.method,
+        event.peer,
+        event.message.DESCRIPTOR.full_name,
     )
-    head = record.SerializeToString()
-    body = event.message.SerializeToString()
+    head = fields if time_bits == _NO_TIME else _TIME_KEY + time_bits + fields
+    body = event.serialized()
     if body:  # proto3 leaves an empty bytes field out
         head += _MESSAGE_TAG + _varint(len(body))
     return _RECORD_TAG + _varint(len(head) + len(body)) + head, body

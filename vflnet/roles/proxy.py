@@ -93,7 +93,7 @@ class ForwardingHandler(grpc.GenericRpcHandler):
             )
             return data
         try:
-            out = self.chain(WireEvent(direction, "proxy", method, self.name, peer, message))  # type: ignore[arg-type]
+            out = self.chain(WireEvent(direction, "proxy", method, self.name, peer, message, data=data))  # type: ignore[arg-type]
         except Refused as exc:
             context.abort(exc.code, f"proxy {self.name} refused the {method} {direction}: {exc.reason}")
         return data if out is message else out.SerializeToString()

@@ -131,13 +131,13 @@ class RunTrace:
 
     def __call__(self, event: WireEvent) -> None:
         if event.side == "server" and event.direction == "request":
-            msg = event.message
-            run_id = event.run_id if event.run_id is not None else getattr(msg, "run_id", None)
-            sender = (
-                event.sender
-                if event.sender is not None
-                else getattr(msg, "sender", getattr(msg, "name", None))
-            )
+            header = event.header
+            if header is not None:
+                run_id, sender = header.run_id, header.sender
+            else:  # Join and the like name the run and the sender themselves
+                msg = event.message
+                run_id = getattr(msg, "run_id", None)
+                sender = getattr(msg, "sender", getattr(msg, "name", None))
             if run_id != self.run_id or (sender is not None and sender not in self.roster):
                 self.left_out += 1
                 if self.left_out & (self.left_out - 1) == 0:  # 1, 2, 4, ...: never a log flood

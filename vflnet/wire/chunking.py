@@ -69,18 +69,20 @@ def register_chunkable(service: Any) -> None:
 
 class ServerHook(Protocol):
     """Runs on every whole request a server receives and every reply it sends (a party's mod chain,
-    vflnet/interceptors/grpc_adapters.py); raises :class:`FailedCall` to refuse one with its status."""
+    vflnet/interceptors/grpc_adapters.py); raises :class:`FailedCall` to refuse one with its status.
+    ``data`` is the message's bytes on the wire when known; a hook returns the message to go on (the
+    same object when it did not rewrite it)."""
 
-    def request(self, method: str, message: Any, peer: str) -> Any: ...
-    def response(self, method: str, message: Any, peer: str) -> Any: ...
+    def request(self, method: str, message: Any, peer: str, data: bytes | None = None) -> Any: ...
+    def response(self, method: str, message: Any, peer: str, data: bytes | None = None) -> Any: ...
 
 
 class ClientHook(Protocol):
     """Runs on every whole request a channel sends and every reply it gets; raises
     :class:`FailedCall` to refuse one (the caller sees the call fail with its status)."""
 
-    def request(self, method: str, message: Any) -> Any: ...
-    def response(self, method: str, message: Any) -> Any: ...
+    def request(self, method: str, message: Any, data: bytes | None = None) -> Any: ...
+    def response(self, method: str, message: Any, data: bytes | None = None) -> Any: ...
 
 
 def serve_with_hook(
@@ -89,21 +91,29 @@ def serve_with_hook(
     behavior: Callable[[Any, grpc.ServicerContext], Any],
     request: Any,
     context: grpc.ServicerContext,
+    data: bytes | None = None,
+    serialize: Callable[[Any], bytes] | None = None,
 ) -> Any:
-    """``behavior`` (the servicer) with ``hook`` on its request and reply; a refusal aborts the call
-    with the refusal's status."""
+    """``behavior`` (the servicer) with ``hook`` on its request (``data``: its bytes, when known) and
+    reply; a refusal aborts the call with the refusal's status. With ``serialize``, the reply is
+    returned serialized, once for the hook and the wire unless the hook rewrote it."""
     peer = context.peer()
-    try:
-        request = hook.request(method, request, peer)
-    except FailedCall as exc:
-        context.abort(exc.code(), exc.details())
+    if not isinstance(request, Undecodable):  # no message to show a mod: the servicer refuses it
+        try:
+            request = hook.request(method, request, peer, data)
+        except FailedCall as exc:
+            context.abort(exc.code(), exc.details())
     response = behavior(request, context)
     if response is None:  # the servicer aborted or set an error status itself
         return response
+    encoded = None if serialize is None else serialize(response)
     try:
-        return hook.response(method, response, peer)
+        out = hook.response(method, response, peer, encoded)
     except FailedCall as exc:
         context.abort(exc.code(), exc.details())
+    if serialize is None:
+        return out
+    return encoded if out is response else serialize(out)
 
 
 @dataclass(frozen=True)
@@ -302,6 +312,16 @@ class _ReplyStash:
         return item[1] if item is not None and item[0] > time.monotonic() else None
 
 
+def _as_is(data: bytes) -> bytes:
+    return data
+
+
+def _parse(handler: grpc.RpcMethodHandler, data: bytes) -> Any:
+    """The request ``handler`` takes, from its bytes (vflnet's handlers parse leniently: bytes that are
+    not a message become :class:`Undecodable`, which the servicer refuses)."""
+    return handler.request_deserializer(data) if handler.request_deserializer else data
+
+
 class ChunkingInterceptor(grpc.ServerInterceptor):
     """Serves ``Chunks/Call`` and ``Chunks/FetchReply``; parks unary replies over the limit.
 
@@ -367,37 +387,50 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
             return handler
         wrapped = grpc.unary_unary_rpc_method_handler(
             functools.partial(self._serve_unary, method, handler),
-            request_deserializer=handler.request_deserializer,
+            # with a hook, the request's bytes reach _serve_unary: a tap records them as they are
+            request_deserializer=handler.request_deserializer if self.hook is None else None,
         )
         self._unary_handlers[method] = wrapped
         return wrapped
 
-    def _reply_bytes(
-        self, method: str, handler: grpc.RpcMethodHandler, reply: Any, context: grpc.ServicerContext
-    ) -> bytes:
-        data = handler.response_serializer(reply) if handler.response_serializer else reply
-        error = payload_error(len(data), self.limits, f"the {method} reply")
-        if error:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, error)
-        return data
-
     def _serve(
-        self, method: str, handler: grpc.RpcMethodHandler, request: Any, context: grpc.ServicerContext
-    ) -> Any:
-        """The logical call: the servicer, with the hook on its request and reply."""
+        self,
+        method: str,
+        handler: grpc.RpcMethodHandler,
+        request: Any,
+        context: grpc.ServicerContext,
+        data: bytes | None = None,
+    ) -> bytes | None:
+        """The logical call: the servicer, with the hook on its request (``data``: its bytes) and
+        reply; the reply's bytes (None: the servicer set an error status itself)."""
+        serialize = handler.response_serializer or _as_is
         if self.hook is None:
-            return handler.unary_unary(request, context)
-        return serve_with_hook(self.hook, method, handler.unary_unary, request, context)
+            reply = handler.unary_unary(request, context)
+            encoded = None if reply is None else serialize(reply)
+        else:
+            encoded = serve_with_hook(
+                self.hook, method, handler.unary_unary, request, context, data, serialize
+            )
+        if encoded is not None:
+            error = payload_error(len(encoded), self.limits, f"the {method} reply")
+            if error:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, error)
+        return encoded
 
     def _serve_unary(
         self, method: str, handler: grpc.RpcMethodHandler, request: Any, context: grpc.ServicerContext
     ) -> bytes | None:
-        if self.hook is not None and self.authorize is not None:
-            self.authorize(method, context)  # mods see only requests the caller's role may send
-        reply = self._serve(method, handler, request, context)
-        if reply is None:  # the servicer set an error status itself
+        data = None
+        if self.hook is not None:
+            if self.authorize is not None:
+                self.authorize(method, context)  # mods see only requests the caller's role may send
+            try:
+                data, request = request, _parse(handler, request)
+            except DecodeError as exc:  # a deserializer that raises (vflnet's own parse leniently)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method} request does not decode: {exc}")
+        data = self._serve(method, handler, request, context, data)
+        if data is None:  # the servicer set an error status itself
             return None
-        data = self._reply_bytes(method, handler, reply, context)
         if len(data) > self.limits.message:
             context.set_trailing_metadata(((TICKET_KEY, self.stash.put(data)),))
             context.abort(
@@ -432,7 +465,7 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
         try:
             what = f"chunked {method} request"
             data = join(_paced(chunks, self.limits.ticket_ttl_s, what), self.limits, what, self.budget)
-            request = handler.request_deserializer(data) if handler.request_deserializer else data
+            request = _parse(handler, data)
         except ChunkError as exc:
             context.abort(exc.code, str(exc))
         except DecodeError as exc:
@@ -441,9 +474,9 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
             )
         finally:
             self.streams.release()
-        reply = self._serve(method, handler, request, context)
-        if reply is not None:
-            yield from split(self._reply_bytes(method, handler, reply, context), self.limits)
+        encoded = self._serve(method, handler, request, context, data)
+        if encoded is not None:
+            yield from split(encoded, self.limits)
 
     def _fetch(
         self, ticket: messages_pb2.ReplyTicket | Undecodable, context: grpc.ServicerContext
@@ -617,10 +650,12 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
         return self._fetch_parked(ticket, options, None)
 
     def _encode(self, request: Any) -> bytes:
-        """The request after the hook, serialized (the hook sees the whole message)."""
-        if self._hook is not None:
-            request = self._hook.request(self.method, request)
+        """The request after the hook, serialized (the hook sees the whole message and its bytes)."""
         data = self._serialize(request)
+        if self._hook is not None:
+            out = self._hook.request(self.method, request, data)
+            if out is not request:  # rewritten by a mod
+                data = self._serialize(out)
         error = payload_error(len(data), self.limits, f"the {self.method} request")
         if error:
             raise FailedCall(grpc.StatusCode.RESOURCE_EXHAUSTED, error)
@@ -659,7 +694,7 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
             raise FailedCall(
                 grpc.StatusCode.INTERNAL, f"the {self.method} reply does not decode: {exc}"
             ) from exc
-        return reply if self._hook is None else self._hook.response(self.method, reply)
+        return reply if self._hook is None else self._hook.response(self.method, reply, data)
 
 
 class _ChunkingCall(SettledCall):
