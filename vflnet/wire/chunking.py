@@ -428,17 +428,17 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
                 data, request = request, _parse(handler, request)
             except DecodeError as exc:  # a deserializer that raises (vflnet's own parse leniently)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method} request does not decode: {exc}")
-        data = self._serve(method, handler, request, context, data)
-        if data is None:  # the servicer set an error status itself
+        reply = self._serve(method, handler, request, context, data)
+        if reply is None:  # the servicer set an error status itself
             return None
-        if len(data) > self.limits.message:
-            context.set_trailing_metadata(((TICKET_KEY, self.stash.put(data)),))
+        if len(reply) > self.limits.message:
+            context.set_trailing_metadata(((TICKET_KEY, self.stash.put(reply)),))
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"the {method} reply is {len(data)} bytes, over transport.max_message_mb "
+                f"the {method} reply is {len(reply)} bytes, over transport.max_message_mb "
                 f"({self.limits.message} bytes): fetch it with {FETCH_METHOD} and the {TICKET_KEY} trailer",
             )
-        return data
+        return reply
 
     def _serve_chunked(
         self,
