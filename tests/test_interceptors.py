@@ -506,7 +506,7 @@ def test_a_buggy_response_mod_surfaces_its_own_exception(plain_server: str, bind
 
 
 # ---------------------------------------------------------------------------------------- wire bytes
-def _out_of_field_order(msg: messages_pb2.Embeddings) -> bytes:
+def out_of_field_order(msg: messages_pb2.Embeddings) -> bytes:
     """``msg``'s bytes with its fields in reverse order: a valid message that protobuf would never
     write, so that bytes taken from the wire and a new serialization tell apart."""
     parts = []
@@ -526,7 +526,7 @@ def test_a_party_hook_gives_its_mods_the_bytes_on_the_wire(active: EchoActive) -
     server_seen = Recorder()
     server, address = start_server(active, Chain([server_seen]), "hook")
     msg = embeddings(step=2)
-    wire = _out_of_field_order(msg)
+    wire = out_of_field_order(msg)
     try:
         with grpc.insecure_channel(address) as channel:
             raw = channel.unary_unary(EXCHANGE, request_serializer=bytes, response_deserializer=bytes)

@@ -10,7 +10,16 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from test_interceptors import DEADLINE, EXCHANGE, RUN_STEP, EchoActive, embeddings, start_server, values_of
+from test_interceptors import (
+    DEADLINE,
+    EXCHANGE,
+    RUN_STEP,
+    EchoActive,
+    embeddings,
+    out_of_field_order,
+    start_server,
+    values_of,
+)
 
 from vflnet.interceptors import (
     Chain,
@@ -102,11 +111,7 @@ def test_a_record_holds_the_bytes_that_crossed_the_wire(tmp_path: Path) -> None:
     """An event that carries its message's bytes from the wire is recorded with those bytes, even when
     protobuf would serialize the message otherwise (here: its fields in reverse order)."""
     msg = embeddings(3)
-    wire = b"".join(  # the fields in reverse order: a valid Embeddings that protobuf never writes
-        type(msg)(**{name: getattr(msg, name)}).SerializeToString()
-        for name in ("values", "sample_ids", "header")
-    )
-    assert wire != msg.SerializeToString() and type(msg).FromString(wire) == msg
+    wire = out_of_field_order(msg)
     path = tmp_path / "wire.trace"
     with TraceWriter(path, party="active") as writer:
         writer(WireEvent("request", "server", EXCHANGE, "active", "x", msg, 7.0, data=wire))

@@ -312,7 +312,8 @@ class _ReplyStash:
         return item[1] if item is not None and item[0] > time.monotonic() else None
 
 
-def _as_is(data: bytes) -> bytes:
+def _as_is(data: Any) -> Any:
+    """The (de)serializer of a method that sends and takes bytes as they are."""
     return data
 
 
@@ -538,8 +539,8 @@ class _ChunkingMultiCallable(grpc.UnaryUnaryMultiCallable):
         self.limits = limits
         self._hook = hook
         self._method_metadata = ((METHOD_KEY, method),)
-        self._serialize = serializer or (lambda data: data)
-        self._deserialize = deserializer or (lambda data: data)
+        self._serialize = serializer or _as_is
+        self._deserialize = deserializer or _as_is
         self._unary = channel.unary_unary(method)  # bytes both ways: the sizes are checked here
         chunk = {
             "request_serializer": messages_pb2.Chunk.SerializeToString,
