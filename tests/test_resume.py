@@ -83,7 +83,8 @@ def _steps(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []
-    lines = path.read_text().splitlines()
+    # the run is still writing: a last line without its newline is a record half written, not yet one
+    lines = path.read_text().split("\n")[:-1]
     return [r for r in map(json.loads, lines) if r["kind"] == "step"]
 
 
