@@ -89,6 +89,16 @@ def test_no_digits_epochs_is_refused_before_anything_runs(capsys):
     assert "--transport-epochs: at least 1, got 0" in err.err and "load average" not in err.out
 
 
+def test_a_congestion_control_the_lab_cannot_use_is_refused_before_anything_runs(capsys):
+    """Refused at once, not after the start-up part's minutes, when the netem part is to run."""
+    with pytest.raises(SystemExit) as exit_:
+        goals.main(["--tcp-cc", "no-such-cc"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr()
+    assert "--tcp-cc: TCP congestion control 'no-such-cc' cannot be set" in err.err
+    assert "load average" not in err.out
+
+
 def test_the_floor_goals_are_judged_on_each_rounds_difference_not_on_two_lucky_bests():
     """Best against best paired runs minutes apart: one lucky floor or vflnet run could say the goal
     was met (this session's runs of the command gave +0.13 to +2.39 ms for one code). The goal rows

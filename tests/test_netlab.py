@@ -23,7 +23,7 @@ import torch
 
 from tests.conftest import base_config, write_config
 from vflnet.interceptors.trace import read_trace, trace_path
-from vflnet.tools.lab import cli
+from vflnet.tools.lab import cli, netlab
 from vflnet.tools.lab.netlab import (
     SUBNET,
     Lab,
@@ -216,9 +216,35 @@ def test_tcp_cc_sets_every_hosts_congestion_control_and_a_refused_one_says_what_
         assert {cc(h.ns) for h in lab.hosts} == {"reno"}
     finally:
         down(prefix)
-    with pytest.raises(LabError, match="cannot be set in the lab's namespaces.*allowed here"):
+    # refused before anything is built, naming what a namespace may use
+    with pytest.raises(LabError, match="'no-such-cc' cannot be set in the lab's namespaces: it is not among"):
         up(_config(tmp_path), prefix=prefix, lab_dir=tmp_path / "lab2", tcp_cc="no-such-cc")
+    sysctls = Path("/proc/sys/net/ipv4")
+    allowed = (sysctls / "tcp_allowed_congestion_control").read_text().split()
+    loaded_only = set((sysctls / "tcp_available_congestion_control").read_text().split()) - set(allowed)
+    for name in sorted(loaded_only)[:1]:  # loaded but not allowed (cubic where the machine allows reno bbr)
+        with pytest.raises(LabError, match=f"'{name}'.*may use only net.ipv4.tcp_allowed_congestion_control"):
+            up(_config(tmp_path), prefix=prefix, lab_dir=tmp_path / "lab3", tcp_cc=name)
     assert prefix not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not (tmp_path / "lab2").exists() and not (tmp_path / "lab3").exists()
+
+
+def test_a_congestion_control_a_namespace_may_not_use_is_refused_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside the machine's own namespace the kernel answers EPERM for any congestion control not in
+    tcp_allowed_congestion_control, loaded or not: `tcp_cc_refusal` says which case, before a lab starts."""
+    (tmp_path / "tcp_allowed_congestion_control").write_text("reno bbr\n")
+    (tmp_path / "tcp_available_congestion_control").write_text("reno bbr cubic\n")
+    monkeypatch.setattr(netlab, "TCP_CC_SYSCTLS", tmp_path)
+    assert netlab.tcp_cc_refusal("") is None and netlab.tcp_cc_refusal("bbr") is None
+    cubic = netlab.tcp_cc_refusal("cubic")
+    assert cubic is not None and "'cubic' cannot be set" in cubic and "(reno bbr)" in cubic
+    assert "tcp_allowed_congestion_control='reno bbr cubic'" in cubic  # the sysctl that would allow it
+    vegas = netlab.tcp_cc_refusal("vegas")
+    assert vegas is not None and "not among the kernel's loaded ones" in vegas and "reno bbr cubic" in vegas
+    (tmp_path / "tcp_allowed_congestion_control").unlink()  # cannot tell: the namespace's sysctl will
+    assert netlab.tcp_cc_refusal("vegas") is None
 
 
 # ---------------------------------------------------------------------------- demo 1: a slow network

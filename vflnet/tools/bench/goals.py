@@ -41,7 +41,7 @@ from typing import Any
 from vflnet import progress
 from vflnet.tools.bench import grpc_floor, netem, startup, transport
 from vflnet.tools.bench.common import Row, markdown_table, parse_args, write_json
-from vflnet.tools.lab.netlab import unavailable_reason
+from vflnet.tools.lab.netlab import tcp_cc_refusal, unavailable_reason
 
 WARM_PARTY_S = 0.5
 DEMO_OVERHEAD_S = 3.0
@@ -403,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(parser, argv, SMOKE)
     if args.transport_epochs < 1:  # refused now, not after minutes of other measurements
         parser.error(f"--transport-epochs: at least 1, got {args.transport_epochs}")
+    refused = None if "netem" in args.skip else tcp_cc_refusal(args.tcp_cc.strip())
+    if refused:
+        parser.error(f"--tcp-cc: {refused}")
     began, load_start = time.perf_counter(), _load()
     print(f"load average {load_start:.1f} at the start, {os.cpu_count()} cores", flush=True)
     rows: list[Row] = []

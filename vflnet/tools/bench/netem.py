@@ -28,6 +28,7 @@ import json
 import os
 import socket
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -37,7 +38,7 @@ import yaml
 
 from vflnet.example_configs import EXAMPLES
 from vflnet.tools.bench.common import Row, parse_args, write_json
-from vflnet.tools.lab.netlab import Lab, down, in_netns, unavailable_reason, up
+from vflnet.tools.lab.netlab import Lab, LabError, down, in_netns, tcp_cc_refusal, unavailable_reason, up
 
 ECHO_PORT = 7099  # the wire probe's port inside the active party's namespace
 WIRE_WARMUP = 3  # round trips before the measured ones (the connection's first flights)
@@ -225,12 +226,20 @@ def measure_delays(args: argparse.Namespace) -> list[Row]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv, {"delays": [0.0, 10.0], "epochs": 1, "wire_trips": 10})
+    refused = tcp_cc_refusal(args.tcp_cc.strip())
+    if refused:
+        print(f"vflnet bench netem: --tcp-cc: {refused}", file=sys.stderr)
+        return 2
     why = unavailable_reason()
     if why is not None:
         print(f"vflnet bench netem: skipped: {why}")
         write_json(args.json, [], skipped=why)
         return 0
-    rows = measure_delays(args)
+    try:
+        rows = measure_delays(args)
+    except LabError as exc:  # the lab could not come up (a lab of this prefix is up, a sysctl refused)
+        print(f"vflnet bench netem: {exc}", file=sys.stderr)
+        return 2
     _print(rows)
     write_json(
         args.json,

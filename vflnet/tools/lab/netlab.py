@@ -130,6 +130,33 @@ def unavailable_reason() -> str | None:
     return None
 
 
+TCP_CC_SYSCTLS = Path("/proc/sys/net/ipv4")
+
+
+def tcp_cc_refusal(name: str) -> str | None:
+    """Why the lab's hosts cannot use TCP congestion control ``name``, or None when they can (or when
+    this machine cannot tell: ``_set_tcp_cc`` then says what the namespace refused). Outside the
+    machine's own network namespace the kernel lets a namespace choose only from the machine's
+    ``tcp_allowed_congestion_control``, so the others are refused here, before a lab or a benchmark
+    starts."""
+    if not name:
+        return None
+    try:
+        allowed = (TCP_CC_SYSCTLS / "tcp_allowed_congestion_control").read_text().split()
+        available = (TCP_CC_SYSCTLS / "tcp_available_congestion_control").read_text().split()
+    except OSError:
+        return None
+    if name in allowed:
+        return None
+    why = f"TCP congestion control {name!r} cannot be set in the lab's namespaces"
+    if name not in available:
+        return f"{why}: it is not among the kernel's loaded ones (net.ipv4.tcp_available_congestion_control: {' '.join(available) or 'none'})"
+    return (
+        f"{why}: they may use only net.ipv4.tcp_allowed_congestion_control ({' '.join(allowed) or 'none'}); "
+        f"root can add it (sysctl -w net.ipv4.tcp_allowed_congestion_control='{' '.join([*allowed, name])}')"
+    )
+
+
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run a command, raising LabError with its stderr when it fails (and ``check`` is set)."""
     proc = subprocess.run(list(cmd), capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30)
@@ -322,7 +349,7 @@ def up(
         )
     if emulator not in ("auto", "netem", "userspace"):
         raise LabError(f"emulator {emulator!r}: expected auto, netem or userspace")
-    reason = unavailable_reason()
+    reason = unavailable_reason() or tcp_cc_refusal(tcp_cc.strip())
     if reason:
         raise LabError(reason)
     config = Path(config).resolve()
