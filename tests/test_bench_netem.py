@@ -44,7 +44,7 @@ def test_a_congestion_control_the_lab_cannot_use_is_refused_before_any_lab(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Where `vflnet lab` would fail while building its namespaces, the benchmark says why and exits 2
-    before it starts one (it let the lab's error out as a traceback)."""
+    before it starts one, without a traceback."""
     assert netem.main(["--smoke", "--tcp-cc", "no-such-cc"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vflnet bench netem: --tcp-cc: TCP congestion control 'no-such-cc' cannot be set")

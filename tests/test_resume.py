@@ -354,9 +354,8 @@ def test_resume_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
 def test_run_auto_resume_resumes_by_itself_after_a_kill(tmp_path):
     """`run.auto_resume`: the launcher itself restarts every process with --resume after a party is
     SIGKILLed; the user sees one command that ends as the run left alone."""
-    path = _config(
-        tmp_path, "split", epochs=2, auto_resume=1
-    )  # the kill at step 5 of 24: well before the end
+    # the kill at step 5 of 24: well before the end
+    path = _config(tmp_path, "split", epochs=2, auto_resume=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         alone_cfg = _config(tmp_path, "split", "loopback", epochs=2)
