@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(parser, argv, SMOKE)
     if args.transport_epochs < 1:  # refused now, not after minutes of other measurements
         parser.error(f"--transport-epochs: at least 1, got {args.transport_epochs}")
-    refused = None if "netem" in args.skip else tcp_cc_refusal(args.tcp_cc.strip())
+    refused = None if "netem" in args.skip else tcp_cc_refusal(args.tcp_cc)
     if refused:
         parser.error(f"--tcp-cc: {refused}")
     began, load_start = time.perf_counter(), _load()

@@ -226,7 +226,7 @@ def measure_delays(args: argparse.Namespace) -> list[Row]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv, {"delays": [0.0, 10.0], "epochs": 1, "wire_trips": 10})
-    refused = tcp_cc_refusal(args.tcp_cc.strip())
+    refused = tcp_cc_refusal(args.tcp_cc)
     if refused:
         print(f"vflnet bench netem: --tcp-cc: {refused}", file=sys.stderr)
         return 2

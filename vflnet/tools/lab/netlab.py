@@ -139,6 +139,7 @@ def tcp_cc_refusal(name: str) -> str | None:
     machine's own network namespace the kernel lets a namespace choose only from the machine's
     ``tcp_allowed_congestion_control``, so the others are refused here, before a lab or a benchmark
     starts."""
+    name = name.strip()
     if not name:
         return None
     try:
@@ -349,7 +350,7 @@ def up(
         )
     if emulator not in ("auto", "netem", "userspace"):
         raise LabError(f"emulator {emulator!r}: expected auto, netem or userspace")
-    reason = unavailable_reason() or tcp_cc_refusal(tcp_cc.strip())
+    reason = unavailable_reason() or tcp_cc_refusal(tcp_cc)
     if reason:
         raise LabError(reason)
     config = Path(config).resolve()
