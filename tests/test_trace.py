@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -192,17 +193,85 @@ def test_writes_after_close_are_dropped_not_raised(tmp_path: Path) -> None:
 
 
 def test_concurrent_writers_never_interleave_entries(tmp_path: Path) -> None:
+    """Threads append outside the writer's lock: whole entries, small ones and ones of 2 MB (many
+    pages each, so a write that the kernel did not keep whole would show)."""
     path = tmp_path / "threads.trace"
-    events = exchange_events(25)
+    big = [
+        WireEvent(
+            "request", "client", EXCHANGE, "p", "peer", embeddings(i, n=4096, dim=128, seed=i), 2000.0 + i
+        )
+        for i in range(3)
+    ]
+    events = exchange_events(25) + big
     with TraceWriter(path, party="p") as writer:
         threads = [threading.Thread(target=lambda: [writer(e) for e in events]) for _ in range(4)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        assert writer.extent() == (path.stat().st_size, 4 * len(events))
     back = list(read_trace(path))
     assert len(back) == 4 * len(events)
     assert sorted(e.time for e in back) == sorted(e.time for e in events * 4)
+    assert all(same(b, e) for b in back if b.time >= 2000.0 for e in big if e.time == b.time)
+
+
+def test_close_and_cut_wait_for_an_entry_being_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record is written outside the writer's lock; closing (or cutting) the file meanwhile waits
+    for it instead of closing the descriptor under the write."""
+    path = tmp_path / "slow.trace"
+    writer = TraceWriter(path, party="p")
+    events = exchange_events(1)
+    entered, release = threading.Event(), threading.Event()
+    real_writev = os.writev
+
+    def slow_writev(fd: int, buffers: list[bytes]) -> int:
+        entered.set()
+        assert release.wait(10)
+        return real_writev(fd, buffers)
+
+    monkeypatch.setattr(trace_mod.os, "writev", slow_writev)
+    writing = threading.Thread(target=writer.write, args=(events[0],))
+    writing.start()
+    assert entered.wait(10)
+    closing = threading.Thread(target=writer.close)
+    closing.start()
+    closing.join(0.2)
+    assert closing.is_alive()  # waiting for the write, the descriptor still open
+    release.set()
+    writing.join(10)
+    closing.join(10)
+    assert not closing.is_alive()
+    monkeypatch.setattr(trace_mod.os, "writev", real_writev)
+    assert writer.records == 1 and [same(e, events[0]) for e in read_trace(path)] == [True]
+
+
+def test_a_short_write_raises_instead_of_being_finished_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk writes part of an entry: finishing it with a second call could put another
+    thread's entry in between, so the write fails, names the file, is not counted, and nothing is
+    appended after it; reopened (a resumed run), the file drops the cut entry and goes on."""
+    path = tmp_path / "full.trace"
+    events = exchange_events(2)
+    writer = TraceWriter(path, party="p")
+    writer.write(events[0])
+    extent = writer.extent()
+    real_writev = os.writev
+    monkeypatch.setattr(trace_mod.os, "writev", lambda fd, buffers: real_writev(fd, [buffers[0][:3]]))
+    with pytest.raises(OSError, match="cut short") as raised:
+        writer.write(events[1])
+    assert raised.value.filename == str(path)
+    assert writer.extent() == extent  # the complete entries: what a resumed run cuts the file back to
+    monkeypatch.setattr(trace_mod.os, "writev", real_writev)
+    assert writer.cut_short and writer.write(events[2]) is False and writer.dropped == 1
+    writer.close()
+    assert path.stat().st_size == extent[0] + 3 and trace_mod.summarize(path).partial_tail
+    with TraceWriter(path, party="p") as reopened:
+        reopened.write(events[3])
+    assert [same(e, x) for e, x in zip(read_trace(path), [events[0], events[3]], strict=True)] == [True, True]
 
 
 def test_foreign_and_newer_files_are_refused(tmp_path: Path) -> None:

@@ -5,13 +5,16 @@ byte length as a varint (protobuf's length-delimited framing). The first entry i
 (format version, run id, writing party); then one ``TraceRecord`` per message; a ``TraceTruncated``
 marker when the size cap was hit. The file is append-only and every entry reaches the kernel as it is
 written (one system call, no buffer in this process), so a reader can follow it while a run is still
-writing: a reader stops cleanly at a partial last entry.
+writing: a reader stops cleanly at a partial last entry. Threads append their entries concurrently,
+each as one ``writev`` on a descriptor opened with ``O_APPEND``: the kernel writes one whole before
+the next on a local file system, as it does for any two appends to one file.
 A writer reopening an existing file drops such a partial tail first (a crash mid-write) and appends
 a new header, so one file can hold several sessions of the same party (e.g. a resumed run).
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -133,14 +136,10 @@ def record_entry(event: WireEvent) -> tuple[bytes, bytes]:
     return _RECORD_TAG + _varint(len(head) + len(body)) + head, body
 
 
-def _write_all(fd: int, prefix: bytes, data: bytes) -> None:
-    """Write ``prefix`` then ``data`` (one ``writev`` in the common case; a short write is finished)."""
-    written = os.writev(fd, [prefix, data])
-    total = len(prefix) + len(data)
-    if written < total:
-        rest = memoryview(prefix + data)[written:]
-        while rest:
-            rest = rest[os.write(fd, rest) :]
+def _cut_short(written: int, total: int, path: Path) -> OSError:
+    """A short write (a full disk) is not finished with a second call, as another thread's entry may
+    be appended between the two: it fails the write."""
+    return OSError(errno.ENOSPC, f"trace entry cut short: {written} of {total} bytes written", str(path))
 
 
 def _scan(path: Path) -> Iterator[tuple[int, trace_pb2.TraceEntry]]:
@@ -269,10 +268,14 @@ class TraceWriter:
         self.party = party
         self.run_id = run_id
         self.max_bytes = max_bytes
-        self.records = 0
+        self.records = 0  # records in the complete entries of ``size``
         self.dropped = 0
         self.truncated = False
+        self.cut_short = False  # an entry was cut short (a full disk): nothing more may follow it
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when no entry is being written
+        self._writing = 0  # entries being written outside the lock
+        self._waiting = 0  # close() and cut() calls waiting for those
         self._closed_warned = False
         self.path.parent.mkdir(parents=True, exist_ok=True)
         complete = 0
@@ -285,7 +288,8 @@ class TraceWriter:
                 log.warning("%s: dropping a partial last entry before appending", self.path)
                 os.truncate(self.path, complete)
         self._fd: int | None = _open_append(self.path)
-        self.size = complete
+        self.size = complete  # bytes of complete entries: the file's length when no entry is being written
+        self._end = complete  # ``size`` and the entries being written: what the cap is checked against
         header = trace_pb2.TraceHeader(
             format_version=FORMAT_VERSION, run_id=run_id, party=party, created=time.time()
         )
@@ -294,24 +298,32 @@ class TraceWriter:
     def _append(self, entry: trace_pb2.TraceEntry) -> None:
         self._append_bytes(entry.SerializeToString())
 
-    def _append_bytes(self, data: bytes, more: bytes = b"") -> None:
-        """One framed entry (``data`` + ``more``), handed to the kernel before this returns (readers
-        following the file see whole entries; a crash of this process loses nothing written)."""
+    def _append_bytes(self, data: bytes) -> None:
+        """One framed entry, handed to the kernel before this returns (a header or a marker: seldom,
+        so under the lock)."""
         assert self._fd is not None
-        size = len(data) + len(more)
-        prefix = _varint(size)
-        _write_all(self._fd, prefix + data, more)
-        self.size += len(prefix) + size
+        prefix = _varint(len(data))
+        framed = len(prefix) + len(data)
+        written = os.writev(self._fd, [prefix, data])
+        if written != framed:
+            self.cut_short = self.cut_short or bool(written)
+            raise _cut_short(written, framed, self.path)
+        self.size += framed
+        self._end += framed
 
     def __call__(self, event: WireEvent) -> None:
         self.write(event)
         return None
 
     def write(self, event: WireEvent) -> bool:
-        """Append one event; False when it was dropped (cap reached or writer closed)."""
+        """Append one event; False when it was dropped (the cap reached, the writer closed, or an entry
+        cut short before)."""
         # a record holds a whole message (tens of KB), and every copy of it is paid on the hot path of
         # the call being traced: the message's bytes go to the kernel as they are
         head, body = record_entry(event)
+        size = len(head) + len(body)
+        prefix = _varint(size)
+        framed = len(prefix) + size
         with self._lock:
             if self._fd is None:
                 self.dropped += 1
@@ -319,11 +331,10 @@ class TraceWriter:
                     self._closed_warned = True
                     log.warning("%s: trace already closed; dropping %s", self.path, event.short_method)
                 return False
-            if self.truncated:
+            if self.truncated or self.cut_short:
                 self.dropped += 1
                 return False
-            # framed size <= payload + 10-byte varint
-            if self.size + len(head) + len(body) + _MAX_VARINT_BYTES + _MARKER_RESERVE > self.max_bytes:
+            if self._end + framed + _MARKER_RESERVE > self.max_bytes:
                 self.truncated = True
                 self.dropped += 1
                 marker = trace_pb2.TraceTruncated(
@@ -337,23 +348,57 @@ class TraceWriter:
                     self.records,
                 )
                 return False
-            self._append_bytes(head, body)
-            self.records += 1
-            return True
+            fd = self._fd
+            self._end += framed
+            self._writing += 1
+        # outside the lock: the two passive parties' messages reach the active party at once, and a
+        # thread waiting on the lock while another is in the system call is put to sleep and woken
+        # (measured: the active party found the lock taken at one write in eight)
+        written = 0  # a write that raises has written nothing
+        try:
+            written = os.writev(fd, [prefix + head, body])
+        finally:
+            with self._lock:
+                self._writing -= 1
+                if written == framed:
+                    self.size += framed
+                    self.records += 1
+                else:
+                    self._end -= framed
+                    self.cut_short = self.cut_short or bool(written)
+                if self._waiting and not self._writing:
+                    self._idle.notify_all()
+        if written != framed:
+            raise _cut_short(written, framed, self.path)
+        return True
+
+    def _wait_for_writes(self) -> None:
+        """Holding the lock: return once no entry is being written outside it."""
+        self._waiting += 1
+        self._idle.wait_for(lambda: not self._writing)
+        self._waiting -= 1
+
+    def extent(self) -> tuple[int, int]:
+        """(bytes, records) of the complete entries so far: what :meth:`cut` goes back to."""
+        with self._lock:
+            return self.size, self.records
 
     def cut(self, size: int, records: int) -> None:
         """Go back to an earlier length of this trace (``size`` bytes holding ``records`` records): a
         resumed run repeats the steps after its checkpoint, and each message must appear once."""
         with self._lock:
             assert self._fd is not None
+            self._wait_for_writes()
             os.ftruncate(self._fd, size)  # appends (O_APPEND) continue at the new end
-            self.size, self.records, self.truncated = size, records, False
+            self.size, self._end, self.records = size, size, records
+            self.truncated = self.cut_short = False  # the marker and any cut entry lay past ``size``
 
     def close(self) -> None:
         """Fsync and close: the trace survives a crash of the host once this returns. Idempotent."""
         with self._lock:
             if self._fd is None:
                 return
+            self._wait_for_writes()  # the descriptor is not closed under a write
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None

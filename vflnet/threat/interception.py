@@ -61,7 +61,7 @@ class PartyInterception:
         return {
             "attacks": [_picklable_state(entry.name, attack) for entry, attack in self.attacks],
             "released_model": self.knowledge.get("released_model"),
-            "trace": (self.trace.size, self.trace.records) if self.trace is not None else None,
+            "trace": self.trace.extent() if self.trace is not None else None,
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -147,7 +147,8 @@ class RunTrace:
                         self.left_out,
                     )
                 return None
-        return self.writer(event)
+        self.writer.write(event)
+        return None
 
 
 def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyInterception:
