@@ -20,12 +20,14 @@ import subprocess
 import sys
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import REPO, base_config, write_config
 
+from vflnet.interceptors import read_trace
 from vflnet.roles import checkpoints
 from vflnet.runner.local import resume_local, run_local
 
@@ -84,6 +86,7 @@ def _config(
         lr_schedule={"kind": "step", "step_size": 1, "gamma": 0.5},
     )
     data["transport"] = {"bridge": bridge}
+    data["trace"] = {"parties": ["all"]}
     return write_config(tmp_path, data, f"{bridge}.yaml")
 
 
@@ -147,6 +150,32 @@ def _manifested_steps(run_dir: Path) -> list[int]:
     return sorted(int(path.parent.name.removeprefix("step-")) for path in found)
 
 
+def _traced_steps(run_dir: Path) -> dict[str, Counter[tuple]]:
+    """Per party, how many times its trace holds each step's message (step, phase, method, side,
+    direction, sender): a resumed run's trace holds each once, as the run left alone does."""
+    out = {}
+    for path in sorted((run_dir / "traces").glob("*.trace")):
+        out[path.stem] = Counter(
+            (e.step, e.phase, e.short_method, e.side, e.direction, e.sender)
+            for e in read_trace(path)
+            if e.step is not None
+        )
+    return out
+
+
+def _trace_differences(run_dir: Path, alone: Path) -> list[tuple[str, tuple, int, int]]:
+    """(party, message, times in the resumed run's trace, times in the trace of the run left alone)
+    for every message whose count differs."""
+    got, expected = _traced_steps(run_dir), _traced_steps(alone)
+    assert got.keys() == expected.keys()
+    return sorted(
+        (party, key, got[party][key], expected[party][key])
+        for party in got
+        for key in set(got[party]) | set(expected[party])
+        if got[party][key] != expected[party][key]
+    )
+
+
 def _final_params(run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
     out = {}
     for path in sorted((run_dir / "checkpoints").glob("*.pt")):
@@ -195,6 +224,9 @@ def test_killed_in_each_role_and_resumed_ends_as_the_uninterrupted_run(tmp_path,
     # the step records: each step once, with the same losses as the run left alone
     losses = [(r["step"], r["loss"]) for r in _steps(run_dir)]
     assert losses == [(r["step"], r["loss"]) for r in _steps(tmp_path / "alone")], history
+    # the traces: each step's messages once, after the checkpoint's cut and the resumed sessions
+    differences = _trace_differences(run_dir, tmp_path / "alone")
+    assert not differences, (history, differences)
     expected, got = _final_params(tmp_path / "alone"), _final_params(run_dir)
     assert expected.keys() == got.keys()
     for party, modules in expected.items():
@@ -336,6 +368,8 @@ def test_a_cut_checkpoint_is_skipped_and_the_run_resumes_from_the_one_before(tmp
     assert [(r["step"], r["loss"]) for r in _steps(run_dir)] == [
         (r["step"], r["loss"]) for r in _steps(tmp_path / "alone")
     ]
+    # the traces: each step's messages once, after the checkpoint's cut and the resumed sessions
+    assert _trace_differences(run_dir, tmp_path / "alone") == []
     expected, got = _final_params(tmp_path / "alone"), _final_params(run_dir)
     assert expected.keys() == got.keys()
     for party, modules in expected.items():

@@ -216,36 +216,182 @@ def test_concurrent_writers_never_interleave_entries(tmp_path: Path) -> None:
     assert all(same(b, e) for b in back if b.time >= 2000.0 for e in big if e.time == b.time)
 
 
-def test_close_and_cut_wait_for_an_entry_being_written(
+class HeldAppend:
+    """One thread's append held after its bytes reach the file, before the writer counts them (the
+    moment a thread can be descheduled on a busy machine); other threads append as usual."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.holder: threading.Thread | None = None
+        real_writev = os.writev
+
+        def writev(fd: int, buffers: list[bytes]) -> int:
+            written = real_writev(fd, buffers)
+            if threading.current_thread() is self.holder:
+                self.entered.set()
+                assert self.release.wait(10)
+            return written
+
+        monkeypatch.setattr(trace_mod.os, "writev", writev)
+
+    def start(self, target: object, *args: object) -> threading.Thread:
+        self.holder = threading.Thread(target=target, args=args)  # type: ignore[arg-type]
+        self.holder.start()
+        assert self.entered.wait(10)
+        return self.holder
+
+
+def blocked(target: object, *args: object) -> tuple[threading.Thread, list[object]]:
+    """``target(*args)`` in a thread, asserted to be still waiting 0.2 s later; its result in the list."""
+    out: list[object] = []
+    thread = threading.Thread(target=lambda: out.append(target(*args)))  # type: ignore[operator]
+    thread.start()
+    thread.join(0.2)
+    assert thread.is_alive()
+    return thread, out
+
+
+def entry_ends(path: Path) -> list[int]:
+    return [end for end, _ in trace_mod._scan(path)]
+
+
+def test_extent_waits_for_the_appends_under_way_and_is_an_entry_boundary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A record is written outside the writer's lock; closing (or cutting) the file meanwhile waits
-    for it instead of closing the descriptor under the write."""
+    """A checkpoint's extent while a pipelined message is being traced: an append that reached the
+    file first and is counted last must not leave the extent in the middle of an entry."""
+    path = tmp_path / "t.trace"
+    writer = TraceWriter(path, party="p")
+    events = exchange_events(2)
+    held = HeldAppend(monkeypatch)
+    first = held.start(writer.write, events[0])
+    assert writer.write(events[1])  # not held: it lands after the held one and is counted first
+    waiting, extent = blocked(writer.extent)
+    held.release.set()
+    first.join(10)
+    waiting.join(10)
+    assert extent == [(path.stat().st_size, 2)] and extent[0][0] in entry_ends(path)  # type: ignore[index]
+    writer.close()
+
+
+def test_close_and_cut_wait_for_the_appends_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing or cutting the file waits for an append under way instead of closing or truncating the
+    descriptor under it; two closes at once are one close."""
     path = tmp_path / "slow.trace"
     writer = TraceWriter(path, party="p")
+    events = exchange_events(2)
+    writer.write(events[0])
+    checkpoint = writer.extent()
+    held = HeldAppend(monkeypatch)
+    writing = held.start(writer.write, events[1])
+    cutting, _ = blocked(writer.cut, *checkpoint)
+    held.release.set()
+    writing.join(10)
+    cutting.join(10)
+    assert path.stat().st_size == checkpoint[0] and writer.extent() == checkpoint  # cut after the append
+
+    held.entered.clear()
+    held.release.clear()
+    writing = held.start(writer.write, events[1])
+    closes = [blocked(writer.close)[0] for _ in range(2)]
+    held.release.set()
+    for thread in (writing, *closes):
+        thread.join(10)
+        assert not thread.is_alive()
+    assert (
+        writer.records == 2
+        and [same(e, x) for e, x in zip(read_trace(path), events[:2], strict=True)] == [True] * 2
+    )
+    with pytest.raises(ValueError, match="closed"):
+        writer.cut(*checkpoint)
+
+
+def test_the_cap_marker_comes_after_the_appends_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "capped.trace"
+    events = exchange_events(40)
+    writer = TraceWriter(path, party="p", max_bytes=8192)
+    held = HeldAppend(monkeypatch)
+    writing = held.start(writer.write, events[0])
+    capping, dropped = blocked(lambda: [writer.write(e) for e in events[1:]])
+    held.release.set()
+    writing.join(10)
+    capping.join(10)
+    writer.close()
+    kinds = [e.WhichOneof("entry") for e in trace_mod.iter_entries(path)]
+    assert kinds == ["header"] + ["record"] * writer.records + ["truncated"] and writer.truncated
+    assert writer.records == 1 + sum(dropped[0])  # type: ignore[arg-type]
+
+
+def test_a_resumed_writer_cut_back_to_a_checkpoint_keeps_its_own_header_and_admission(tmp_path: Path) -> None:
+    """A resumed party reopens its trace (a new header), is admitted (its Join crosses the wire), and
+    only then learns the checkpoint to cut back to: the steps after the checkpoint go, the resumed
+    session's own entries stay, after the checkpoint's, and each message appears once."""
+    path = tmp_path / "resumed.trace"
+    events = exchange_events(3)
+    with TraceWriter(path, party="p", run_id="r") as first:
+        first.write(events[0])
+        first.write(events[1])
+        checkpoint = first.extent()
+        first.write(events[2])  # a step after the checkpoint: the resumed run repeats it
+    admission = WireEvent("request", "client", EXCHANGE, "p", "peer", embeddings(99, seed=99), 3000.0)
+    with TraceWriter(path, party="p", run_id="r") as resumed:
+        resumed.write(admission)
+        resumed.cut(*checkpoint)
+        assert resumed.extent() == (path.stat().st_size, 3)
+        resumed.write(events[2])
+    entries = list(trace_mod.iter_entries(path))
+    assert [e.WhichOneof("entry") for e in entries] == [
+        "header",
+        "record",
+        "record",
+        "header",
+        "record",
+        "record",
+    ]
+    back = list(read_trace(path))
+    assert [same(a, b) for a, b in zip(back, [events[0], events[1], admission, events[2]], strict=True)] == [
+        True
+    ] * 4
+
+
+def test_a_run_started_over_keeps_only_the_new_session(tmp_path: Path) -> None:
+    """Resumed with no checkpoint yet, a run starts from its first step again: cut back to nothing,
+    the trace keeps the new session's header and admission only."""
+    path = tmp_path / "again.trace"
+    events = exchange_events(2)
+    with TraceWriter(path, party="p", run_id="first") as first:
+        first.write(events[0])
+    with TraceWriter(path, party="p", run_id="again") as again:
+        again.write(events[1])  # the admission
+        again.cut(0, 0)
+        again.write(events[2])
+    assert [h.run_id for h in trace_mod.summarize(path).headers] == ["again"]
+    assert [same(e, x) for e, x in zip(read_trace(path), events[1:3], strict=True)] == [True, True]
+
+
+def test_a_failed_append_names_the_file_and_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "t.trace"
     events = exchange_events(1)
-    entered, release = threading.Event(), threading.Event()
+    writer = TraceWriter(path, party="p")
+    extent = writer.extent()
     real_writev = os.writev
 
-    def slow_writev(fd: int, buffers: list[bytes]) -> int:
-        entered.set()
-        assert release.wait(10)
-        return real_writev(fd, buffers)
+    def full(fd: int, buffers: list[bytes]) -> int:
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(trace_mod.os, "writev", slow_writev)
-    writing = threading.Thread(target=writer.write, args=(events[0],))
-    writing.start()
-    assert entered.wait(10)
-    closing = threading.Thread(target=writer.close)
-    closing.start()
-    closing.join(0.2)
-    assert closing.is_alive()  # waiting for the write, the descriptor still open
-    release.set()
-    writing.join(10)
-    closing.join(10)
-    assert not closing.is_alive()
+    monkeypatch.setattr(trace_mod.os, "writev", full)
+    with pytest.raises(OSError, match="No space left") as raised:
+        writer.write(events[0])
+    assert raised.value.filename == str(path) and writer.extent() == extent and not writer.cut_short
     monkeypatch.setattr(trace_mod.os, "writev", real_writev)
-    assert writer.records == 1 and [same(e, events[0]) for e in read_trace(path)] == [True]
+    assert writer.write(events[1]) and writer.extent() == (path.stat().st_size, 1)  # the disk has room again
+    writer.close()
 
 
 def test_a_short_write_raises_instead_of_being_finished_later(

@@ -136,16 +136,12 @@ def record_entry(event: WireEvent) -> tuple[bytes, bytes]:
     return _RECORD_TAG + _varint(len(head) + len(body)) + head, body
 
 
-def _cut_short(written: int, total: int, path: Path) -> OSError:
-    """A short write (a full disk) is not finished with a second call, as another thread's entry may
-    be appended between the two: it fails the write."""
-    return OSError(errno.ENOSPC, f"trace entry cut short: {written} of {total} bytes written", str(path))
-
-
-def _scan(path: Path) -> Iterator[tuple[int, trace_pb2.TraceEntry]]:
-    """(end offset, entry) for every complete entry; stops at a partial last entry."""
+def _scan(path: Path, offset: int = 0) -> Iterator[tuple[int, trace_pb2.TraceEntry]]:
+    """(end offset, entry) for every complete entry from byte ``offset`` (an entry's start); stops at a
+    partial last entry."""
     with open(path, "rb") as f:
-        first = True
+        f.seek(offset)
+        first = offset == 0
         while True:
             start = f.tell()
             length = _read_varint(f)
@@ -172,6 +168,12 @@ def _scan(path: Path) -> Iterator[tuple[int, trace_pb2.TraceEntry]]:
                 raise TraceError(f"{path}: empty entry at byte {start}")
             first = False
             yield f.tell(), entry
+
+
+def entries_after(path: str | Path, offset: int) -> Iterator[tuple[int, trace_pb2.TraceEntry]]:
+    """(end offset, entry) of the complete entries from byte ``offset`` on: ``offset`` must be an
+    entry's end, such as a checkpoint's :meth:`TraceWriter.extent`."""
+    return _scan(Path(path), offset)
 
 
 def iter_entries(path: str | Path) -> Iterator[trace_pb2.TraceEntry]:
@@ -254,9 +256,15 @@ def summarize(path: str | Path) -> TraceSummary:
 class TraceWriter:
     """A tap that appends every event it sees to a trace file; thread-safe.
 
+    Threads append at once: each record is one ``writev`` outside the writer's lock, which covers
+    only its counts. ``size`` and ``records`` count the complete entries; :meth:`extent`, ``close()``
+    and ``cut()`` first wait for the appends under way (new ones wait for them in turn), so what they
+    see is the file as it is.
+
     ``max_bytes`` caps the file: the record that would cross it is dropped, a ``TraceTruncated``
-    marker is written (the file may exceed the cap by at most that marker), a warning is logged
-    once, and later records are only counted (``dropped``). ``close()`` fsyncs.
+    marker is written after the appends under way (the file may exceed the cap by at most that
+    marker), a warning is logged once, and later records are only counted (``dropped``). ``close()``
+    fsyncs.
     """
 
     def __init__(
@@ -273,9 +281,10 @@ class TraceWriter:
         self.truncated = False
         self.cut_short = False  # an entry was cut short (a full disk): nothing more may follow it
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)  # notified when no entry is being written
-        self._writing = 0  # entries being written outside the lock
-        self._waiting = 0  # close() and cut() calls waiting for those
+        # notified when the appends under way are done, and when nobody waits for that any more
+        self._idle = threading.Condition(self._lock)
+        self._writing = 0  # appends under way, outside the lock
+        self._waiting = 0  # callers waiting for those to end
         self._closed_warned = False
         self.path.parent.mkdir(parents=True, exist_ok=True)
         complete = 0
@@ -288,28 +297,59 @@ class TraceWriter:
                 log.warning("%s: dropping a partial last entry before appending", self.path)
                 os.truncate(self.path, complete)
         self._fd: int | None = _open_append(self.path)
-        self.size = complete  # bytes of complete entries: the file's length when no entry is being written
-        self._end = complete  # ``size`` and the entries being written: what the cap is checked against
+        self.size = complete  # bytes of the complete entries
+        self._end = complete  # ``size`` and the appends under way: what the cap is checked against
+        self._session = (complete, 0)  # where this writer's header lies, and the records before it
         header = trace_pb2.TraceHeader(
             format_version=FORMAT_VERSION, run_id=run_id, party=party, created=time.time()
         )
-        self._append(trace_pb2.TraceEntry(header=header))
+        try:
+            self._append(trace_pb2.TraceEntry(header=header))
+        except BaseException:
+            os.close(self._fd)
+            self._fd = None
+            raise
 
     def _append(self, entry: trace_pb2.TraceEntry) -> None:
-        self._append_bytes(entry.SerializeToString())
-
-    def _append_bytes(self, data: bytes) -> None:
-        """One framed entry, handed to the kernel before this returns (a header or a marker: seldom,
-        so under the lock)."""
+        """A header or a marker, holding the lock (no append is under way: see ``_drain``)."""
         assert self._fd is not None
+        data = entry.SerializeToString()
         prefix = _varint(len(data))
         framed = len(prefix) + len(data)
-        written = os.writev(self._fd, [prefix, data])
+        try:
+            written = os.writev(self._fd, [prefix, data])
+        except OSError as exc:
+            raise self._not_written(exc) from exc
         if written != framed:
-            self.cut_short = self.cut_short or bool(written)
-            raise _cut_short(written, framed, self.path)
+            raise self._cut(written, framed)
         self.size += framed
         self._end += framed
+
+    def _not_written(self, exc: OSError) -> OSError:
+        """A failed ``writev`` wrote nothing (the file is as it was): its error, naming the file."""
+        return OSError(exc.errno, f"trace not written: {exc.strerror}", str(self.path))
+
+    def _cut(self, written: int, framed: int) -> OSError:
+        """Holding the lock, after a short write (a full disk): part of an entry is in the file.
+        Finishing it with a second write could put another thread's entry in between, so the trace
+        takes no more records; a reader stops at the cut entry when it is the file's last."""
+        if written and not self.cut_short:
+            self.cut_short = True
+            log.error("%s: an entry was cut short; later messages are not traced", self.path)
+        return OSError(
+            errno.ENOSPC, f"trace entry cut short: {written} of {framed} bytes written", str(self.path)
+        )
+
+    def _drain(self) -> None:
+        """Holding the lock: return once no append is under way (new ones wait meanwhile). The fd may
+        have been closed while this waited."""
+        self._waiting += 1
+        try:
+            self._idle.wait_for(lambda: not self._writing)
+        finally:
+            self._waiting -= 1
+            if not self._waiting:
+                self._idle.notify_all()  # the appends that waited for this
 
     def __call__(self, event: WireEvent) -> None:
         self.write(event)
@@ -325,38 +365,23 @@ class TraceWriter:
         prefix = _varint(size)
         framed = len(prefix) + size
         with self._lock:
-            if self._fd is None:
-                self.dropped += 1
-                if not self._closed_warned:
-                    self._closed_warned = True
-                    log.warning("%s: trace already closed; dropping %s", self.path, event.short_method)
-                return False
-            if self.truncated or self.cut_short:
-                self.dropped += 1
-                return False
+            if self._waiting:  # extent(), cut() or close() go first
+                self._idle.wait_for(lambda: not self._waiting)
+            if self._fd is None or self.truncated or self.cut_short:
+                return self._drop(event)
             if self._end + framed + _MARKER_RESERVE > self.max_bytes:
-                self.truncated = True
-                self.dropped += 1
-                marker = trace_pb2.TraceTruncated(
-                    time=time.time(), max_bytes=self.max_bytes, first_dropped_method=event.method
-                )
-                self._append(trace_pb2.TraceEntry(truncated=marker))
-                log.warning(
-                    "%s reached its cap of %d bytes after %d records; later messages are not traced",
-                    self.path,
-                    self.max_bytes,
-                    self.records,
-                )
-                return False
+                return self._truncate(event)
             fd = self._fd
             self._end += framed
             self._writing += 1
         # outside the lock: the two passive parties' messages reach the active party at once, and a
         # thread waiting on the lock while another is in the system call is put to sleep and woken
         # (measured: the active party found the lock taken at one write in eight)
-        written = 0  # a write that raises has written nothing
+        written = 0
         try:
             written = os.writev(fd, [prefix + head, body])
+        except OSError as exc:
+            raise self._not_written(exc) from exc
         finally:
             with self._lock:
                 self._writing -= 1
@@ -365,40 +390,79 @@ class TraceWriter:
                     self.records += 1
                 else:
                     self._end -= framed
-                    self.cut_short = self.cut_short or bool(written)
                 if self._waiting and not self._writing:
                     self._idle.notify_all()
         if written != framed:
-            raise _cut_short(written, framed, self.path)
+            with self._lock:
+                raise self._cut(written, framed)
         return True
 
-    def _wait_for_writes(self) -> None:
-        """Holding the lock: return once no entry is being written outside it."""
-        self._waiting += 1
-        self._idle.wait_for(lambda: not self._writing)
-        self._waiting -= 1
+    def _drop(self, event: WireEvent) -> bool:
+        """Holding the lock: a record not written (closed, capped, or cut short before)."""
+        self.dropped += 1
+        if self._fd is None and not self._closed_warned:
+            self._closed_warned = True
+            log.warning("%s: trace already closed; dropping %s", self.path, event.short_method)
+        return False
+
+    def _truncate(self, event: WireEvent) -> bool:
+        """Holding the lock: ``event`` would cross the cap. The marker goes after the appends under
+        way, so no record follows it."""
+        self.truncated = True
+        self.dropped += 1
+        self._drain()
+        if self._fd is not None:
+            marker = trace_pb2.TraceTruncated(
+                time=time.time(), max_bytes=self.max_bytes, first_dropped_method=event.method
+            )
+            self._append(trace_pb2.TraceEntry(truncated=marker))
+        log.warning(
+            "%s reached its cap of %d bytes after %d records; later messages are not traced",
+            self.path,
+            self.max_bytes,
+            self.records,
+        )
+        return False
 
     def extent(self) -> tuple[int, int]:
-        """(bytes, records) of the complete entries so far: what :meth:`cut` goes back to."""
+        """(bytes, records) of the file's complete entries, once the appends under way are done:
+        what :meth:`cut` goes back to (an entry boundary)."""
         with self._lock:
+            self._drain()
             return self.size, self.records
 
     def cut(self, size: int, records: int) -> None:
         """Go back to an earlier length of this trace (``size`` bytes holding ``records`` records): a
-        resumed run repeats the steps after its checkpoint, and each message must appear once."""
+        resumed run repeats the steps after its checkpoint, and each message must appear once. A cut
+        back into an earlier session keeps this writer's own entries (its header, the messages of the
+        party's admission before it learnt the checkpoint): they move down to follow ``size``."""
         with self._lock:
-            assert self._fd is not None
-            self._wait_for_writes()
+            self._drain()
+            if self._fd is None:
+                raise ValueError(f"{self.path}: trace closed; it cannot be cut back to {size} bytes")
+            start, before = self._session
+            ours, our_records = b"", 0
+            if size <= start:
+                with open(self.path, "rb") as f:  # the writer's own descriptor is write-only
+                    f.seek(start)
+                    ours, our_records = f.read(self.size - start), self.records - before
             os.ftruncate(self._fd, size)  # appends (O_APPEND) continue at the new end
             self.size, self._end, self.records = size, size, records
             self.truncated = self.cut_short = False  # the marker and any cut entry lay past ``size``
+            self._session = (size, records)
+            if ours:
+                written = os.write(self._fd, ours)  # no append is under way: a short write is finished
+                while written < len(ours):
+                    written += os.write(self._fd, ours[written:])
+                self.size = self._end = size + len(ours)
+                self.records += our_records
 
     def close(self) -> None:
         """Fsync and close: the trace survives a crash of the host once this returns. Idempotent."""
         with self._lock:
+            self._drain()  # the descriptor is not closed under an append
             if self._fd is None:
                 return
-            self._wait_for_writes()  # the descriptor is not closed under a write
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None

@@ -677,9 +677,12 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
             )
         deliver_server_knowledge(cfg, host.interception.knowledge, admission.reply, admission.joined)
         host.side.start(admission.joined)
+        if resume and restored is None:  # no checkpoint yet: the run starts from its first step again
+            host.interception.start_over()
         if restored is not None:
             host.side.load_state_dict(restored[1]["side"])
-            host.interception.load_state(restored[1]["interception"])
+            assert cursor is not None
+            host.interception.load_state(restored[1]["interception"], cursor.step)
             checkpoints.restore_global_rng(restored[1]["rng"])
         schedule = Schedule(cfg, stubs, metrics, admission.reply, host.side, run_dir, cursor)
         write_atomic(run_dir / "plan.json", json.dumps(schedule.plan()))

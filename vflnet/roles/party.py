@@ -157,6 +157,8 @@ class PartyHost:
         self.side.joined(reply)
         if reply.resume_step:
             self.restore(reply)
+        elif self.resume:  # no checkpoint yet: the run starts from its first step again
+            self.interception.start_over()
         self.liveness.touch()
         self.ready.set()
 
@@ -335,7 +337,7 @@ class PartyHost:
         self.local.load_state(state["local"])
         self.side.load_state_dict(state["side"])
         checkpoints.restore_generators(self.side, state["generators"])
-        self.interception.load_state(state["interception"])
+        self.interception.load_state(state["interception"], int(state["step"]))
         checkpoints.restore_global_rng(state["rng"])  # last: nothing may draw from them before step 1
         self.turns.complete(int(state["step"]))
         self.saved_steps = [self.last_step]

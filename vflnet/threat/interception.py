@@ -17,10 +17,11 @@ import numpy as np
 from vflnet.config import Config, PluginConfig
 from vflnet.interceptors.chain import Chain
 from vflnet.interceptors.events import WireEvent
-from vflnet.interceptors.trace import TraceWriter, trace_path
+from vflnet.interceptors.trace import TraceWriter, entries_after, record_to_event, trace_path
 from vflnet.registry import ATTACKS, load_plugin_modules
 from vflnet.threat.attack import Attack, AttackContext, OwnStepView, PredictionView
 from vflnet.threat.knowledge import threat_model_knowledge
+from vflnet.v1 import messages_pb2
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,9 @@ class PartyInterception:
             "trace": self.trace.extent() if self.trace is not None else None,
         }
 
-    def load_state(self, state: dict[str, Any]) -> None:
+    def load_state(self, state: dict[str, Any], step: int) -> None:
+        """Back to the checkpoint of ``step``: the attacks' state, the released models, and the trace
+        cut back to the end of that step (``_with_the_step_end``)."""
         for (entry, attack), saved in zip(self.attacks, state["attacks"], strict=True):
             if saved is None:
                 log.warning("attack %s restarts with no state of the steps before the checkpoint", entry.name)
@@ -73,7 +76,13 @@ class PartyInterception:
         if state["released_model"] is not None:
             self.knowledge["released_model"] = state["released_model"]
         if self.trace is not None and state["trace"] is not None:
-            self.trace.cut(*state["trace"])
+            self.trace.cut(*_with_the_step_end(self.trace, *state["trace"], step))
+
+    def start_over(self) -> None:
+        """A resumed run with no checkpoint starts from its first step again: the trace keeps only
+        this session's entries (its header, the party's admission), so no step appears twice."""
+        if self.trace is not None:
+            self.trace.cut(0, 0)
 
     def finish(self, run_dir: Path) -> list[Path]:
         """Write every attack's output (and close the trace): called when the party shuts down."""
@@ -83,6 +92,22 @@ class PartyInterception:
         if self.trace is not None:
             self.trace.close()
         return written
+
+
+def _with_the_step_end(trace: TraceWriter, size: int, records: int, step: int) -> tuple[int, int]:
+    """The checkpoint's trace length (``size`` bytes, ``records`` records) and the records of the
+    checkpoint's training ``step`` after it: a party saves its checkpoint within the step, and what
+    it answers after that (its reply to the step's command; the active party's replies to the
+    passive parties' exchanges, on their own threads) is traced as it goes out. The resumed run
+    starts at the next step, so these are not sent again."""
+    for end, entry in entries_after(trace.path, size):
+        if entry.WhichOneof("entry") != "record":
+            break
+        event = record_to_event(entry.record)
+        if event.step != step or event.phase != messages_pb2.TRAIN:
+            break
+        size, records = end, records + 1
+    return size, records
 
 
 def _picklable_state(name: str, attack: Attack) -> dict[str, Any] | None:
