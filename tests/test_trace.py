@@ -373,6 +373,59 @@ def test_a_run_started_over_keeps_only_the_new_session(tmp_path: Path) -> None:
     assert [same(e, x) for e, x in zip(read_trace(path), events[1:3], strict=True)] == [True, True]
 
 
+def test_a_trace_reopened_over_its_cap_and_cut_back_carries_no_marker(tmp_path: Path) -> None:
+    """A resumed party's trace already over its cap: its admission is dropped and a marker written,
+    then the cut back to the checkpoint frees the room. The marker does not move down with the
+    session's entries (no record may follow a marker), and the trace takes records again."""
+    path = tmp_path / "capped.trace"
+    events = exchange_events(40)  # ~300 B each
+    with TraceWriter(path, party="p", max_bytes=8192) as first:
+        first.write(events[0])
+        checkpoint = first.extent()
+        for event in events[1:]:
+            first.write(event)
+        assert first.truncated
+    with TraceWriter(path, party="p", max_bytes=8192) as resumed:
+        assert resumed.write(events[1]) is False and resumed.truncated  # over the cap at once
+        resumed.cut(*checkpoint)
+        assert resumed.write(events[1])
+    kinds = [e.WhichOneof("entry") for e in trace_mod.iter_entries(path)]
+    assert kinds == ["header", "record", "header", "record"]
+
+
+def test_a_cut_past_the_end_of_the_file_is_refused(tmp_path: Path) -> None:
+    with TraceWriter(tmp_path / "t.trace", party="p") as writer:
+        size, records = writer.extent()
+        with pytest.raises(ValueError, match="shorter than"):
+            writer.cut(size + 1, records)
+
+
+def test_a_resumed_trace_keeps_the_rest_of_the_checkpoint_step(tmp_path: Path) -> None:
+    """A party saves its checkpoint within the step and answers after: the cut keeps the step's
+    training records after the checkpoint's length, and stops at another step or phase."""
+    from vflnet.threat.interception import _with_the_step_end
+
+    def at(step: int, phase: int = messages_pb2.TRAIN) -> WireEvent:
+        message = embeddings(step, seed=step)
+        message.header.phase = phase
+        return WireEvent("response", "server", EXCHANGE, "active", "peer", message, 1000.0 + step)
+
+    path = tmp_path / "t.trace"
+    with TraceWriter(path, party="active") as writer:
+        writer.write(at(1))
+        checkpoint = writer.extent()  # saved within step 2, before its replies
+        writer.write(at(2))
+        writer.write(at(2))
+        kept = writer.extent()
+        writer.write(at(3))
+        assert _with_the_step_end(writer, *checkpoint, 2) == kept
+        assert _with_the_step_end(writer, *checkpoint, 1) == checkpoint
+    with TraceWriter(tmp_path / "eval.trace", party="active") as writer:
+        checkpoint = writer.extent()
+        writer.write(at(2, messages_pb2.EVAL))
+        assert _with_the_step_end(writer, *checkpoint, 2) == checkpoint
+
+
 def test_a_failed_append_names_the_file_and_changes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

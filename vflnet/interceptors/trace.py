@@ -299,7 +299,7 @@ class TraceWriter:
         self._fd: int | None = _open_append(self.path)
         self.size = complete  # bytes of the complete entries
         self._end = complete  # ``size`` and the appends under way: what the cap is checked against
-        self._session = (complete, 0)  # where this writer's header lies, and the records before it
+        self._session = complete  # where this writer's own entries begin (its header first)
         header = trace_pb2.TraceHeader(
             format_version=FORMAT_VERSION, run_id=run_id, party=party, created=time.time()
         )
@@ -321,7 +321,9 @@ class TraceWriter:
         except OSError as exc:
             raise self._not_written(exc) from exc
         if written != framed:
-            raise self._cut(written, framed)
+            if written:
+                self._note_cut_short()
+            raise self._short_write(written, framed)
         self.size += framed
         self._end += framed
 
@@ -329,13 +331,15 @@ class TraceWriter:
         """A failed ``writev`` wrote nothing (the file is as it was): its error, naming the file."""
         return OSError(exc.errno, f"trace not written: {exc.strerror}", str(self.path))
 
-    def _cut(self, written: int, framed: int) -> OSError:
+    def _note_cut_short(self) -> None:
         """Holding the lock, after a short write (a full disk): part of an entry is in the file.
         Finishing it with a second write could put another thread's entry in between, so the trace
         takes no more records; a reader stops at the cut entry when it is the file's last."""
-        if written and not self.cut_short:
+        if not self.cut_short:
             self.cut_short = True
             log.error("%s: an entry was cut short; later messages are not traced", self.path)
+
+    def _short_write(self, written: int, framed: int) -> OSError:
         return OSError(
             errno.ENOSPC, f"trace entry cut short: {written} of {framed} bytes written", str(self.path)
         )
@@ -390,11 +394,12 @@ class TraceWriter:
                     self.records += 1
                 else:
                     self._end -= framed
+                    if written:  # at once: no later append may follow the cut entry
+                        self._note_cut_short()
                 if self._waiting and not self._writing:
                     self._idle.notify_all()
         if written != framed:
-            with self._lock:
-                raise self._cut(written, framed)
+            raise self._short_write(written, framed)
         return True
 
     def _drop(self, event: WireEvent) -> bool:
@@ -411,7 +416,7 @@ class TraceWriter:
         self.truncated = True
         self.dropped += 1
         self._drain()
-        if self._fd is not None:
+        if self._fd is not None and self.truncated:  # not cut back meanwhile
             marker = trace_pb2.TraceTruncated(
                 time=time.time(), max_bytes=self.max_bytes, first_dropped_method=event.method
             )
@@ -424,38 +429,59 @@ class TraceWriter:
         )
         return False
 
-    def extent(self) -> tuple[int, int]:
-        """(bytes, records) of the file's complete entries, once the appends under way are done:
-        what :meth:`cut` goes back to (an entry boundary)."""
+    def extent(self, sync: bool = False) -> tuple[int, int]:
+        """(bytes, records) of the complete entries this writer knows of (a reopened file's earlier
+        records are not counted), once the appends under way are done: what :meth:`cut` goes back
+        to (an entry boundary). ``sync``: on disk first, for a checkpoint that records it (a host
+        crash must not leave the trace shorter than a checkpoint says)."""
         with self._lock:
             self._drain()
+            if sync and self._fd is not None:
+                os.fsync(self._fd)
             return self.size, self.records
 
     def cut(self, size: int, records: int) -> None:
         """Go back to an earlier length of this trace (``size`` bytes holding ``records`` records): a
         resumed run repeats the steps after its checkpoint, and each message must appear once. A cut
         back into an earlier session keeps this writer's own entries (its header, the messages of the
-        party's admission before it learnt the checkpoint): they move down to follow ``size``."""
+        party's admission before it learnt the checkpoint; not a cap's marker): they move down to
+        follow ``size``."""
         with self._lock:
             self._drain()
             if self._fd is None:
                 raise ValueError(f"{self.path}: trace closed; it cannot be cut back to {size} bytes")
-            start, before = self._session
+            if size > self.size:
+                raise ValueError(
+                    f"{self.path}: {self.size} bytes long, shorter than the {size} to cut back to"
+                )
             ours, our_records = b"", 0
-            if size <= start:
-                with open(self.path, "rb") as f:  # the writer's own descriptor is write-only
-                    f.seek(start)
-                    ours, our_records = f.read(self.size - start), self.records - before
+            if size <= self._session:
+                ours, our_records = self._own_entries()
+                self._session = size
             os.ftruncate(self._fd, size)  # appends (O_APPEND) continue at the new end
             self.size, self._end, self.records = size, size, records
             self.truncated = self.cut_short = False  # the marker and any cut entry lay past ``size``
-            self._session = (size, records)
             if ours:
                 written = os.write(self._fd, ours)  # no append is under way: a short write is finished
                 while written < len(ours):
                     written += os.write(self._fd, ours[written:])
                 self.size = self._end = size + len(ours)
                 self.records += our_records
+
+    def _own_entries(self) -> tuple[bytes, int]:
+        """This writer's entries but a cap's marker, as bytes, and how many records they hold."""
+        kept, records, start = [], 0, self._session
+        with open(self.path, "rb") as f:  # the writer's own descriptor is write-only
+            for end, entry in _scan(self.path, start):
+                if end > self.size:
+                    break
+                kind = entry.WhichOneof("entry")
+                if kind != "truncated":
+                    f.seek(start)
+                    kept.append(f.read(end - start))
+                    records += kind == "record"
+                start = end
+        return b"".join(kept), records
 
     def close(self) -> None:
         """Fsync and close: the trace survives a crash of the host once this returns. Idempotent."""

@@ -62,7 +62,7 @@ class PartyInterception:
         return {
             "attacks": [_picklable_state(entry.name, attack) for entry, attack in self.attacks],
             "released_model": self.knowledge.get("released_model"),
-            "trace": self.trace.extent() if self.trace is not None else None,
+            "trace": self.trace.extent(sync=True) if self.trace is not None else None,
         }
 
     def load_state(self, state: dict[str, Any], step: int) -> None:
