@@ -470,17 +470,19 @@ class TraceWriter:
 
     def _own_entries(self) -> tuple[bytes, int]:
         """This writer's entries but a cap's marker, as bytes, and how many records they hold."""
-        kept, records, start = [], 0, self._session
         with open(self.path, "rb") as f:  # the writer's own descriptor is write-only
-            for end, entry in _scan(self.path, start):
-                if end > self.size:
-                    break
-                kind = entry.WhichOneof("entry")
-                if kind != "truncated":
-                    f.seek(start)
-                    kept.append(f.read(end - start))
-                    records += kind == "record"
-                start = end
+            f.seek(self._session)
+            ours = f.read(self.size - self._session)
+        kept, records, start = [], 0, 0
+        for end, entry in _scan(self.path, self._session):
+            end -= self._session
+            if end > len(ours):
+                break
+            kind = entry.WhichOneof("entry")
+            if kind != "truncated":
+                kept.append(ours[start:end])
+                records += kind == "record"
+            start = end
         return b"".join(kept), records
 
     def close(self) -> None:
