@@ -6,7 +6,9 @@ for any gRPC server or channel (``interceptor``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -202,6 +204,28 @@ def test_event_without_header_or_ids() -> None:
     np.testing.assert_array_equal(join.sample_ids, [3, 1])
     report = WireEvent("response", "server", RUN_STEP, "a", "p", messages_pb2.StepReport())
     assert report.sample_ids is None and report.step == 0
+
+
+def test_an_event_is_timed_when_built_frozen_and_replaced_whole() -> None:
+    """The hooks build an event for every message a traced party sends or receives: its time is when
+    it was built unless given, it cannot be changed, and a rewrite's copy keeps every other field."""
+    before = time.time()
+    event = WireEvent("request", "client", RUN_STEP, "a", "p", messages_pb2.StepReport(), data=b"x")
+    assert before <= event.time <= time.time() and event.data == b"x"
+    assert WireEvent("request", "client", RUN_STEP, "a", "p", messages_pb2.StepReport(), 5.0).time == 5.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.peer = "q"  # type: ignore[misc]
+    other = messages_pb2.StepReport(metrics={"loss": 1.0})
+    copy = dataclasses.replace(event, message=other, data=None)
+    assert (copy.direction, copy.side, copy.method, copy.party, copy.peer, copy.time) == (
+        "request",
+        "client",
+        RUN_STEP,
+        "a",
+        "p",
+        event.time,
+    )
+    assert copy.message is other and copy.data is None and copy != event
 
 
 def test_nested_tensors_are_found_by_path() -> None:

@@ -87,8 +87,8 @@ def test_round_trip_rebuilds_every_event(tmp_path: Path) -> None:
 def test_a_record_is_written_as_the_bytes_protobuf_would_serialize(tmp_path: Path) -> None:
     """The writer frames a record itself, so that a message's bytes are not copied into it: the
     bytes must be exactly protobuf's, for a large message, a small one and an empty one; for a time
-    protobuf leaves out (0.0) and one it keeps (-0.0); and for a second message of the same route,
-    whose record reuses the route's fields."""
+    protobuf leaves out (0.0) and one it keeps (-0.0); and for a second message of the same route
+    and length, whose record reuses the route's framing."""
     events = [
         *exchange_events(2),
         WireEvent("request", "client", EXCHANGE, "p", "x", embeddings(1, n=2000, dim=64), 5.0),
@@ -97,10 +97,12 @@ def test_a_record_is_written_as_the_bytes_protobuf_would_serialize(tmp_path: Pat
         WireEvent("response", "server", RUN_STEP, "p", "", messages_pb2.StepReport(), -0.0),
     ]
     for event in events:
-        head, body = trace_mod.record_entry(event)
-        entry = trace_pb2.TraceEntry.FromString(head + body)
+        parts, framed = trace_mod.record_parts(event)
+        data = b"".join(parts)
+        entry = trace_pb2.TraceEntry.FromString(data[len(parts[0]) :])
         assert same(trace_mod.record_to_event(entry.record), event)
-        assert head + body == entry.SerializeToString()  # protobuf's own bytes for that record
+        serialized = entry.SerializeToString()  # protobuf's own bytes for that record
+        assert data == trace_mod._varint(len(serialized)) + serialized and framed == len(data)
     path = tmp_path / "p.trace"
     with TraceWriter(path, party="p") as writer:
         for event in events:
@@ -459,7 +461,7 @@ def test_a_short_write_raises_instead_of_being_finished_later(
     writer.write(events[0])
     extent = writer.extent()
     real_writev = os.writev
-    monkeypatch.setattr(trace_mod.os, "writev", lambda fd, buffers: real_writev(fd, [buffers[0][:3]]))
+    monkeypatch.setattr(trace_mod.os, "writev", lambda fd, buffers: real_writev(fd, [b"".join(buffers)[:3]]))
     with pytest.raises(OSError, match="cut short") as raised:
         writer.write(events[1])
     assert raised.value.filename == str(path)

@@ -11,6 +11,7 @@ import functools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from time import time as _now
 from typing import Any, Literal
 
 import numpy as np
@@ -98,7 +99,7 @@ def _has_header(descriptor: Any) -> bool:
     return fd is not None and fd.message_type is messages_pb2.Header.DESCRIPTOR
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class WireEvent:
     """One message seen by a tap: ``message`` is the live protobuf object; mods must not mutate it
     (a rewrite returns a changed copy instead)."""
@@ -113,6 +114,30 @@ class WireEvent:
     # the message's bytes as they crossed (or will cross) the wire, when the adapter has them: a trace
     # records them as they are instead of serializing the message again; None after a rewrite
     data: bytes | None = field(default=None, repr=False, compare=False)
+
+    def __init__(
+        self,
+        direction: Direction,
+        side: Side,
+        method: str,
+        party: str,
+        peer: str,
+        message: Message,
+        time: float | None = None,
+        data: bytes | None = None,
+    ) -> None:
+        # one update of the frozen instance's attributes, not a setattr call per field: a traced party
+        # builds an event for every message it sends or receives
+        self.__dict__.update(
+            direction=direction,
+            side=side,
+            method=method,
+            party=party,
+            peer=peer,
+            message=message,
+            time=_now() if time is None else time,
+            data=data,
+        )
 
     def serialized(self) -> bytes:
         """The message's bytes: those on the wire when known, else protobuf's serialization."""

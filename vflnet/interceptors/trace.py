@@ -103,37 +103,50 @@ _TIME_FIELD = trace_pb2.TraceRecord.DESCRIPTOR.fields_by_name["time"]
 _TIME_KEY = _varint(_TIME_FIELD.number << 3 | 1)  # wire type 1: 64 bits
 _DOUBLE = struct.Struct("<d")
 _NO_TIME = _DOUBLE.pack(0.0)  # proto3 leaves a double out when its bits are all zero (-0.0 is kept)
-assert _TIME_FIELD.number == 1, "record_entry writes the time first: protobuf's order by field number"
+assert _TIME_FIELD.number == 1, "record_parts writes the time first: protobuf's order by field number"
 
 
-@functools.lru_cache(maxsize=1024)  # one per method, direction and peer of a run: a handful
-def _record_fields(party: str, side: str, direction: str, method: str, peer: str, message_type: str) -> bytes:
-    """A record's fields between its time and its message, serialized: the same for every message of
-    a method, direction and peer, so each record builds only its time and its message's length."""
-    return trace_pb2.TraceRecord(
+@functools.lru_cache(maxsize=1024)  # one per route and message length of a run: a handful
+def _frame(
+    party: str, side: str, direction: str, method: str, peer: str, message_type: str, length: int, timed: bool
+) -> tuple[bytes, bytes, bytes, int]:
+    """A framed record entry of a ``length``-byte message, less its time's 8 bytes (``timed``) and the
+    message: (the entry's length prefix, its bytes up to the time's, those after the time up to the
+    message, the framed entry's length). The same for every message of a route and length, so a
+    record costs a lookup instead of a serialization."""
+    fields = trace_pb2.TraceRecord(
         party=party, side=side, direction=direction, method=method, peer=peer, message_type=message_type
     ).SerializeToString()
+    if length:  # proto3 leaves an empty bytes field out
+        fields += _MESSAGE_TAG + _varint(length)
+    time_key = _TIME_KEY if timed else b""
+    record = len(time_key) + (_DOUBLE.size if timed else 0) + len(fields) + length  # the TraceRecord
+    head = _RECORD_TAG + _varint(record)  # the TraceEntry's key and length of its record
+    prefix = _varint(len(head) + record)  # the entry's length, as the file frames it
+    return prefix, head + time_key, fields, len(prefix) + len(head) + record
 
 
-def record_entry(event: WireEvent) -> tuple[bytes, bytes]:
-    """``event`` as a serialized ``TraceEntry`` in two parts, head + message bytes: the same bytes as
-    ``TraceEntry(record=...).SerializeToString()`` (protobuf writes fields in number order: the time,
-    the fields that name the message's route, then ``message``), without copying the message (tens
-    of KB) into a record and serializing it a second time."""
+def record_parts(event: WireEvent) -> tuple[tuple[bytes, ...], int]:
+    """``event`` as a framed ``TraceEntry``, in parts, and its length: the bytes of
+    ``TraceEntry(record=...).SerializeToString()`` with their length prefix (protobuf writes fields in
+    number order: the time, the fields that name the message's route, then ``message``). The last
+    part is the message's bytes as they are: a message of tens of KB is not copied into a record
+    and serialized a second time."""
+    body = event.serialized()
     time_bits = _DOUBLE.pack(event.time)
-    fields = _record_fields(
+    if time_bits == _NO_TIME:  # proto3 leaves a double out when its bits are all zero (-0.0 is kept)
+        time_bits = b""
+    prefix, before, fields, framed = _frame(
         event.party,
         event.side,
         event.direction,
         event.method,
         event.peer,
         event.message.DESCRIPTOR.full_name,
+        len(body),
+        bool(time_bits),
     )
-    head = fields if time_bits == _NO_TIME else _TIME_KEY + time_bits + fields
-    body = event.serialized()
-    if body:  # proto3 leaves an empty bytes field out
-        head += _MESSAGE_TAG + _varint(len(body))
-    return _RECORD_TAG + _varint(len(head) + len(body)) + head, body
+    return (prefix, before, time_bits, fields, body), framed
 
 
 def _scan(path: Path, offset: int = 0) -> Iterator[tuple[int, trace_pb2.TraceEntry]]:
@@ -277,6 +290,7 @@ class TraceWriter:
         self.run_id = run_id
         self.max_bytes = max_bytes
         self.records = 0  # records in the complete entries of ``size``
+        self._room = max_bytes - _MARKER_RESERVE  # what records may fill: a marker fits after them
         self.dropped = 0
         self.truncated = False
         self.cut_short = False  # an entry was cut short (a full disk): nothing more may follow it
@@ -364,16 +378,13 @@ class TraceWriter:
         cut short before)."""
         # a record holds a whole message (tens of KB), and every copy of it is paid on the hot path of
         # the call being traced: the message's bytes go to the kernel as they are
-        head, body = record_entry(event)
-        size = len(head) + len(body)
-        prefix = _varint(size)
-        framed = len(prefix) + size
+        parts, framed = record_parts(event)
         with self._lock:
             if self._waiting:  # extent(), cut() or close() go first
                 self._idle.wait_for(lambda: not self._waiting)
             if self._fd is None or self.truncated or self.cut_short:
                 return self._drop(event)
-            if self._end + framed + _MARKER_RESERVE > self.max_bytes:
+            if self._end + framed > self._room:
                 return self._truncate(event)
             fd = self._fd
             self._end += framed
@@ -383,7 +394,7 @@ class TraceWriter:
         # (measured: the active party found the lock taken at one write in eight)
         written = 0
         try:
-            written = os.writev(fd, [prefix + head, body])
+            written = os.writev(fd, parts)
         except OSError as exc:
             raise self._not_written(exc) from exc
         finally:
