@@ -86,12 +86,16 @@ def test_round_trip_rebuilds_every_event(tmp_path: Path) -> None:
 
 def test_a_record_is_written_as_the_bytes_protobuf_would_serialize(tmp_path: Path) -> None:
     """The writer frames a record itself, so that a message's bytes are not copied into it: the
-    bytes must be exactly protobuf's, for a large message, a small one and an empty one; for a time
-    protobuf leaves out (0.0) and one it keeps (-0.0); and for a second message of the same route
-    and length, whose record reuses the route's framing."""
+    bytes must be exactly protobuf's, for large messages (one whose lengths cross into a varint's
+    fourth byte), a small one and an empty one; for a time protobuf leaves out (0.0) and one it keeps
+    (-0.0); and for a second message of the same route, whose record reuses the route's fields."""
+    # its message's length takes 3 bytes as a varint, its record's and entry's 4 (from 2**21 on)
+    crossing = WireEvent("request", "client", EXCHANGE, "p", "x" * 200, embeddings(2, n=8128, dim=64), 7.0)
+    assert len(crossing.serialized()) < 1 << 21 <= len(b"".join(trace_mod.record_parts(crossing)[0][1:]))
     events = [
         *exchange_events(2),
         WireEvent("request", "client", EXCHANGE, "p", "x", embeddings(1, n=2000, dim=64), 5.0),
+        crossing,
         WireEvent("response", "server", RUN_STEP, "p", "", messages_pb2.StepReport(), 6.0),
         WireEvent("response", "server", RUN_STEP, "p", "", messages_pb2.StepReport(), 0.0),
         WireEvent("response", "server", RUN_STEP, "p", "", messages_pb2.StepReport(), -0.0),

@@ -106,24 +106,18 @@ _NO_TIME = _DOUBLE.pack(0.0)  # proto3 leaves a double out when its bits are all
 assert _TIME_FIELD.number == 1, "record_parts writes the time first: protobuf's order by field number"
 
 
-@functools.lru_cache(maxsize=1024)  # one per route and message length of a run: a handful
-def _frame(
-    party: str, side: str, direction: str, method: str, peer: str, message_type: str, length: int, timed: bool
-) -> tuple[bytes, bytes, bytes, int]:
-    """A framed record entry of a ``length``-byte message, less its time's 8 bytes (``timed``) and the
-    message: (the entry's length prefix, its bytes up to the time's, those after the time up to the
-    message, the framed entry's length). The same for every message of a route and length, so a
-    record costs a lookup instead of a serialization."""
-    fields = trace_pb2.TraceRecord(
+@functools.lru_cache(maxsize=1024)  # one per method, direction and peer of a run: a handful
+def _route_fields(party: str, side: str, direction: str, method: str, peer: str, message_type: str) -> bytes:
+    """A record's fields between its time and its message, serialized: the same for every message of
+    a method, direction and peer, so each record builds only its time and its lengths."""
+    return trace_pb2.TraceRecord(
         party=party, side=side, direction=direction, method=method, peer=peer, message_type=message_type
     ).SerializeToString()
-    if length:  # proto3 leaves an empty bytes field out
-        fields += _MESSAGE_TAG + _varint(length)
-    time_key = _TIME_KEY if timed else b""
-    record = len(time_key) + (_DOUBLE.size if timed else 0) + len(fields) + length  # the TraceRecord
-    head = _RECORD_TAG + _varint(record)  # the TraceEntry's key and length of its record
-    prefix = _varint(len(head) + record)  # the entry's length, as the file frames it
-    return prefix, head + time_key, fields, len(prefix) + len(head) + record
+
+
+# a length's varint: a route's messages come back in a few lengths, step after step (their sample ids
+# and tensors keep their sizes), so each record looks its three lengths up
+_length = functools.lru_cache(maxsize=4096)(_varint)
 
 
 def record_parts(event: WireEvent) -> tuple[tuple[bytes, ...], int]:
@@ -134,19 +128,17 @@ def record_parts(event: WireEvent) -> tuple[tuple[bytes, ...], int]:
     and serialized a second time."""
     body = event.serialized()
     time_bits = _DOUBLE.pack(event.time)
-    if time_bits == _NO_TIME:  # proto3 leaves a double out when its bits are all zero (-0.0 is kept)
-        time_bits = b""
-    prefix, before, fields, framed = _frame(
-        event.party,
-        event.side,
-        event.direction,
-        event.method,
-        event.peer,
-        event.message.DESCRIPTOR.full_name,
-        len(body),
-        bool(time_bits),
+    # proto3 leaves a double out when its bits are all zero (-0.0 is kept)
+    timed = b"" if time_bits == _NO_TIME else _TIME_KEY + time_bits
+    fields = _route_fields(
+        event.party, event.side, event.direction, event.method, event.peer, event.message.DESCRIPTOR.full_name
     )
-    return (prefix, before, time_bits, fields, body), framed
+    if body:  # proto3 leaves an empty bytes field out
+        fields += _MESSAGE_TAG + _length(len(body))
+    record = len(timed) + len(fields) + len(body)  # the TraceRecord's bytes
+    head = _RECORD_TAG + _length(record)  # the TraceEntry's key and its record's length
+    prefix = _length(len(head) + record)  # the entry's length, as the file frames it
+    return (prefix, head, timed, fields, body), len(prefix) + len(head) + record
 
 
 def _scan(path: Path, offset: int = 0) -> Iterator[tuple[int, trace_pb2.TraceEntry]]:
