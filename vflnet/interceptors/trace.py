@@ -129,16 +129,16 @@ def record_parts(event: WireEvent) -> tuple[tuple[bytes, ...], int]:
     body = event.serialized()
     time_bits = _DOUBLE.pack(event.time)
     # proto3 leaves a double out when its bits are all zero (-0.0 is kept)
-    timed = b"" if time_bits == _NO_TIME else _TIME_KEY + time_bits
+    time_field = b"" if time_bits == _NO_TIME else _TIME_KEY + time_bits
     fields = _route_fields(
         event.party, event.side, event.direction, event.method, event.peer, event.message.DESCRIPTOR.full_name
     )
     if body:  # proto3 leaves an empty bytes field out
         fields += _MESSAGE_TAG + _length(len(body))
-    record = len(timed) + len(fields) + len(body)  # the TraceRecord's bytes
+    record = len(time_field) + len(fields) + len(body)  # the TraceRecord's bytes
     head = _RECORD_TAG + _length(record)  # the TraceEntry's key and its record's length
     prefix = _length(len(head) + record)  # the entry's length, as the file frames it
-    return (prefix, head, timed, fields, body), len(prefix) + len(head) + record
+    return (prefix, head, time_field, fields, body), len(prefix) + len(head) + record
 
 
 def _scan(path: Path, offset: int = 0) -> Iterator[tuple[int, trace_pb2.TraceEntry]]:
