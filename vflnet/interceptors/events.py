@@ -8,7 +8,6 @@ pays for turning tensor bytes into arrays.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from time import time as _now
@@ -110,7 +109,7 @@ class WireEvent:
     party: str
     peer: str
     message: Message
-    time: float = field(default_factory=time.time)
+    time: float  # when the event was built, unless given
     # the message's bytes as they crossed (or will cross) the wire, when the adapter has them: a trace
     # records them as they are instead of serializing the message again; None after a rewrite
     data: bytes | None = field(default=None, repr=False, compare=False)

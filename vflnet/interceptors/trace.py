@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import io
 import logging
 import os
 import struct
@@ -146,33 +147,38 @@ def _scan(path: Path, offset: int = 0) -> Iterator[tuple[int, trace_pb2.TraceEnt
     partial last entry."""
     with open(path, "rb") as f:
         f.seek(offset)
-        first = offset == 0
-        while True:
-            start = f.tell()
-            length = _read_varint(f)
-            if length is None:
-                return
-            data = f.read(length)
-            if len(data) < length:
-                return
-            entry = trace_pb2.TraceEntry()
-            try:
-                entry.ParseFromString(data)
-            except DecodeError as exc:
-                what = "not a vflnet trace (the first entry does not parse)" if first else "corrupt entry"
-                raise TraceError(f"{path}: {what} at byte {start}: {exc}") from exc
-            kind = entry.WhichOneof("entry")
-            if first and kind != "header":
-                raise TraceError(f"{path}: not a vflnet trace (no trace header at the start)")
-            if kind == "header" and entry.header.format_version > FORMAT_VERSION:
-                raise TraceError(
-                    f"{path}: trace format {entry.header.format_version} is newer than this vflnet "
-                    f"reads ({FORMAT_VERSION})"
-                )
-            if kind is None:
-                raise TraceError(f"{path}: empty entry at byte {start}")
-            first = False
-            yield f.tell(), entry
+        yield from _entries(f, path, first=offset == 0)
+
+
+def _entries(f: BinaryIO, path: Path, first: bool) -> Iterator[tuple[int, trace_pb2.TraceEntry]]:
+    """(end offset in ``f``, entry) for every complete entry of ``f`` from where it stands, read from
+    ``path``; ``first``: the entry there must be the trace's header."""
+    while True:
+        start = f.tell()
+        length = _read_varint(f)
+        if length is None:
+            return
+        data = f.read(length)
+        if len(data) < length:
+            return
+        entry = trace_pb2.TraceEntry()
+        try:
+            entry.ParseFromString(data)
+        except DecodeError as exc:
+            what = "not a vflnet trace (the first entry does not parse)" if first else "corrupt entry"
+            raise TraceError(f"{path}: {what} at byte {start}: {exc}") from exc
+        kind = entry.WhichOneof("entry")
+        if first and kind != "header":
+            raise TraceError(f"{path}: not a vflnet trace (no trace header at the start)")
+        if kind == "header" and entry.header.format_version > FORMAT_VERSION:
+            raise TraceError(
+                f"{path}: trace format {entry.header.format_version} is newer than this vflnet "
+                f"reads ({FORMAT_VERSION})"
+            )
+        if kind is None:
+            raise TraceError(f"{path}: empty entry at byte {start}")
+        first = False
+        yield f.tell(), entry
 
 
 def entries_after(path: str | Path, offset: int) -> Iterator[tuple[int, trace_pb2.TraceEntry]]:
@@ -282,7 +288,6 @@ class TraceWriter:
         self.run_id = run_id
         self.max_bytes = max_bytes
         self.records = 0  # records in the complete entries of ``size``
-        self._room = max_bytes - _MARKER_RESERVE  # what records may fill: a marker fits after them
         self.dropped = 0
         self.truncated = False
         self.cut_short = False  # an entry was cut short (a full disk): nothing more may follow it
@@ -376,7 +381,7 @@ class TraceWriter:
                 self._idle.wait_for(lambda: not self._waiting)
             if self._fd is None or self.truncated or self.cut_short:
                 return self._drop(event)
-            if self._end + framed > self._room:
+            if self._end + framed + _MARKER_RESERVE > self.max_bytes:
                 return self._truncate(event)
             fd = self._fd
             self._end += framed
@@ -477,10 +482,7 @@ class TraceWriter:
             f.seek(self._session)
             ours = f.read(self.size - self._session)
         kept, records, start = [], 0, 0
-        for end, entry in _scan(self.path, self._session):
-            end -= self._session
-            if end > len(ours):
-                break
+        for end, entry in _entries(io.BytesIO(ours), self.path, first=False):  # a partial tail ends it
             kind = entry.WhichOneof("entry")
             if kind != "truncated":
                 kept.append(ours[start:end])
