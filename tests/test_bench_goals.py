@@ -102,20 +102,16 @@ def test_a_congestion_control_the_lab_cannot_use_is_refused_before_anything_runs
 def test_the_floor_goals_are_judged_on_each_rounds_difference_not_on_two_lucky_bests():
     """Best against best paired runs minutes apart: one lucky floor or vflnet run could say the goal
     was met (this session's runs of the command gave +0.13 to +2.39 ms for one code). The goal rows
-    now take the median of each round's back-to-back differences, and list them."""
+    now take the median of each round's back-to-back differences, and list them; the taps come as
+    the ms each adds per step, from the A/B inside its own run (``tap_ms``)."""
     ms = {  # ms per step, three rounds; vflnet's second run and the floor's first were lucky
         "floor": [5.0, 6.0, 6.0],
         "vflnet": [7.6, 5.9, 7.5],
-        "floor+tap": [5.5, 6.4, 6.5],
-        "vflnet+tap": [8.6, 6.7, 8.5],
+        "floor+tap": [0.5, 0.4, 0.5],
+        "vflnet+tap": [1.0, 0.8, 1.0],
         "reference": [1.5, 1.4, 1.6],
     }
-    rows = {
-        r["figure"]: r
-        for r in goals.floor_figures(
-            {k: [1000 / v for v in runs] for k, runs in ms.items()}, "1.0 -> 1.0", 100
-        )
-    }
+    rows = {r["figure"]: r for r in goals.floor_figures(ms, "1.0 -> 1.0", 100)}
     assert [f for f, _ in goals.FLOOR_FIGURES] == list(rows)
     assert rows[goals.VFLNET_ROW]["measured"] == pytest.approx(5.9) and rows[goals.VFLNET_ROW]["met"] is None
     gap = rows[goals.GAP_ROW]
@@ -123,6 +119,20 @@ def test_the_floor_goals_are_judged_on_each_rounds_difference_not_on_two_lucky_b
     assert gap["limit"] == goals.FLOOR_MARGIN_MS and gap["met"] is False
     assert "+2.60, -0.10, +1.50" in gap["note"] and "best against best: +0.90" in gap["note"]
     tap, bare = rows[goals.TAP_ROW], rows[goals.BARE_TAP_ROW]
-    assert bare["measured"] == pytest.approx(0.5)  # rounds: +0.5, +0.4, +0.5
-    assert tap["measured"] == pytest.approx(1.0)  # rounds: +1.0, +0.8, +1.0
+    assert bare["measured"] == pytest.approx(0.5) and "+0.50, +0.40, +0.50" in bare["note"]
+    assert tap["measured"] == pytest.approx(1.0) and "+1.00, +0.80, +1.00" in tap["note"]
     assert tap["limit"] == pytest.approx(0.5 + goals.TAP_MARGIN_MS) and tap["met"] is False
+
+
+def test_the_tap_is_the_tapped_blocks_median_less_the_untapped_and_block_edges_are_left_out():
+    """Up to three steps are in flight: a block's first and last steps overlap the next block's, so
+    they count in neither half."""
+    blocks, edge = goals.TAP_BLOCKS, goals.TAP_EDGE
+    times = []
+    for step in range(4 * blocks):
+        tapped = step // blocks % 2 == 0
+        at_edge = not edge <= step % blocks < blocks - edge
+        times.append((step, (0.050 if at_edge else 0.0055 if tapped else 0.005) + step * 1e-9))
+    assert goals.tap_ms(times) == pytest.approx(0.5, abs=1e-4)
+    with pytest.raises(ValueError, match="needs steps in two blocks"):
+        goals.tap_ms([(step, 0.005) for step in range(blocks)])

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -626,3 +627,43 @@ def test_a_chunked_call_may_ask_for_the_runs_step_deadline_once_it_is_known(acti
             assert stub.ExchangeEmbeddings(msg, timeout=60).values == msg.values
     finally:
         srv.stop(grace=0)
+
+
+class CountingHook(ServerChainHook):
+    """A party's server hook that counts the calls it is handed."""
+
+    def __init__(self, chain: Chain, party: str) -> None:
+        super().__init__(chain, party)
+        self.handed: list[int] = []
+
+    def request(self, method: str, message: Any, peer: str, data: bytes | None = None) -> Any:
+        self.handed.append(message.header.step)
+        return super().request(method, message, peer, data)
+
+
+@pytest.mark.parametrize("n", [4, 100], ids=["one message", "chunked"])
+def test_a_step_the_chain_skips_is_served_as_without_a_hook(active: Active, n: int) -> None:
+    """`vflnet bench goals` times the tap inside one run (Chain's step_blocks): the untapped steps'
+    calls must cost what they cost a party without a chain, so the server never hands them to the
+    hook; every call is still served."""
+    recorder = Recorder()
+    hook = CountingHook(Chain([recorder], step_blocks=1), "active")
+    server = make_server(SMALL, "active", max_workers=8, hook=hook)
+    services_pb2_grpc.add_ActiveServicer_to_server(active, server)
+    address = f"127.0.0.1:{bind(server, '127.0.0.1:0', SMALL, 'active')}"
+    server.start()
+    try:
+        with open_channel(address, SMALL, "passive-1") as channel:
+            stub = services_pb2_grpc.ActiveStub(channel)
+            for step in range(4):
+                assert stub.ExchangeEmbeddings(embeddings(n, 100, step), timeout=DEADLINE).header.step == step
+    finally:
+        server.stop(grace=0)
+    assert [m.header.step for m in active.received] == [0, 1, 2, 3]
+    assert hook.handed == [0, 2]  # steps 1 and 3: an odd block of one step
+    assert [(e.direction, e.step) for e in recorder.events] == [
+        ("request", 0),
+        ("response", 0),
+        ("request", 2),
+        ("response", 2),
+    ]

@@ -49,6 +49,24 @@ def test_the_floor_tap_records_every_message_of_every_process(mode: str, tmp_pat
 
 
 @pytest.mark.e2e
+def test_the_floor_tap_ab_taps_the_even_blocks_and_times_every_step(tmp_path: Path) -> None:
+    """`vflnet bench goals` times the bare tap inside one run: every message of the steps of even blocks
+    is recorded, no message of the odd blocks, and each timed step comes back with its time."""
+    steps, blocks = 30, 10
+    times = grpc_floor.tap_ab(steps, str(tmp_path), blocks)
+    assert [step for step, _ in times] == list(range(WARMUP, WARMUP + steps))
+    assert all(seconds > 0 for _, seconds in times)
+    tapped = sum(1 for step in range(WARMUP + steps) if step // blocks % 2 == 0)  # steps 0-9, 20-29, 40-49
+    counts = {p.stem: sorted(_frames(p)) for p in tmp_path.glob("*.trace")}
+    assert counts["coordinator"] == [COMMAND] * 6 * tapped
+    assert counts["active"] == sorted(
+        [COMMAND] * 2 * tapped + [EMBEDDINGS] * 2 * tapped + [GRADIENT] * 2 * tapped
+    )
+    assert counts["passive-0"] == sorted([COMMAND] * 2 * tapped + [EMBEDDINGS] * tapped + [GRADIENT] * tapped)
+    assert not grpc_floor._TAP_FD and not grpc_floor._TAP_BLOCKS  # the coordinator taps every step again
+
+
+@pytest.mark.e2e
 def test_grpc_floor_prints_a_line_per_finished_run(tmp_path: Path) -> None:
     """Without a terminal (no bar) the command still shows how far it is: one stderr line per run."""
     done = subprocess.run(

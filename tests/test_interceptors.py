@@ -34,6 +34,7 @@ from vflnet.wire.channels import TransportConfig, bind, make_server, open_channe
 DEADLINE = 5.0
 EXCHANGE = "/vflnet.v1.Active/ExchangeEmbeddings"
 RUN_STEP = "/vflnet.v1.Party/RunStep"
+JOIN = "/vflnet.v1.Coordinator/Join"
 
 
 def embeddings(
@@ -226,6 +227,30 @@ def test_an_event_is_timed_when_built_frozen_and_replaced_whole() -> None:
         event.time,
     )
     assert copy.message is other and copy.data is None and copy != event
+
+
+def test_step_blocks_pass_the_odd_blocks_on_before_any_event_is_built() -> None:
+    """`vflnet bench goals` times the trace tap inside one run: with step_blocks N the hooks run the
+    chain on the steps of even blocks of N only, and hand the odd blocks' messages on as they are (as
+    a party without a chain would); a message with no step always runs through it."""
+    seen: list[tuple[str, str, int | None]] = []
+    chain = Chain([lambda e: seen.append((e.side, e.direction, e.step))], step_blocks=2)
+    server, client = ServerChainHook(chain, "active"), ClientChainHook(chain, "passive-1", "t")
+    for step in range(6):
+        msg = embeddings(step)
+        for out in (
+            server.request(EXCHANGE, msg, "p"),
+            server.response(EXCHANGE, msg, "p"),
+            client.request(EXCHANGE, msg),
+            client.response(EXCHANGE, msg),
+        ):
+            assert out is msg
+    join = messages_pb2.JoinRequest(run_id="r1", name="passive-1")
+    assert client.request(JOIN, join) is join
+    sides = [("server", "request"), ("server", "response"), ("client", "request"), ("client", "response")]
+    assert seen == [(*side, step) for step in (0, 1, 4, 5) for side in sides] + [("client", "request", None)]
+    with pytest.raises(ValueError, match="step_blocks must be 0"):
+        Chain([], step_blocks=-1)
 
 
 def test_nested_tensors_are_found_by_path() -> None:

@@ -638,3 +638,60 @@ def test_requests_from_outside_the_run_are_counted_not_recorded(tmp_path: Path) 
     interception.finish(tmp_path)
     recorded = list(read_trace(trace_mod.trace_path(tmp_path, "active")))
     assert [(e.side, e.sender) for e in recorded] == [("server", "passive-1"), ("client", "mallory")]
+
+
+def test_the_bench_tap_blocks_are_refused_beside_an_attack_and_announced_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """VFLNET_BENCH_TAP_BLOCKS (`vflnet bench goals`'s A/B of the tap) leaves every other block of
+    steps out of the trace: never silently, and never under an attack that would miss them too."""
+    from tests.conftest import base_config
+    from vflnet.threat.interception import TAP_BLOCKS_ENV, party_interception
+    from vflnet.validation import config_from_dict
+
+    data = base_config()
+    data["trace"] = {"parties": ["all"]}
+    data["attacks"] = [{"name": "gradient-scaling", "party": "passive-1", "params": {"gamma": 0.0}}]
+    cfg = config_from_dict(data)
+    monkeypatch.setenv(TAP_BLOCKS_ENV, "20")
+    with pytest.raises(ValueError, match=r"from passive-1's attacks \(gradient-scaling\); unset it"):
+        party_interception(cfg, "passive-1", tmp_path / "a")
+    with caplog.at_level(logging.WARNING):
+        active = party_interception(cfg, "active", tmp_path / "b")
+    assert active.chain.step_blocks == 20
+    assert "the trace tap sees the steps of even blocks of 20 only" in caplog.text
+    for bad in ("0", "-3", "x"):
+        monkeypatch.setenv(TAP_BLOCKS_ENV, bad)
+        with pytest.raises(ValueError, match="expected a number of steps, at least 1"):
+            party_interception(cfg, "active", tmp_path / "c")
+    monkeypatch.delenv(TAP_BLOCKS_ENV)
+    assert party_interception(cfg, "active", tmp_path / "d").chain.step_blocks == 0
+
+
+@pytest.mark.e2e
+def test_a_run_under_the_bench_tap_blocks_traces_the_even_blocks_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The A/B on real processes: every party's trace holds the steps of even blocks of 4, all of
+    their messages, and none of the odd blocks'."""
+    import yaml
+
+    from tests.conftest import base_config
+    from vflnet.runner.local import run_local
+    from vflnet.threat.interception import TAP_BLOCKS_ENV
+
+    data = base_config()
+    data["train"].update(epochs=1, eval_every=100)  # steps 1 to 23, of 64 rows each
+    data["trace"] = {"parties": ["all"]}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv(TAP_BLOCKS_ENV, "4")
+    assert run_local(path, run_dir=tmp_path / "run", progress=False) == 0
+    for party in ("coordinator", "active", "passive-1", "passive-2"):
+        steps = [
+            e.step
+            for e in read_trace(trace_mod.trace_path(tmp_path / "run", party))
+            if e.step is not None and e.phase == messages_pb2.TRAIN
+        ]
+        assert steps and all(step // 4 % 2 == 0 for step in steps), (party, sorted(set(steps)))
+        assert {1, 8, 11, 16, 19} <= set(steps), (party, sorted(set(steps)))

@@ -35,13 +35,29 @@ class Refused(Exception):
 
 
 class Chain:
-    """Runs mods in list order, each seeing the previous one's output; returns the final message."""
+    """Runs mods in list order, each seeing the previous one's output; returns the final message.
 
-    def __init__(self, mods: Iterable[Mod] = ()) -> None:
+    ``step_blocks`` N > 0 is a benchmark's A/B (`vflnet bench goals` times the trace tap inside one
+    run): the adapters run the chain only on the messages of even blocks of N steps (steps 0..N-1,
+    2N..3N-1, ...) and pass the others on as if the party had no chain, before any event is built.
+    Messages without a step (Join, Shutdown) always run through it.
+    """
+
+    def __init__(self, mods: Iterable[Mod] = (), step_blocks: int = 0) -> None:
         self.mods: list[Mod] = list(mods)
         for mod in self.mods:
             if not callable(mod):
                 raise TypeError(f"a mod must be callable, got {mod!r}")
+        if step_blocks < 0:
+            raise ValueError(f"step_blocks must be 0 (every step) or positive, got {step_blocks}")
+        self.step_blocks = step_blocks
+
+    def skips(self, message: Message) -> bool:
+        """Whether ``step_blocks`` leaves ``message`` out: a step in an odd block."""
+        if not self.step_blocks:
+            return False
+        header = getattr(message, "header", None)
+        return header is not None and (header.step // self.step_blocks) % 2 == 1
 
     def __len__(self) -> int:
         return len(self.mods)

@@ -53,14 +53,24 @@ class ServerChainHook:
     def __init__(self, chain: Chain, party: str) -> None:
         self.chain = chain
         self.party = party
+        self.step_blocks = chain.step_blocks  # the benchmark's A/B (Chain), checked before an event is built
+
+    def skips(self, request: Message) -> bool:
+        """Whether the chain's step blocks leave ``request``'s call out: the chunking layer then serves
+        it as a server without a hook does."""
+        return bool(self.step_blocks) and self.chain.skips(request)
 
     def request(self, method: str, message: Message, peer: str, data: bytes | None = None) -> Message:
+        if self.step_blocks and self.chain.skips(message):
+            return message
         try:
             return self.chain(WireEvent("request", "server", method, self.party, peer, message, data=data))
         except Refused as exc:
             raise RefusedCall(exc.code, f"{self.party} refused the {method} request: {exc.reason}") from exc
 
     def response(self, method: str, message: Message, peer: str, data: bytes | None = None) -> Message:
+        if self.step_blocks and self.chain.skips(message):
+            return message
         try:
             return self.chain(WireEvent("response", "server", method, self.party, peer, message, data=data))
         except Refused as exc:
@@ -75,8 +85,11 @@ class ClientChainHook:
         self.chain = chain
         self.party = party
         self.target = target
+        self.step_blocks = chain.step_blocks
 
     def request(self, method: str, message: Message, data: bytes | None = None) -> Message:
+        if self.step_blocks and self.chain.skips(message):
+            return message
         try:
             return self.chain(
                 WireEvent("request", "client", method, self.party, self.target, message, data=data)
@@ -87,6 +100,8 @@ class ClientChainHook:
             ) from exc
 
     def response(self, method: str, message: Message, data: bytes | None = None) -> Message:
+        if self.step_blocks and self.chain.skips(message):
+            return message
         try:
             return self.chain(
                 WireEvent("response", "client", method, self.party, self.target, message, data=data)

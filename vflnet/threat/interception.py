@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,10 @@ from vflnet.threat.knowledge import threat_model_knowledge
 from vflnet.v1 import messages_pb2
 
 log = logging.getLogger(__name__)
+
+# `vflnet bench goals` times the trace tap inside one run: every party of the run it starts reads this
+# (a number of steps; see Chain's step_blocks). A benchmark's setting: its traces leave half the steps out
+TAP_BLOCKS_ENV = "VFLNET_BENCH_TAP_BLOCKS"
 
 
 @dataclass
@@ -200,4 +205,34 @@ def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyIntercepti
                 entry.name,
                 ", ".join(f"{k}={v}" for k, v in attack.p.items()),
             )
-    return PartyInterception(name, Chain(mods), attacks, trace, knowledge)
+    blocks = _bench_tap_blocks(name, trace, attacks)
+    return PartyInterception(name, Chain(mods, step_blocks=blocks), attacks, trace, knowledge)
+
+
+def _bench_tap_blocks(
+    party: str, trace: TraceWriter | None, attacks: list[tuple[PluginConfig, Attack]]
+) -> int:
+    """``TAP_BLOCKS_ENV``'s steps, 0 when it is unset or the party has no trace tap. Refused beside an
+    attack: the attack would miss every other block of steps."""
+    value = os.environ.get(TAP_BLOCKS_ENV, "")
+    if not value:
+        return 0
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{TAP_BLOCKS_ENV}={value!r}: expected a number of steps, at least 1")
+    if trace is None:
+        return 0
+    if attacks:
+        names = ", ".join(entry.name for entry, _ in attacks)
+        raise ValueError(
+            f"{TAP_BLOCKS_ENV} (a benchmark's A/B of the trace tap) would hide every other block of steps "
+            f"from {party}'s attacks ({names}); unset it"
+        )
+    log.warning(
+        "%s: %s=%s: the trace tap sees the steps of even blocks of %s only (a benchmark's A/B); "
+        "the trace leaves the others out",
+        party,
+        TAP_BLOCKS_ENV,
+        value,
+        value,
+    )
+    return int(value)

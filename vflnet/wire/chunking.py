@@ -75,6 +75,9 @@ class ServerHook(Protocol):
 
     def request(self, method: str, message: Any, peer: str, data: bytes | None = None) -> Any: ...
     def response(self, method: str, message: Any, peer: str, data: bytes | None = None) -> Any: ...
+    def skips(self, request: Any) -> bool:
+        """Whether the call of ``request`` is served as if there were no hook (a benchmark's A/B)."""
+        ...
 
 
 class ClientHook(Protocol):
@@ -400,18 +403,17 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
         handler: grpc.RpcMethodHandler,
         request: Any,
         context: grpc.ServicerContext,
+        hook: ServerHook | None,
         data: bytes | None = None,
     ) -> bytes | None:
-        """The logical call: the servicer, with the hook on its request (``data``: its bytes) and
+        """The logical call: the servicer, with ``hook`` on its request (``data``: its bytes) and
         reply; the reply's bytes (None: the servicer set an error status itself)."""
         serialize = handler.response_serializer or _as_is
-        if self.hook is None:
+        if hook is None:
             reply = handler.unary_unary(request, context)
             encoded = None if reply is None else serialize(reply)
         else:
-            encoded = serve_with_hook(
-                self.hook, method, handler.unary_unary, request, context, data, serialize
-            )
+            encoded = serve_with_hook(hook, method, handler.unary_unary, request, context, data, serialize)
         if encoded is not None:
             error = payload_error(len(encoded), self.limits, f"the {method} reply")
             if error:
@@ -421,15 +423,17 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
     def _serve_unary(
         self, method: str, handler: grpc.RpcMethodHandler, request: Any, context: grpc.ServicerContext
     ) -> bytes | None:
-        data = None
-        if self.hook is not None:
+        data, hook = None, self.hook
+        if hook is not None:
             if self.authorize is not None:
                 self.authorize(method, context)  # mods see only requests the caller's role may send
             try:
                 data, request = request, _parse(handler, request)
             except DecodeError as exc:  # a deserializer that raises (vflnet's own parse leniently)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method} request does not decode: {exc}")
-        reply = self._serve(method, handler, request, context, data)
+            if hook.skips(request):  # the rest of the call as a server without a hook serves it
+                hook = None
+        reply = self._serve(method, handler, request, context, hook, data)
         if reply is None:  # the servicer set an error status itself
             return None
         if len(reply) > self.limits.message:
@@ -475,7 +479,8 @@ class ChunkingInterceptor(grpc.ServerInterceptor):
             )
         finally:
             self.streams.release()
-        encoded = self._serve(method, handler, request, context, data)
+        hook = None if self.hook is None or self.hook.skips(request) else self.hook
+        encoded = self._serve(method, handler, request, context, hook, data)
         if encoded is not None:
             yield from split(encoded, self.limits)
 

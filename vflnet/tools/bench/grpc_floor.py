@@ -59,17 +59,27 @@ MODES = (*SELF_PACED, "coordinated", "coordinated-stream", "all-streams")
 JOIN_S = 120.0  # a process importing torch on a loaded 2-core machine: start-up is not the measure
 TAP = "+tap"
 _TAP_FD: list[int] = []  # this process's trace file, with --tap-dir
+_TAP_BLOCKS = 0  # with --tap-blocks N: the tap on the steps of even blocks of N steps only (tap_ab)
 
 
-def _open_tap(directory: str | None, name: str) -> None:
+def _open_tap(directory: str | None, name: str, blocks: int = 0) -> None:
+    global _TAP_BLOCKS
     if directory:
         path = os.path.join(directory, f"{name}.trace")
         _TAP_FD.append(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+        _TAP_BLOCKS = blocks
 
 
-def _tapped(data: bytes) -> bytes:
-    """``data``, appended first to this process's trace file when there is one (a tap's floor)."""
-    if _TAP_FD:
+def _close_tap() -> None:
+    global _TAP_BLOCKS
+    os.close(_TAP_FD.pop())
+    _TAP_BLOCKS = 0
+
+
+def _tapped(data: bytes, step: int) -> bytes:
+    """``data`` of ``step``, appended first to this process's trace file when there is one (a tap's
+    floor) and ``step`` is not in an odd block of --tap-blocks."""
+    if _TAP_FD and not (_TAP_BLOCKS and step // _TAP_BLOCKS % 2):
         os.writev(_TAP_FD[0], [len(data).to_bytes(4, "little"), data])
     return data
 
@@ -170,8 +180,8 @@ class _Active:
         self.gradients: dict[int, bytes] = {}
 
     def exchange(self, request: bytes, context: Any = None) -> bytes:
-        _tapped(request)
         party, step = request[0], int.from_bytes(request[1:5], "little")
+        _tapped(request, step)
         values = np.frombuffer(request, np.float32, offset=5).reshape(BATCH, EMBEDDING)
         with self.turns.cond:
             self.embeddings[party] = torch.from_numpy(values.copy()).requires_grad_()
@@ -186,12 +196,14 @@ class _Active:
                 self.turns.complete(step)
             else:
                 self.turns.wait_done(step)  # the other passive party's embeddings complete it
-            return _tapped(self.gradients[party])
+            return _tapped(self.gradients[party], step)
 
     def run_step(self, request: bytes, context: Any = None) -> bytes:
         """The coordinator's command: answered once this party's part of the step is done."""
-        self.turns.wait_done(int.from_bytes(_tapped(request), "little"))
-        return _tapped(request)
+        step = int.from_bytes(request, "little")
+        _tapped(request, step)
+        self.turns.wait_done(step)
+        return _tapped(request, step)
 
 
 class _Passive:
@@ -217,18 +229,19 @@ class _Passive:
         self.optimizer.zero_grad()
         h = self.bottom(self.inputs[_batch(step)])
         request = bytes([self.party]) + step.to_bytes(4, "little") + h.detach().numpy().tobytes()
-        reply = _tapped(self.call(_tapped(request)))
+        reply = _tapped(self.call(_tapped(request, step)), step)
         gradient = np.frombuffer(reply, np.float32).reshape(BATCH, EMBEDDING)
         h.backward(torch.from_numpy(gradient.copy()))
         self.optimizer.step()
 
     def run_step(self, request: bytes, context: Any = None) -> bytes:
         """The coordinator's command: this party's part of the step, in order."""
-        step = int.from_bytes(_tapped(request), "little")
+        step = int.from_bytes(request, "little")
+        _tapped(request, step)
         self.turns.wait_done(step - 1)
         self.step(step)
         self.turns.complete(step)
-        return _tapped(request)
+        return _tapped(request, step)
 
     def close(self) -> None:
         if self.stream is not None:
@@ -285,8 +298,9 @@ def run_passive(active_port: int, party: int, steps: int, mode: str) -> None:
     print(json.dumps({"steps_per_s": steps / elapsed}), flush=True)
 
 
-def _coordinate(ports: dict[str, int], steps: int, streams: bool) -> float:
-    """Send every party a RunStep per step, two steps in flight (as vflnet's pipelined schedule)."""
+def _coordinate(ports: dict[str, int], steps: int, streams: bool) -> list[float]:
+    """Send every party a RunStep per step, two steps in flight (as vflnet's pipelined schedule); the
+    time each step completed (``time.perf_counter``), warm-up steps included."""
     channels = {name: grpc.insecure_channel(f"127.0.0.1:{port}") for name, port in ports.items()}
     for ch in channels.values():
         grpc.channel_ready_future(ch).result(timeout=JOIN_S)
@@ -298,38 +312,53 @@ def _coordinate(ports: dict[str, int], steps: int, streams: bool) -> float:
         )
     window: deque[list[Any]] = deque()
     sent = 0
+    done: list[float] = []
     for step in range(WARMUP + steps):
-        if step == WARMUP:
-            start = time.perf_counter()
         while sent <= step + 1 and sent < WARMUP + steps:  # this step and the next are out
             command = sent.to_bytes(4, "little")
-            window.append([c.future(_tapped(command), timeout=JOIN_S) for c in calls.values()])
+            window.append([c.future(_tapped(command, sent), timeout=JOIN_S) for c in calls.values()])
             sent += 1
         for future in window.popleft():
-            _tapped(future.result())
-    elapsed = time.perf_counter() - start
+            _tapped(future.result(), step)
+        done.append(time.perf_counter())
     if streams:
         for call in calls.values():
             call.close()
     for ch in channels.values():
         ch.close()
-    return steps / elapsed
+    return done
 
 
 def distributed(steps: int, mode: str, tap_dir: str | None = None) -> float:
     """Steps per second of the run: the slower passive party's, or the coordinator's. With ``tap_dir``
     every process appends each message it sends or receives to ``<tap_dir>/<its name>.trace``."""
+    out = _distributed(steps, mode, tap_dir)
+    return out if isinstance(out, float) else steps / (out[-1] - out[WARMUP - 1])
+
+
+def tap_ab(steps: int, tap_dir: str, blocks: int) -> list[tuple[int, float]]:
+    """One ``coordinated`` run whose tap is on in even blocks of ``blocks`` steps and off in the odd
+    ones: (step, seconds from the step before completing to this one completing), each timed step."""
+    done = _distributed(steps, "coordinated", tap_dir, blocks)
+    assert isinstance(done, list)
+    return [(step, done[step] - done[step - 1]) for step in range(WARMUP, len(done))]
+
+
+def _distributed(steps: int, mode: str, tap_dir: str | None, blocks: int = 0) -> float | list[float]:
+    """A run: the slower passive party's steps per second (self-paced modes), or the time each step
+    completed at the coordinator, warm-up steps included. With ``tap_dir`` this process taps too."""
     if tap_dir is None:
-        return _distributed(steps, mode, None)
-    _open_tap(tap_dir, "coordinator")
+        return _run(steps, mode, None, 0)
+    _open_tap(tap_dir, "coordinator", blocks)
     try:
-        return _distributed(steps, mode, tap_dir)
+        return _run(steps, mode, tap_dir, blocks)
     finally:
-        os.close(_TAP_FD.pop())
+        _close_tap()
 
 
-def _distributed(steps: int, mode: str, tap_dir: str | None) -> float:
-    me = [sys.executable, "-m", "vflnet.tools.bench.grpc_floor", *(["--tap-dir", tap_dir] if tap_dir else [])]
+def _run(steps: int, mode: str, tap_dir: str | None, blocks: int) -> float | list[float]:
+    tap = ["--tap-dir", tap_dir, "--tap-blocks", str(blocks)] if tap_dir else []
+    me = [sys.executable, "-m", "vflnet.tools.bench.grpc_floor", *tap]
     servers: list[subprocess.Popen[str]] = []
 
     def serve(*args: str) -> int:
@@ -390,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--mode", choices=MODES, default="unary", help=argparse.SUPPRESS)
     parser.add_argument("--tap-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--tap-blocks", type=int, default=0, help=argparse.SUPPRESS)
     args = parse_args(parser, argv, smoke={"steps": 30, "repeat": 1})
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = sorted(set(modes) - set(MODES))
@@ -398,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tap:
         modes = [v for m in modes for v in (m, m + TAP)]
     name = "active" if args.serve_active else f"passive-{args.party}"
-    _open_tap(args.tap_dir, name)
+    _open_tap(args.tap_dir, name, args.tap_blocks)
     if args.serve_active:
         serve_active()
         return 0

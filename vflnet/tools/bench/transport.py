@@ -121,7 +121,7 @@ CASES = {
 }
 
 
-def distributed(case: dict[str, Any], workdir: Path, bridge: str) -> dict[str, float]:
+def distributed(case: dict[str, Any], workdir: Path, bridge: str) -> dict[str, Any]:
     case = copy.deepcopy(case)
     case.setdefault("transport", {})["bridge"] = bridge
     path = workdir / f"{bridge}.yaml"
@@ -151,6 +151,7 @@ def distributed(case: dict[str, Any], workdir: Path, bridge: str) -> dict[str, f
         "wire": wire,
         "payload": payload,
         "steps": len(steps),
+        "step_times": [(s["step"], s["step_time_s"]) for s in plain],  # (step, seconds), in order
     }
 
 
