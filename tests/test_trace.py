@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -84,6 +85,19 @@ def test_round_trip_rebuilds_every_event(tmp_path: Path) -> None:
     assert (header.format_version, header.party, header.run_id) == (1, "passive-1", "r1")
 
 
+def parts_of(event: WireEvent) -> tuple[tuple[bytes, ...], int]:
+    return trace_mod.record_parts(
+        event.direction,
+        event.side,
+        event.method,
+        event.party,
+        event.peer,
+        event.message,
+        event.time,
+        event.data,
+    )
+
+
 def test_a_record_is_written_as_the_bytes_protobuf_would_serialize(tmp_path: Path) -> None:
     """The writer frames a record itself, so that a message's bytes are not copied into it: the
     bytes must be exactly protobuf's, for large messages (one whose lengths cross into a varint's
@@ -91,7 +105,7 @@ def test_a_record_is_written_as_the_bytes_protobuf_would_serialize(tmp_path: Pat
     (-0.0); and for a second message of the same route, whose record reuses the route's fields."""
     # its message's length takes 3 bytes as a varint, its record's and entry's 4 (from 2**21 on)
     crossing = WireEvent("request", "client", EXCHANGE, "p", "x" * 200, embeddings(2, n=8128, dim=64), 7.0)
-    assert len(crossing.serialized()) < 1 << 21 <= len(b"".join(trace_mod.record_parts(crossing)[0][1:]))
+    assert len(crossing.serialized()) < 1 << 21 <= len(b"".join(parts_of(crossing)[0][1:]))
     events = [
         *exchange_events(2),
         WireEvent("request", "client", EXCHANGE, "p", "x", embeddings(1, n=2000, dim=64), 5.0),
@@ -101,7 +115,7 @@ def test_a_record_is_written_as_the_bytes_protobuf_would_serialize(tmp_path: Pat
         WireEvent("response", "server", RUN_STEP, "p", "", messages_pb2.StepReport(), -0.0),
     ]
     for event in events:
-        parts, framed = trace_mod.record_parts(event)
+        parts, framed = parts_of(event)
         data = b"".join(parts)
         entry = trace_pb2.TraceEntry.FromString(data[len(parts[0]) :])
         assert same(trace_mod.record_to_event(entry.record), event)
@@ -695,3 +709,46 @@ def test_a_run_under_the_bench_tap_blocks_traces_the_even_blocks_only(
         ]
         assert steps and all(step // 4 % 2 == 0 for step in steps), (party, sorted(set(steps)))
         assert {1, 8, 11, 16, 19} <= set(steps), (party, sorted(set(steps)))
+
+
+def test_a_trace_tap_alone_records_through_the_hooks_what_it_records_as_a_mod(tmp_path: Path) -> None:
+    """A chain of the trace tap alone runs without an event per message (chain.Recorder): the hooks
+    hand it the fields instead. Its trace must hold what the same tap writes when it runs as a mod
+    among others: the same records, in the same order, and the same requests from outside the run
+    left out."""
+    from tests.conftest import base_config
+    from vflnet.interceptors.grpc_adapters import ClientChainHook, ServerChainHook
+    from vflnet.threat.interception import RunTrace
+    from vflnet.validation import config_from_dict
+
+    data = base_config()
+    data["run"]["id"] = "r1"
+    cfg = config_from_dict(data)
+    good = embeddings(1)
+    good.header.run_id = "r1"
+    outsider = messages_pb2.Embeddings()
+    outsider.CopyFrom(good)
+    outsider.header.sender = "mallory"
+    seen = []
+    traces = {}
+    for how, extra in (("alone", []), ("among others", [lambda event: seen.append(event.method)])):
+        writer = TraceWriter(tmp_path / f"{how}.trace", party="active", run_id="r1")
+        chain = Chain([RunTrace(writer, cfg), *extra])
+        assert (chain.recorder is not None) == (how == "alone")
+        server, client = ServerChainHook(chain, "active"), ClientChainHook(chain, "active", "passive-1:1")
+        for msg in (good, outsider):
+            assert server.request(EXCHANGE, msg, "ipv4:x", msg.SerializeToString()) is msg
+        reply = gradients(1)
+        assert server.response(EXCHANGE, reply, "ipv4:x") is reply
+        assert client.request(RUN_STEP, good) is good
+        assert client.response(RUN_STEP, messages_pb2.StepReport()) is not None
+        writer.close()
+        traces[how] = [dataclasses.replace(e, time=0.0) for e in read_trace(writer.path)]
+    assert len(seen) == 5  # the other mod saw every message, the outsider's too
+    assert traces["alone"] == traces["among others"]
+    assert [(e.side, e.direction, e.sender) for e in traces["alone"]] == [
+        ("server", "request", "passive-1"),
+        ("server", "response", "passive-1"),
+        ("client", "request", "passive-1"),
+        ("client", "response", ""),
+    ]

@@ -98,6 +98,13 @@ def _has_header(descriptor: Any) -> bool:
     return fd is not None and fd.message_type is messages_pb2.Header.DESCRIPTOR
 
 
+def header_of(message: Message) -> messages_pb2.Header | None:
+    """``message``'s ``Header``; None for messages without one (Join, Shutdown)."""
+    if not _has_header(message.DESCRIPTOR):
+        return None
+    return message.header  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True, init=False)
 class WireEvent:
     """One message seen by a tap: ``message`` is the live protobuf object; mods must not mutate it
@@ -150,9 +157,7 @@ class WireEvent:
     @property
     def header(self) -> messages_pb2.Header | None:
         """The message's ``Header``; None for messages without one (Join, Shutdown)."""
-        if not _has_header(self.message.DESCRIPTOR):
-            return None
-        return self.message.header  # type: ignore[attr-defined]
+        return header_of(self.message)
 
     def _header_field(self, name: str) -> Any:
         h = self.header

@@ -54,6 +54,7 @@ class ServerChainHook:
         self.chain = chain
         self.party = party
         self.step_blocks = chain.step_blocks  # the benchmark's A/B (Chain), checked before an event is built
+        self.record = None if chain.recorder is None else chain.recorder.record  # no event to build
 
     def skips(self, request: Message) -> bool:
         """Whether the chain's step blocks leave ``request``'s call out: the chunking layer then serves
@@ -63,6 +64,9 @@ class ServerChainHook:
     def request(self, method: str, message: Message, peer: str, data: bytes | None = None) -> Message:
         if self.step_blocks and self.chain.skips(message):
             return message
+        if self.record is not None:
+            self.record("request", "server", method, self.party, peer, message, data)
+            return message
         try:
             return self.chain(WireEvent("request", "server", method, self.party, peer, message, data=data))
         except Refused as exc:
@@ -70,6 +74,9 @@ class ServerChainHook:
 
     def response(self, method: str, message: Message, peer: str, data: bytes | None = None) -> Message:
         if self.step_blocks and self.chain.skips(message):
+            return message
+        if self.record is not None:
+            self.record("response", "server", method, self.party, peer, message, data)
             return message
         try:
             return self.chain(WireEvent("response", "server", method, self.party, peer, message, data=data))
@@ -86,9 +93,13 @@ class ClientChainHook:
         self.party = party
         self.target = target
         self.step_blocks = chain.step_blocks
+        self.record = None if chain.recorder is None else chain.recorder.record
 
     def request(self, method: str, message: Message, data: bytes | None = None) -> Message:
         if self.step_blocks and self.chain.skips(message):
+            return message
+        if self.record is not None:
+            self.record("request", "client", method, self.party, self.target, message, data)
             return message
         try:
             return self.chain(
@@ -101,6 +112,9 @@ class ClientChainHook:
 
     def response(self, method: str, message: Message, data: bytes | None = None) -> Message:
         if self.step_blocks and self.chain.skips(message):
+            return message
+        if self.record is not None:
+            self.record("response", "client", method, self.party, self.target, message, data)
             return message
         try:
             return self.chain(

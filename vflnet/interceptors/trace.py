@@ -31,7 +31,7 @@ from typing import BinaryIO
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
 
-from vflnet.interceptors.events import WireEvent
+from vflnet.interceptors.events import WireEvent, short_name
 from vflnet.v1 import trace_pb2
 
 log = logging.getLogger(__name__)
@@ -121,19 +121,26 @@ def _route_fields(party: str, side: str, direction: str, method: str, peer: str,
 _length = functools.lru_cache(maxsize=4096)(_varint)
 
 
-def record_parts(event: WireEvent) -> tuple[tuple[bytes, ...], int]:
-    """``event`` as a framed ``TraceEntry``, in parts, and its length: the bytes of
-    ``TraceEntry(record=...).SerializeToString()`` with their length prefix (protobuf writes fields in
-    number order: the time, the fields that name the message's route, then ``message``). The last
-    part is the message's bytes as they are: a message of tens of KB is not copied into a record
-    and serialized a second time."""
-    body = event.serialized()
-    time_bits = _DOUBLE.pack(event.time)
+def record_parts(
+    direction: str,
+    side: str,
+    method: str,
+    party: str,
+    peer: str,
+    message: Message,
+    time: float,
+    data: bytes | None = None,
+) -> tuple[tuple[bytes, ...], int]:
+    """A message (an event's fields; ``data``: its bytes on the wire, when known) as a framed
+    ``TraceEntry``, in parts, and its length: the bytes of ``TraceEntry(record=...).SerializeToString()``
+    with their length prefix (protobuf writes fields in number order: the time, the fields that name
+    the message's route, then ``message``). The last part is the message's bytes as they are: a
+    message of tens of KB is not copied into a record and serialized a second time."""
+    body = message.SerializeToString() if data is None else data
+    time_bits = _DOUBLE.pack(time)
     # proto3 leaves a double out when its bits are all zero (-0.0 is kept)
     time_field = b"" if time_bits == _NO_TIME else _TIME_KEY + time_bits
-    fields = _route_fields(
-        event.party, event.side, event.direction, event.method, event.peer, event.message.DESCRIPTOR.full_name
-    )
+    fields = _route_fields(party, side, direction, method, peer, message.DESCRIPTOR.full_name)
     if body:  # proto3 leaves an empty bytes field out
         fields += _MESSAGE_TAG + _length(len(body))
     record = len(time_field) + len(fields) + len(body)  # the TraceRecord's bytes
@@ -373,16 +380,39 @@ class TraceWriter:
     def write(self, event: WireEvent) -> bool:
         """Append one event; False when it was dropped (the cap reached, the writer closed, or an entry
         cut short before)."""
+        return self.write_record(
+            event.direction,
+            event.side,
+            event.method,
+            event.party,
+            event.peer,
+            event.message,
+            event.time,
+            event.data,
+        )
+
+    def write_record(
+        self,
+        direction: str,
+        side: str,
+        method: str,
+        party: str,
+        peer: str,
+        message: Message,
+        time: float,
+        data: bytes | None = None,
+    ) -> bool:
+        """``write`` of an event's fields, for a tap that builds no event (``chain.Recorder``)."""
         # a record holds a whole message (tens of KB), and every copy of it is paid on the hot path of
         # the call being traced: the message's bytes go to the kernel as they are
-        parts, framed = record_parts(event)
+        parts, framed = record_parts(direction, side, method, party, peer, message, time, data)
         with self._lock:
             if self._waiting:  # extent(), cut() or close() go first
                 self._idle.wait_for(lambda: not self._waiting)
             if self._fd is None or self.truncated or self.cut_short:
-                return self._drop(event)
+                return self._drop(method)
             if self._end + framed + _MARKER_RESERVE > self.max_bytes:
-                return self._truncate(event)
+                return self._truncate(method)
             fd = self._fd
             self._end += framed
             self._writing += 1
@@ -410,23 +440,23 @@ class TraceWriter:
             raise self._short_write(written, framed)
         return True
 
-    def _drop(self, event: WireEvent) -> bool:
-        """Holding the lock: a record not written (closed, capped, or cut short before)."""
+    def _drop(self, method: str) -> bool:
+        """Holding the lock: a record of ``method`` not written (closed, capped, or cut short before)."""
         self.dropped += 1
         if self._fd is None and not self._closed_warned:
             self._closed_warned = True
-            log.warning("%s: trace already closed; dropping %s", self.path, event.short_method)
+            log.warning("%s: trace already closed; dropping %s", self.path, short_name(method))
         return False
 
-    def _truncate(self, event: WireEvent) -> bool:
-        """Holding the lock: ``event`` would cross the cap. The marker goes after the appends under
-        way, so no record follows it."""
+    def _truncate(self, method: str) -> bool:
+        """Holding the lock: a record of ``method`` would cross the cap. The marker goes after the
+        appends under way, so no record follows it."""
         self.truncated = True
         self.dropped += 1
         self._drain()
         if self._fd is not None and self.truncated:  # not cut back meanwhile
             marker = trace_pb2.TraceTruncated(
-                time=time.time(), max_bytes=self.max_bytes, first_dropped_method=event.method
+                time=time.time(), max_bytes=self.max_bytes, first_dropped_method=method
             )
             self._append(trace_pb2.TraceEntry(truncated=marker))
         log.warning(

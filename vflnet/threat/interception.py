@@ -11,13 +11,15 @@ import os
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
+from time import time as _now
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import Message
 
 from vflnet.config import Config, PluginConfig
-from vflnet.interceptors.chain import Chain
-from vflnet.interceptors.events import WireEvent
+from vflnet.interceptors.chain import Chain, Recorder
+from vflnet.interceptors.events import header_of
 from vflnet.interceptors.trace import TraceWriter, entries_after, record_to_event, trace_path
 from vflnet.registry import ATTACKS, load_plugin_modules
 from vflnet.threat.attack import Attack, AttackContext, OwnStepView, PredictionView
@@ -148,7 +150,7 @@ def save_attack_output(
     return path
 
 
-class RunTrace:
+class RunTrace(Recorder):
     """A party's trace tap, minus what arrives from outside the run: a request at this party's server
     of another run, or from a name outside the roster, is counted and not recorded (a flood of garbage
     would otherwise fill the trace up to its cap). Everything the party itself sends and receives as a
@@ -159,15 +161,24 @@ class RunTrace:
         self.roster = {p.name for p in cfg.parties}
         self.left_out = 0
 
-    def __call__(self, event: WireEvent) -> None:
-        if event.side == "server" and event.direction == "request":
-            header = event.header
+    def record(
+        self,
+        direction: str,
+        side: str,
+        method: str,
+        party: str,
+        peer: str,
+        message: Message,
+        data: bytes | None = None,
+        time: float | None = None,
+    ) -> None:
+        if side == "server" and direction == "request":
+            header = header_of(message)
             if header is not None:
                 run_id, sender = header.run_id, header.sender
             else:  # Join and the like name the run and the sender themselves
-                msg = event.message
-                run_id = getattr(msg, "run_id", None)
-                sender = getattr(msg, "sender", getattr(msg, "name", None))
+                run_id = getattr(message, "run_id", None)
+                sender = getattr(message, "sender", getattr(message, "name", None))
             if run_id != self.run_id or (sender is not None and sender not in self.roster):
                 self.left_out += 1
                 if self.left_out & (self.left_out - 1) == 0:  # 1, 2, 4, ...: never a log flood
@@ -177,8 +188,9 @@ class RunTrace:
                         self.left_out,
                     )
                 return None
-        self.writer.write(event)
-        return None
+        self.writer.write_record(
+            direction, side, method, party, peer, message, _now() if time is None else time, data
+        )
 
 
 def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyInterception:
