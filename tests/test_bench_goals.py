@@ -126,13 +126,18 @@ def test_the_floor_goals_are_judged_on_each_rounds_difference_not_on_two_lucky_b
 
 def test_the_tap_is_the_tapped_blocks_median_less_the_untapped_and_block_edges_are_left_out():
     """Up to three steps are in flight: a block's first and last steps overlap the next block's, so
-    they count in neither half."""
+    they count in neither half; nor does block 0, a run's first steps (connections, allocations)."""
     blocks, edge = goals.TAP_BLOCKS, goals.TAP_EDGE
     times = []
-    for step in range(4 * blocks):
+    for step in range(5 * blocks):
         tapped = step // blocks % 2 == 0
-        at_edge = not edge <= step % blocks < blocks - edge
-        times.append((step, (0.050 if at_edge else 0.0055 if tapped else 0.005) + step * 1e-9))
-    assert goals.tap_ms(times) == pytest.approx(0.5, abs=1e-4)
+        if step < blocks:  # slow first steps: they would lift the tapped half's median to 5.8 ms
+            ms = 9.0
+        elif not edge <= step % blocks < blocks - edge:  # edges: 3 ms, they would pull each median down
+            ms = 3.0
+        else:
+            ms = (5.5 if tapped else 5.0) + (step % blocks - edge) * 0.1  # a spread, as real steps have
+        times.append((step, ms / 1000))
+    assert goals.tap_ms(times) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="needs steps in two blocks"):
-        goals.tap_ms([(step, 0.005) for step in range(blocks)])
+        goals.tap_ms([(step, 0.005) for step in range(2 * blocks)])  # block 0 does not count

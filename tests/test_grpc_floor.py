@@ -53,7 +53,7 @@ def test_the_floor_tap_ab_taps_the_even_blocks_and_times_every_step(tmp_path: Pa
     """`vflnet bench goals` times the bare tap inside one run: every message of the steps of even blocks
     is recorded, no message of the odd blocks, and each timed step comes back with its time."""
     steps, blocks = 30, 10
-    times = grpc_floor.tap_ab(steps, str(tmp_path), blocks)
+    times = grpc_floor.tap_ab(steps, "coordinated", str(tmp_path), blocks)
     assert [step for step, _ in times] == list(range(WARMUP, WARMUP + steps))
     assert all(seconds > 0 for _, seconds in times)
     tapped = sum(1 for step in range(WARMUP + steps) if step // blocks % 2 == 0)  # steps 0-9, 20-29, 40-49

@@ -684,10 +684,11 @@ def test_the_bench_tap_blocks_are_refused_beside_an_attack_and_announced_otherwi
 
 @pytest.mark.e2e
 def test_a_run_under_the_bench_tap_blocks_traces_the_even_blocks_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The A/B on real processes: every party's trace holds the steps of even blocks of 4, all of
-    their messages, and none of the odd blocks'."""
+    their messages, and none of the odd blocks'. Never silently: the run says so on the console, the
+    traces' headers say so, and reading one for an attack or a score is refused."""
     import yaml
 
     from tests.conftest import base_config
@@ -701,14 +702,32 @@ def test_a_run_under_the_bench_tap_blocks_traces_the_even_blocks_only(
     path.write_text(yaml.safe_dump(data))
     monkeypatch.setenv(TAP_BLOCKS_ENV, "4")
     assert run_local(path, run_dir=tmp_path / "run", progress=False) == 0
+    assert (
+        f"{TAP_BLOCKS_ENV}=4: its traces hold the steps of even blocks of 4 only" in capsys.readouterr().err
+    )
     for party in ("coordinator", "active", "passive-1", "passive-2"):
+        trace = trace_mod.trace_path(tmp_path / "run", party)
+        with pytest.raises(TraceError, match="recorded only the steps of even blocks of 4"):
+            list(read_trace(trace))
         steps = [
             e.step
-            for e in read_trace(trace_mod.trace_path(tmp_path / "run", party))
+            for e in read_trace(trace, partial_ok=True)
             if e.step is not None and e.phase == messages_pb2.TRAIN
         ]
         assert steps and all(step // 4 % 2 == 0 for step in steps), (party, sorted(set(steps)))
         assert {1, 8, 11, 16, 19} <= set(steps), (party, sorted(set(steps)))
+    assert trace_cli.main(["ls", str(tmp_path / "run")]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("    ")]
+    assert notes == ["    PARTIAL: only the steps of even blocks of 4 (a benchmark's A/B)"] * 4
+    # an offline attack on it is refused by name, with no traceback
+    from vflnet.cli import main as vflnet_main
+
+    monkeypatch.delenv(TAP_BLOCKS_ENV)
+    trace = str(trace_mod.trace_path(tmp_path / "run", "passive-1"))
+    assert vflnet_main(["attack", "direct-label-inference", "--trace", trace, "--config", str(path)]) == 2
+    assert (
+        "error: " in (err := capsys.readouterr().err) and "recorded only the steps of even blocks of 4" in err
+    )
 
 
 def test_a_trace_tap_alone_records_through_the_hooks_what_it_records_as_a_mod(tmp_path: Path) -> None:

@@ -145,16 +145,17 @@ def _main(argv: list[str]) -> int:
 
 def _error_message(exc: Exception) -> str | None:
     """The line a command's expected failure prints (exit code 2): a bad config, a run directory in use,
-    an address taken, plaintext refused, an extra not installed. None for anything else (it raises).
+    an address taken, plaintext refused, an extra not installed, a trace that cannot be used. None for anything else (it raises).
     Imported here, not at the top: `vflnet health` imports this module, and little."""
     from vflnet.config import ConfigError
     from vflnet.extras import MissingExtra
+    from vflnet.interceptors.trace import TraceError
     from vflnet.roles.run_lock import RunDirInUse
     from vflnet.runner.resident import UnsafeFolder
     from vflnet.wire.channels import BindError, PlaintextRefused
 
     if isinstance(exc, ConfigError):
         return f"config error: {exc}"
-    if isinstance(exc, MissingExtra | RunDirInUse | BindError | PlaintextRefused | UnsafeFolder):
+    if isinstance(exc, MissingExtra | RunDirInUse | BindError | PlaintextRefused | UnsafeFolder | TraceError):
         return f"error: {exc}"
     return None

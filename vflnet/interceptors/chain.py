@@ -73,7 +73,9 @@ class Chain:
     ``step_blocks`` N > 0 is a benchmark's A/B (`vflnet bench goals` times the trace tap inside one
     run): the adapters run the chain only on the messages of even blocks of N steps (steps 0..N-1,
     2N..3N-1, ...) and pass the others on as if the party had no chain, before any event is built.
-    Messages without a step (Join, Shutdown) always run through it.
+    The step is the header's: evaluation, prediction and model-release messages number their steps
+    on the same counter and are left out alike; messages without a header (Join, Shutdown) always run
+    through the chain.
     """
 
     def __init__(self, mods: Iterable[Mod] = (), step_blocks: int = 0) -> None:

@@ -46,23 +46,29 @@ class RefusedCall(FailedCall):
     """A call a local mod refused: a finished, failed call with the refusal's status."""
 
 
-class ServerChainHook:
-    """``chain`` on what party ``party``'s server receives and answers (side "server"). Raises
-    :class:`RefusedCall` for a refused message; the server answers the call with its status."""
+class _ChainHook:
+    """A party's chain bound to its name. Each message is passed on untouched when the chain's step
+    blocks leave it out (the benchmark's A/B, before an event is built), handed to the chain's lone
+    recorder (the trace tap: no event to build), or run through the chain as an event."""
 
     def __init__(self, chain: Chain, party: str) -> None:
         self.chain = chain
         self.party = party
-        self.step_blocks = chain.step_blocks  # the benchmark's A/B (Chain), checked before an event is built
-        self.record = None if chain.recorder is None else chain.recorder.record  # no event to build
+        self.step_blocks = chain.step_blocks
+        self.record = None if chain.recorder is None else chain.recorder.record
 
-    def skips(self, request: Message) -> bool:
-        """Whether the chain's step blocks leave ``request``'s call out: the chunking layer then serves
-        it as a server without a hook does."""
-        return bool(self.step_blocks) and self.chain.skips(request)
+    def skips(self, message: Message) -> bool:
+        """Whether the chain's step blocks leave ``message`` out (the chunking layer then serves a
+        request's call as a server without a hook does)."""
+        return bool(self.step_blocks) and self.chain.skips(message)
+
+
+class ServerChainHook(_ChainHook):
+    """``chain`` on what party ``party``'s server receives and answers (side "server"). Raises
+    :class:`RefusedCall` for a refused message; the server answers the call with its status."""
 
     def request(self, method: str, message: Message, peer: str, data: bytes | None = None) -> Message:
-        if self.step_blocks and self.chain.skips(message):
+        if self.skips(message):
             return message
         if self.record is not None:
             self.record("request", "server", method, self.party, peer, message, data)
@@ -73,7 +79,7 @@ class ServerChainHook:
             raise RefusedCall(exc.code, f"{self.party} refused the {method} request: {exc.reason}") from exc
 
     def response(self, method: str, message: Message, peer: str, data: bytes | None = None) -> Message:
-        if self.step_blocks and self.chain.skips(message):
+        if self.skips(message):
             return message
         if self.record is not None:
             self.record("response", "server", method, self.party, peer, message, data)
@@ -84,19 +90,16 @@ class ServerChainHook:
             raise RefusedCall(exc.code, f"{self.party} refused the {method} response: {exc.reason}") from exc
 
 
-class ClientChainHook:
+class ClientChainHook(_ChainHook):
     """``chain`` on what party ``party`` sends to ``target`` and gets back (side "client"). Raises
     :class:`RefusedCall` for a refused message; the caller sees it as the call's error."""
 
     def __init__(self, chain: Chain, party: str, target: str) -> None:
-        self.chain = chain
-        self.party = party
+        super().__init__(chain, party)
         self.target = target
-        self.step_blocks = chain.step_blocks
-        self.record = None if chain.recorder is None else chain.recorder.record
 
     def request(self, method: str, message: Message, data: bytes | None = None) -> Message:
-        if self.step_blocks and self.chain.skips(message):
+        if self.skips(message):
             return message
         if self.record is not None:
             self.record("request", "client", method, self.party, self.target, message, data)
@@ -111,7 +114,7 @@ class ClientChainHook:
             ) from exc
 
     def response(self, method: str, message: Message, data: bytes | None = None) -> Message:
-        if self.step_blocks and self.chain.skips(message):
+        if self.skips(message):
             return message
         if self.record is not None:
             self.record("response", "client", method, self.party, self.target, message, data)

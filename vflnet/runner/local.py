@@ -38,6 +38,7 @@ from vflnet.runner.warm import (
     shared_server,
     start_vflnet,
 )
+from vflnet.threat.interception import TAP_BLOCKS_ENV, bench_tap_blocks
 from vflnet.validation import load_config
 
 START_MODES = ("warm", "cold")
@@ -487,6 +488,13 @@ def _run(
     resume: bool,
     server: ForkServer | None,
 ) -> int:
+    blocks = bench_tap_blocks()
+    if blocks and cfg.trace.parties:  # never silent, whatever the log level: its traces are partial
+        print(
+            f"run {cfg.run.id}: {TAP_BLOCKS_ENV}={blocks}: its traces hold the steps of even blocks of "
+            f"{blocks} only (a benchmark's A/B of the tap)",
+            file=sys.stderr,
+        )
     if cfg.transport.bridge == "loopback":
         return _run_in_process(cfg, run_dir, progress, deadline)
     print(f"run {cfg.run.id}: {len(cfg.parties)} processes, run directory {run_dir}", file=sys.stderr)

@@ -199,9 +199,15 @@ def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyIntercepti
     knowledge: dict[str, Any] = {}
     mods: list[Any] = []
     trace = None
-    if name in cfg.trace.parties or "all" in cfg.trace.parties:
+    traced = name in cfg.trace.parties or "all" in cfg.trace.parties
+    blocks = _party_tap_blocks(name, traced, [e.name for e in cfg.attacks if e.party == name])
+    if traced:
         trace = TraceWriter(
-            trace_path(run_dir, name), name, cfg.run.id, max_bytes=int(cfg.trace.max_mb * 1024 * 1024)
+            trace_path(run_dir, name),
+            name,
+            cfg.run.id,
+            max_bytes=int(cfg.trace.max_mb * 1024 * 1024),
+            step_blocks=blocks,
         )
         mods.append(RunTrace(trace, cfg))
     attacks = []
@@ -217,24 +223,28 @@ def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyIntercepti
                 entry.name,
                 ", ".join(f"{k}={v}" for k, v in attack.p.items()),
             )
-    blocks = _bench_tap_blocks(name, trace, attacks)
     return PartyInterception(name, Chain(mods, step_blocks=blocks), attacks, trace, knowledge)
 
 
-def _bench_tap_blocks(
-    party: str, trace: TraceWriter | None, attacks: list[tuple[PluginConfig, Attack]]
-) -> int:
-    """``TAP_BLOCKS_ENV``'s steps, 0 when it is unset or the party has no trace tap. Refused beside an
-    attack: the attack would miss every other block of steps."""
+def bench_tap_blocks() -> int:
+    """``TAP_BLOCKS_ENV``'s steps, 0 when it is unset."""
     value = os.environ.get(TAP_BLOCKS_ENV, "")
     if not value:
         return 0
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"{TAP_BLOCKS_ENV}={value!r}: expected a number of steps, at least 1")
-    if trace is None:
+    return int(value)
+
+
+def _party_tap_blocks(party: str, traced: bool, attacks: list[str]) -> int:
+    """``TAP_BLOCKS_ENV``'s steps for this party: 0 when it is unset or the party has no trace tap.
+    Refused beside an attack: the attack would miss every other block of steps. Its trace's header
+    says so, and reading it for an attack or a score is refused (``read_trace``)."""
+    blocks = bench_tap_blocks()
+    if not blocks or not traced:
         return 0
     if attacks:
-        names = ", ".join(entry.name for entry, _ in attacks)
+        names = ", ".join(attacks)
         raise ValueError(
             f"{TAP_BLOCKS_ENV} (a benchmark's A/B of the trace tap) would hide every other block of steps "
             f"from {party}'s attacks ({names}); unset it"
@@ -244,7 +254,7 @@ def _bench_tap_blocks(
         "the trace leaves the others out",
         party,
         TAP_BLOCKS_ENV,
-        value,
-        value,
+        blocks,
+        blocks,
     )
-    return int(value)
+    return blocks

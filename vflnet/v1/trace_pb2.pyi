@@ -6,16 +6,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TraceHeader(_message.Message):
-    __slots__ = ("format_version", "run_id", "party", "created")
+    __slots__ = ("format_version", "run_id", "party", "created", "step_blocks")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     PARTY_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    STEP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     run_id: str
     party: str
     created: float
-    def __init__(self, format_version: _Optional[int] = ..., run_id: _Optional[str] = ..., party: _Optional[str] = ..., created: _Optional[float] = ...) -> None: ...
+    step_blocks: int
+    def __init__(self, format_version: _Optional[int] = ..., run_id: _Optional[str] = ..., party: _Optional[str] = ..., created: _Optional[float] = ..., step_blocks: _Optional[int] = ...) -> None: ...
 
 class TraceRecord(_message.Message):
     __slots__ = ("time", "party", "side", "direction", "method", "peer", "message_type", "message")

@@ -332,31 +332,45 @@ def _coordinate(ports: dict[str, int], steps: int, streams: bool) -> list[float]
 def distributed(steps: int, mode: str, tap_dir: str | None = None) -> float:
     """Steps per second of the run: the slower passive party's, or the coordinator's. With ``tap_dir``
     every process appends each message it sends or receives to ``<tap_dir>/<its name>.trace``."""
-    out = _distributed(steps, mode, tap_dir)
-    return out if isinstance(out, float) else steps / (out[-1] - out[WARMUP - 1])
+    if mode in SELF_PACED:
+        rate = _tapping(tap_dir, 0, lambda: _run(steps, mode, tap_dir, 0))
+        assert isinstance(rate, float), mode  # a self-paced mode's run returns its rate
+        return rate
+    done = _coordinated(steps, mode, tap_dir, 0)
+    return steps / (done[-1] - done[WARMUP - 1])
 
 
-def tap_ab(steps: int, tap_dir: str, blocks: int) -> list[tuple[int, float]]:
-    """One ``coordinated`` run whose tap is on in even blocks of ``blocks`` steps and off in the odd
-    ones: (step, seconds from the step before completing to this one completing), each timed step."""
-    done = _distributed(steps, "coordinated", tap_dir, blocks)
-    assert isinstance(done, list)
+def tap_ab(steps: int, mode: str, tap_dir: str, blocks: int) -> list[tuple[int, float]]:
+    """One run of a coordinated ``mode`` whose tap is on in even blocks of ``blocks`` steps and off in
+    the odd ones: (step, seconds from the step before completing to this one completing), each timed
+    step."""
+    if mode in SELF_PACED:
+        raise ValueError(f"an A/B of the tap times the steps at the coordinator: {mode!r} has none")
+    done = _coordinated(steps, mode, tap_dir, blocks)
     return [(step, done[step] - done[step - 1]) for step in range(WARMUP, len(done))]
 
 
-def _distributed(steps: int, mode: str, tap_dir: str | None, blocks: int = 0) -> float | list[float]:
-    """A run: the slower passive party's steps per second (self-paced modes), or the time each step
-    completed at the coordinator, warm-up steps included. With ``tap_dir`` this process taps too."""
+def _coordinated(steps: int, mode: str, tap_dir: str | None, blocks: int) -> list[float]:
+    """The time each step of a coordinated run completed, warm-up steps included."""
+    done = _tapping(tap_dir, blocks, lambda: _run(steps, mode, tap_dir, blocks))
+    assert isinstance(done, list), mode  # a coordinated mode's run returns its steps' times
+    return done
+
+
+def _tapping(tap_dir: str | None, blocks: int, run: Callable[[], float | list[float]]) -> float | list[float]:
+    """``run()``, this process (the coordinator) tapping too when there is a ``tap_dir``."""
     if tap_dir is None:
-        return _run(steps, mode, None, 0)
+        return run()
     _open_tap(tap_dir, "coordinator", blocks)
     try:
-        return _run(steps, mode, tap_dir, blocks)
+        return run()
     finally:
         _close_tap()
 
 
 def _run(steps: int, mode: str, tap_dir: str | None, blocks: int) -> float | list[float]:
+    """The slower passive party's steps per second (self-paced modes), or the time each step completed
+    at the coordinator, warm-up steps included."""
     tap = ["--tap-dir", tap_dir, "--tap-blocks", str(blocks)] if tap_dir else []
     me = [sys.executable, "-m", "vflnet.tools.bench.grpc_floor", *tap]
     servers: list[subprocess.Popen[str]] = []
