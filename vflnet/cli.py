@@ -145,7 +145,8 @@ def _main(argv: list[str]) -> int:
 
 def _error_message(exc: Exception) -> str | None:
     """The line a command's expected failure prints (exit code 2): a bad config, a run directory in use,
-    an address taken, plaintext refused, an extra not installed, a trace that cannot be used. None for anything else (it raises).
+    an address taken, plaintext refused, an extra not installed, a trace that cannot be used. None for
+    anything else (it raises).
     Imported here, not at the top: `vflnet health` imports this module, and little."""
     from vflnet.config import ConfigError
     from vflnet.extras import MissingExtra

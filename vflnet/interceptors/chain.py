@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 import grpc
 from google.protobuf.message import Message
 
-from vflnet.interceptors.events import DIRECTIONS, SIDES, WireEvent, short_name
+from vflnet.interceptors.events import DIRECTIONS, SIDES, WireEvent, header_of, short_name
 
 Mod = Callable[[WireEvent], Message | None]
 
@@ -35,11 +35,11 @@ class Refused(Exception):
 
 
 class Recorder:
-    """A tap that only records what crosses the wire (it never rewrites or refuses): the trace tap.
-    Alone in a chain, it is run without an event per message: the hooks (``grpc_adapters``) call
-    ``record`` with the fields an event would carry, ``time`` None for now (measured in a traced
-    digits run: ~0.08 ms per step less than building an event and running the chain,
-    docs/performance.md). In any other chain it is a mod like any other."""
+    """A tap that only records what crosses the wire: the trace tap. ``record`` must not rewrite or
+    refuse (raise :class:`Refused`). Alone in a chain, it is run without an event per message: the
+    hooks (``grpc_adapters``) call ``record`` with the fields an event would carry, ``time`` None for
+    now (a traced digits run's step: 0.09 ms less than building an event and running the chain,
+    docs/performance.md, session 31). In any other chain it is a mod like any other."""
 
     def record(
         self,
@@ -79,7 +79,7 @@ class Chain:
     """
 
     def __init__(self, mods: Iterable[Mod] = (), step_blocks: int = 0) -> None:
-        self.mods: list[Mod] = list(mods)
+        self.mods: tuple[Mod, ...] = tuple(mods)  # fixed: the hooks read ``recorder`` once
         for mod in self.mods:
             if not callable(mod):
                 raise TypeError(f"a mod must be callable, got {mod!r}")
@@ -93,7 +93,7 @@ class Chain:
         """Whether ``step_blocks`` leaves ``message`` out: a step in an odd block."""
         if not self.step_blocks:
             return False
-        header = getattr(message, "header", None)
+        header = header_of(message)
         return header is not None and (header.step // self.step_blocks) % 2 == 1
 
     def __len__(self) -> int:

@@ -29,7 +29,7 @@ import grpc
 from google.protobuf.message import Message
 
 from vflnet.interceptors.chain import Chain, Refused
-from vflnet.interceptors.events import WireEvent
+from vflnet.interceptors.events import Direction, Side, WireEvent
 from vflnet.wire.calls import FailedCall, SettledCall
 from vflnet.wire.chunking import serve_with_hook
 
@@ -62,32 +62,32 @@ class _ChainHook:
         request's call as a server without a hook does)."""
         return bool(self.step_blocks) and self.chain.skips(message)
 
+    def _run(
+        self, direction: Direction, side: Side, method: str, peer: str, message: Message, data: bytes | None
+    ) -> Message:
+        if self.skips(message):
+            return message
+        if self.record is not None:
+            self.record(direction, side, method, self.party, peer, message, data)
+            return message
+        try:
+            return self.chain(WireEvent(direction, side, method, self.party, peer, message, data=data))
+        except Refused as exc:
+            whose = "its own" if side == "client" and direction == "request" else "the"
+            raise RefusedCall(
+                exc.code, f"{self.party} refused {whose} {method} {direction}: {exc.reason}"
+            ) from exc
+
 
 class ServerChainHook(_ChainHook):
     """``chain`` on what party ``party``'s server receives and answers (side "server"). Raises
     :class:`RefusedCall` for a refused message; the server answers the call with its status."""
 
     def request(self, method: str, message: Message, peer: str, data: bytes | None = None) -> Message:
-        if self.skips(message):
-            return message
-        if self.record is not None:
-            self.record("request", "server", method, self.party, peer, message, data)
-            return message
-        try:
-            return self.chain(WireEvent("request", "server", method, self.party, peer, message, data=data))
-        except Refused as exc:
-            raise RefusedCall(exc.code, f"{self.party} refused the {method} request: {exc.reason}") from exc
+        return self._run("request", "server", method, peer, message, data)
 
     def response(self, method: str, message: Message, peer: str, data: bytes | None = None) -> Message:
-        if self.skips(message):
-            return message
-        if self.record is not None:
-            self.record("response", "server", method, self.party, peer, message, data)
-            return message
-        try:
-            return self.chain(WireEvent("response", "server", method, self.party, peer, message, data=data))
-        except Refused as exc:
-            raise RefusedCall(exc.code, f"{self.party} refused the {method} response: {exc.reason}") from exc
+        return self._run("response", "server", method, peer, message, data)
 
 
 class ClientChainHook(_ChainHook):
@@ -99,32 +99,10 @@ class ClientChainHook(_ChainHook):
         self.target = target
 
     def request(self, method: str, message: Message, data: bytes | None = None) -> Message:
-        if self.skips(message):
-            return message
-        if self.record is not None:
-            self.record("request", "client", method, self.party, self.target, message, data)
-            return message
-        try:
-            return self.chain(
-                WireEvent("request", "client", method, self.party, self.target, message, data=data)
-            )
-        except Refused as exc:
-            raise RefusedCall(
-                exc.code, f"{self.party} refused its own {method} request: {exc.reason}"
-            ) from exc
+        return self._run("request", "client", method, self.target, message, data)
 
     def response(self, method: str, message: Message, data: bytes | None = None) -> Message:
-        if self.skips(message):
-            return message
-        if self.record is not None:
-            self.record("response", "client", method, self.party, self.target, message, data)
-            return message
-        try:
-            return self.chain(
-                WireEvent("response", "client", method, self.party, self.target, message, data=data)
-            )
-        except Refused as exc:
-            raise RefusedCall(exc.code, f"{self.party} refused the {method} response: {exc.reason}") from exc
+        return self._run("response", "client", method, self.target, message, data)
 
 
 class ServerChainInterceptor(grpc.ServerInterceptor):

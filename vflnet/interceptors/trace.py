@@ -128,16 +128,16 @@ def record_parts(
     party: str,
     peer: str,
     message: Message,
-    time: float,
-    data: bytes | None = None,
+    data: bytes | None,
+    at: float,
 ) -> tuple[tuple[bytes, ...], int]:
-    """A message (an event's fields; ``data``: its bytes on the wire, when known) as a framed
+    """A message (an event's fields; ``data``: its bytes on the wire, when known; ``at``: its time) as a framed
     ``TraceEntry``, in parts, and its length: the bytes of ``TraceEntry(record=...).SerializeToString()``
     with their length prefix (protobuf writes fields in number order: the time, the fields that name
     the message's route, then ``message``). The last part is the message's bytes as they are: a
     message of tens of KB is not copied into a record and serialized a second time."""
     body = message.SerializeToString() if data is None else data
-    time_bits = _DOUBLE.pack(time)
+    time_bits = _DOUBLE.pack(at)
     # proto3 leaves a double out when its bits are all zero (-0.0 is kept)
     time_field = b"" if time_bits == _NO_TIME else _TIME_KEY + time_bits
     fields = _route_fields(party, side, direction, method, peer, message.DESCRIPTOR.full_name)
@@ -228,15 +228,15 @@ def record_to_event(record: trace_pb2.TraceRecord) -> WireEvent:
     )
 
 
-def read_trace(path: str | Path, partial_ok: bool = False) -> Iterator[WireEvent]:
+def read_trace(path: str | Path, step_blocks_ok: bool = False) -> Iterator[WireEvent]:
     """The events of a trace file in the order they were written (safe on a file still being written).
     A trace of only some steps (a header's ``step_blocks``: `vflnet bench goals`' A/B) is refused
-    unless ``partial_ok``: an attack or a score on it would take half the traffic for all of it."""
+    unless ``step_blocks_ok``: an attack or a score on it would take half the traffic for all of it."""
     for entry in iter_entries(path):
         kind = entry.WhichOneof("entry")
         if kind == "record":
             yield record_to_event(entry.record)
-        elif kind == "header" and entry.header.step_blocks and not partial_ok:
+        elif kind == "header" and entry.header.step_blocks and not step_blocks_ok:
             raise TraceError(
                 f"{path}: recorded only the steps of even blocks of {entry.header.step_blocks} (a "
                 "benchmark's A/B of the tap, VFLNET_BENCH_TAP_BLOCKS): not the run's whole traffic"
@@ -405,8 +405,8 @@ class TraceWriter:
             event.party,
             event.peer,
             event.message,
-            event.time,
             event.data,
+            event.time,
         )
 
     def write_record(
@@ -417,13 +417,13 @@ class TraceWriter:
         party: str,
         peer: str,
         message: Message,
-        time: float,
-        data: bytes | None = None,
+        data: bytes | None,
+        at: float,
     ) -> bool:
         """``write`` of an event's fields, for a tap that builds no event (``chain.Recorder``)."""
         # a record holds a whole message (tens of KB), and every copy of it is paid on the hot path of
         # the call being traced: the message's bytes go to the kernel as they are
-        parts, framed = record_parts(direction, side, method, party, peer, message, time, data)
+        parts, framed = record_parts(direction, side, method, party, peer, message, data, at)
         with self._lock:
             if self._waiting:  # extent(), cut() or close() go first
                 self._idle.wait_for(lambda: not self._waiting)

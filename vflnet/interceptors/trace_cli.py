@@ -83,7 +83,7 @@ def select(events: Iterator[WireEvent], args: argparse.Namespace) -> Iterator[Wi
 def merged_events(files: list[Path]) -> Iterator[WireEvent]:
     """All events of several trace files, in time order (each file is already in write order)."""
     # inspection shows a partial trace as it is (`ls` says it is partial)
-    return heapq.merge(*(read_trace(f, partial_ok=True) for f in files), key=lambda e: e.time)
+    return heapq.merge(*(read_trace(f, step_blocks_ok=True) for f in files), key=lambda e: e.time)
 
 
 def _fmt_time(t: float) -> str:

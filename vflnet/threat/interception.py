@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import Message
 
-from vflnet.config import Config, PluginConfig
+from vflnet.config import Config, ConfigError, PluginConfig
 from vflnet.interceptors.chain import Chain, Recorder
 from vflnet.interceptors.events import header_of
 from vflnet.interceptors.trace import TraceWriter, entries_after, record_to_event, trace_path
@@ -189,7 +189,7 @@ class RunTrace(Recorder):
                     )
                 return None
         self.writer.write_record(
-            direction, side, method, party, peer, message, _now() if time is None else time, data
+            direction, side, method, party, peer, message, data, _now() if time is None else time
         )
 
 
@@ -227,12 +227,13 @@ def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyIntercepti
 
 
 def bench_tap_blocks() -> int:
-    """``TAP_BLOCKS_ENV``'s steps, 0 when it is unset."""
+    """``TAP_BLOCKS_ENV``'s steps, 0 when it is unset. Read by every party; the launcher of a local
+    run prints it too (a lab's or compose's parties say so in their logs and their traces' headers)."""
     value = os.environ.get(TAP_BLOCKS_ENV, "")
     if not value:
         return 0
     if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{TAP_BLOCKS_ENV}={value!r}: expected a number of steps, at least 1")
+        raise ConfigError("", TAP_BLOCKS_ENV, f"{value!r}: expected a number of steps, at least 1")
     return int(value)
 
 
