@@ -131,11 +131,12 @@ def record_parts(
     data: bytes | None,
     at: float,
 ) -> tuple[tuple[bytes, ...], int]:
-    """A message (an event's fields; ``data``: its bytes on the wire, when known; ``at``: its time) as a framed
-    ``TraceEntry``, in parts, and its length: the bytes of ``TraceEntry(record=...).SerializeToString()``
-    with their length prefix (protobuf writes fields in number order: the time, the fields that name
-    the message's route, then ``message``). The last part is the message's bytes as they are: a
-    message of tens of KB is not copied into a record and serialized a second time."""
+    """A message (an event's fields; ``data``: its bytes on the wire, when known; ``at``: its time)
+    as a framed ``TraceEntry``, in parts, and its length: the bytes of
+    ``TraceEntry(record=...).SerializeToString()`` with their length prefix (protobuf writes fields in
+    number order: the time, the fields that name the message's route, then ``message``). The last
+    part is the message's bytes as they are: a message of tens of KB is not copied into a record and
+    serialized a second time."""
     body = message.SerializeToString() if data is None else data
     time_bits = _DOUBLE.pack(at)
     # proto3 leaves a double out when its bits are all zero (-0.0 is kept)

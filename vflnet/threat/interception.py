@@ -246,9 +246,11 @@ def _party_tap_blocks(party: str, traced: bool, attacks: list[str]) -> int:
         return 0
     if attacks:
         names = ", ".join(attacks)
-        raise ValueError(
-            f"{TAP_BLOCKS_ENV} (a benchmark's A/B of the trace tap) would hide every other block of steps "
-            f"from {party}'s attacks ({names}); unset it"
+        raise ConfigError(
+            "",
+            TAP_BLOCKS_ENV,
+            f"a benchmark's A/B of the trace tap would hide every other block of steps from {party}'s "
+            f"attacks ({names}); unset it",
         )
     log.warning(
         "%s: %s=%s: the trace tap sees the steps of even blocks of %s only (a benchmark's A/B); "
