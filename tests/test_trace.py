@@ -87,16 +87,7 @@ def test_round_trip_rebuilds_every_event(tmp_path: Path) -> None:
 
 
 def parts_of(event: WireEvent) -> tuple[tuple[bytes, ...], int]:
-    return trace_mod.record_parts(
-        event.direction,
-        event.side,
-        event.method,
-        event.party,
-        event.peer,
-        event.message,
-        event.data,
-        event.time,
-    )
+    return trace_mod.record_parts(*event.as_record())
 
 
 def test_a_record_is_written_as_the_bytes_protobuf_would_serialize(tmp_path: Path) -> None:
@@ -780,3 +771,24 @@ def test_a_trace_tap_alone_records_through_the_hooks_what_it_records_as_a_mod(tm
         ("client", "request", "passive-1"),
         ("client", "response", ""),
     ]
+
+
+def test_the_bench_tap_blocks_are_refused_for_a_run_that_traces_no_party(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """VFLNET_BENCH_TAP_BLOCKS times the trace tap: set for a run without one, it would do nothing."""
+    import yaml
+
+    from tests.conftest import base_config
+    from vflnet.config import ConfigError
+    from vflnet.runner.local import run_local
+    from vflnet.threat.interception import TAP_BLOCKS_ENV
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(base_config()))
+    monkeypatch.setenv(TAP_BLOCKS_ENV, "4")
+    with pytest.raises(
+        ConfigError, match=f"key '{TAP_BLOCKS_ENV}': times the trace tap, and run .* traces no party"
+    ):
+        run_local(path, run_dir=tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "logs").exists() or not any((tmp_path / "run" / "logs").iterdir())

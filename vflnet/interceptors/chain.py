@@ -14,6 +14,7 @@ in ``grpc_adapters`` and the proxy bind it to the wire.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 
@@ -34,13 +35,14 @@ class Refused(Exception):
         self.code = code
 
 
-class Recorder:
+class Recorder(abc.ABC):
     """A tap that only records what crosses the wire: the trace tap. ``record`` must not rewrite or
     refuse (raise :class:`Refused`). Alone in a chain, it is run without an event per message: the
     hooks (``grpc_adapters``) call ``record`` with the fields an event would carry, ``time`` None for
     now (a traced digits run's step: 0.09 ms less than building an event and running the chain,
     docs/performance.md, session 31). In any other chain it is a mod like any other."""
 
+    @abc.abstractmethod
     def record(
         self,
         direction: str,
@@ -52,19 +54,10 @@ class Recorder:
         data: bytes | None = None,
         time: float | None = None,
     ) -> None:
-        raise NotImplementedError
+        """Record one message; ``time`` None: now."""
 
     def __call__(self, event: WireEvent) -> None:
-        self.record(
-            event.direction,
-            event.side,
-            event.method,
-            event.party,
-            event.peer,
-            event.message,
-            event.data,
-            event.time,
-        )
+        self.record(*event.as_record())
 
 
 class Chain:

@@ -145,6 +145,20 @@ class WireEvent:
             data=data,
         )
 
+    def as_record(self) -> tuple[str, str, str, str, str, Message, bytes | None, float]:
+        """The fields a recorder takes, in its order: direction, side, method, party, peer, message,
+        data, time (``chain.Recorder.record``, ``trace.record_parts``)."""
+        return (
+            self.direction,
+            self.side,
+            self.method,
+            self.party,
+            self.peer,
+            self.message,
+            self.data,
+            self.time,
+        )
+
     def serialized(self) -> bytes:
         """The message's bytes: those on the wire when known, else protobuf's serialization."""
         return self.data if self.data is not None else self.message.SerializeToString()

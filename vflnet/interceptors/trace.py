@@ -399,16 +399,7 @@ class TraceWriter:
     def write(self, event: WireEvent) -> bool:
         """Append one event; False when it was dropped (the cap reached, the writer closed, or an entry
         cut short before)."""
-        return self.write_record(
-            event.direction,
-            event.side,
-            event.method,
-            event.party,
-            event.peer,
-            event.message,
-            event.data,
-            event.time,
-        )
+        return self.write_record(*event.as_record())
 
     def write_record(
         self,

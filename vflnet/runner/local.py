@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from vflnet.config import Config, dump
+from vflnet.config import Config, ConfigError, dump
 from vflnet.progress import quiet
 from vflnet.roles.run_lock import role_lock
 from vflnet.runner.report import print_summary
@@ -489,7 +489,11 @@ def _run(
     server: ForkServer | None,
 ) -> int:
     blocks = bench_tap_blocks()
-    if blocks and cfg.trace.parties:  # never silent, whatever the log level: its traces are partial
+    if blocks and not cfg.trace.parties:  # it would time nothing
+        raise ConfigError(
+            "", TAP_BLOCKS_ENV, f"times the trace tap, and run {cfg.run.id} traces no party; unset it"
+        )
+    if blocks:  # never silent, whatever the log level: its traces are partial
         print(
             f"run {cfg.run.id}: {TAP_BLOCKS_ENV}={blocks}: its traces hold the steps of even blocks of "
             f"{blocks} only (a benchmark's A/B of the tap)",
