@@ -138,8 +138,9 @@ def protocol_problems(entry: Any) -> list[str]:
     problems += _known(
         "provides", _names(entry.provides, "provides", problems), delivered, "protocol-delivered knowledge"
     )
+    declared = entry.methods - set(entry.callers)  # those beside the handlers (checked above)
     problems += [
-        f"methods: {m} is in no registered gRPC service" for m in sorted(entry.methods) if m not in METHODS
+        f"methods: {m} is in no registered gRPC service" for m in sorted(declared) if m not in METHODS
     ]
     return problems
 
@@ -182,7 +183,7 @@ def _class_problems(entry: type, kind: str) -> list[str]:
         missing = ", ".join(sorted(getattr(entry, "__abstractmethods__", ())))
         problems.append(f"it leaves abstract methods unimplemented: {missing}")
     if not hasattr(entry, "roles"):
-        problems.append(f"it declares no roles (the roles a {kind} may sit at, among {list(ROLES)})")
+        problems.append(f"it declares no roles (where it may sit, among {list(ROLES)})")
     else:
         roles = _names(entry.roles, "roles", problems)
         if not roles:

@@ -16,7 +16,6 @@ from typing import Any, ClassVar
 from vflnet.config import Config
 from vflnet.registry import Param, validate_params
 
-
 # Every defense hook point, the one list: a defense's ``acts_on`` and ``requires`` and a protocol's
 # ``defense_hooks`` name only these (checked when each registers, vflnet/registration.py).
 HOOK_POINTS: dict[str, str] = {
