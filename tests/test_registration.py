@@ -39,7 +39,21 @@ REGISTRIES = (ATTACKS, DEFENSES, DATASETS, MODELS, PROTOCOLS)
 EXCHANGE = "/vflnet.v1.Active/ExchangeEmbeddings"
 
 
-def test_every_built_in_and_test_plugin_passes_its_kinds_check():
+@pytest.fixture
+def isolated_registries(monkeypatch):
+    """What a test registers (test plug-ins it imports) is gone after it, as if never imported: the
+    other tests see the registries as they were."""
+    imported = set(sys.modules)
+    for registry in REGISTRIES:
+        registry.names()
+        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+    yield
+    for name in set(sys.modules) - imported:  # the plug-in modules, not their generated messages
+        if name.startswith("tests.plugins.") and name.count(".") == 2 and not name.endswith("_test"):
+            del sys.modules[name]
+
+
+def test_every_built_in_and_test_plugin_passes_its_kinds_check(isolated_registries):
     for module in pkgutil.iter_modules(tests.plugins.__path__):  # each registers what it brings
         if not module.ispkg:
             importlib.import_module(f"tests.plugins.{module.name}")
@@ -121,7 +135,7 @@ def test_an_attack_with_a_mistake_is_refused_at_registration(mistake):
     assert "bad-attack" not in ATTACKS.names()  # nothing refused is registered
 
 
-def test_a_valid_attack_registers_and_the_check_knows_plugin_services():
+def test_a_valid_attack_registers_and_the_check_knows_plugin_services(isolated_registries):
     """The same class without the mistake registers (into a registry of its own, to leave ATTACKS as it
     is); a tap on a plug-in service's method is valid once the service is registered."""
     own = Registry("attack", "vflnet.attacks", ATTACKS.check)
