@@ -139,11 +139,12 @@ class Registry:
 
 
 def registration_problems(check: str, entry: Any) -> list[str]:
-    """What the check ``"module:function"`` finds wrong with ``entry`` (none without a check)."""
+    """What the check ``"module:function"`` finds wrong with ``entry`` (none without a check), each
+    problem once (a class serving as two sides is checked twice)."""
     if not check:
         return []
     module, _, function = check.partition(":")
-    return list(getattr(importlib.import_module(module), function)(entry))
+    return list(dict.fromkeys(getattr(importlib.import_module(module), function)(entry)))
 
 
 def entry_origin(entry: Any) -> str:
