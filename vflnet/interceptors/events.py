@@ -46,24 +46,13 @@ METHODS: dict[str, tuple[type[Message], type[Message]]] = _method_table()
 
 def register_service(service: Any) -> None:
     """Add a plug-in protocol's unary methods (a protobuf ServiceDescriptor) to ``METHODS``, so taps,
-    traces, the proxy and ``vflnet.sdk.bridge.add_handlers`` know their messages. A method already
-    known with other messages is refused: one of the two would decode the other's bytes."""
+    traces, the proxy and ``vflnet.sdk.bridge.add_handlers`` know their messages."""
     for method in service.methods:
-        if method.client_streaming or method.server_streaming:
-            continue
-        name = f"/{service.full_name}/{method.name}"
-        pair = (
-            message_factory.GetMessageClass(method.input_type),
-            message_factory.GetMessageClass(method.output_type),
-        )
-        known = METHODS.get(name)
-        if known is not None and known != pair:
-            raise ValueError(
-                f"{name} is already registered with {known[0].DESCRIPTOR.full_name} -> "
-                f"{known[1].DESCRIPTOR.full_name}; a service of that name cannot register it again with "
-                f"{pair[0].DESCRIPTOR.full_name} -> {pair[1].DESCRIPTOR.full_name}"
+        if not (method.client_streaming or method.server_streaming):
+            METHODS[f"/{service.full_name}/{method.name}"] = (
+                message_factory.GetMessageClass(method.input_type),
+                message_factory.GetMessageClass(method.output_type),
             )
-        METHODS[name] = pair
 
 
 def method_short_names() -> frozenset[str]:
