@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         message = _error_message(exc)
         if message is None:
             raise
-        print(message, file=sys.stderr)
+        print(one_line(message), file=sys.stderr)
         return 2
 
 
@@ -141,6 +141,13 @@ def _main(argv: list[str]) -> int:
         parser.error("the command comes first: vflnet COMMAND ...")
     rc = COMMANDS[argv[0]].load().main(argv[1:])
     return 0 if rc is None else int(rc)
+
+
+def one_line(message: str) -> str:
+    """A user error's message on one line: a library's text spread over lines (a YAML parser's
+    position and caret) joined, the caret lines dropped."""
+    lines = [line.strip() for line in message.splitlines()]
+    return " ".join(line for line in lines if line.strip("^ "))
 
 
 def _error_message(exc: Exception) -> str | None:

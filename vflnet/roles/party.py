@@ -22,6 +22,7 @@ import numpy as np
 from vflnet.config import Config
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import PartyData, normalize, party_view
+from vflnet.data.plan import plan_facts, refusal
 from vflnet.models.device import resolve_device
 from vflnet.models.zoo import build_party_modules
 from vflnet.roles import checkpoints
@@ -136,6 +137,7 @@ class PartyHost:
                     ) from exc
                 time.sleep(0.5)
         allow_step_deadline(server, reply.step_deadline_s)  # before anything can start the first step
+        self.check_labels(reply)
         self.prepare(reply)
         log.info(
             "%s joined run %s: %d train / %d test samples",
@@ -145,6 +147,17 @@ class PartyHost:
             len(reply.test_ids),
         )
         return reply
+
+    def check_labels(self, reply: messages_pb2.JoinReply) -> None:
+        """The check of the run's plan that only the label holder can make, on the split it is given:
+        the training labels hold more than one class (vflnet/data/plan.py)."""
+        if self.data.y is None:
+            return
+        train = np.asarray(reply.train_ids, dtype=np.int64)
+        labels = self.data.y[self.data.rows(train)]
+        why = refusal(self.cfg, plan_facts(self.cfg, {}, train, np.asarray(reply.test_ids), labels))
+        if why is not None:
+            raise RuntimeError(f"{self.name}: {why}")
 
     def prepare(self, reply: messages_pb2.JoinReply) -> None:
         """Admission is done: normalise the features over the training rows, let the side open its channels."""
