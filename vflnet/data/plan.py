@@ -87,7 +87,7 @@ def degenerate(cfg: Config, facts: PlanFacts) -> list[Degenerate]:
     """Every fact of the plan that leaves the run nothing meaningful to do, with its cause."""
     t, samples = cfg.train, _sample_keys(cfg)
     if facts.n_common == 0:
-        held = ", ".join(f"{n} holds {k}" for n, k in facts.held.items())
+        held = ", ".join(f"{p.name} holds {facts.held[p.name]}" for p in cfg.parties if p.name in facts.held)
         return [Degenerate(samples, f"no sample id is common to all parties ({held})")]
     found = []
     split = (

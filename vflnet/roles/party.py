@@ -46,6 +46,7 @@ RUN_STEP = "/vflnet.v1.Party/RunStep"
 SHUTDOWN = "/vflnet.v1.Party/Shutdown"
 RELEASE_MODEL = "/vflnet.v1.Party/ReleaseModel"
 RECEIVE_MODEL = "/vflnet.v1.Party/ReceiveModel"
+LOST_COORDINATOR = 3  # a party's exit code when it stopped without the coordinator's Shutdown
 
 
 class PartyHost:
@@ -402,4 +403,4 @@ def serve(host: PartyHost, listen: str, coordinator: str, advertise: str) -> int
         host.turns.stop(why)
         host.side.stop(why)  # a step waiting on a peer must not hold the process up
     stop_server(server, grace=2)
-    return 0 if why == "shutdown" else 3
+    return 0 if why == "shutdown" else LOST_COORDINATOR

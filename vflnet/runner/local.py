@@ -169,15 +169,20 @@ class LocalCluster:
             + ("\n    " + "\n    ".join(tail) if tail else "")
         )
 
-    def _party_cause(self, killed_only: bool = False) -> Child | None:
+    def _party_cause(self, coordinator_failed: bool = False) -> Child | None:
         """The party whose end failed the run: one killed by a signal (this launcher sends none before
-        its teardown) before one that exited with an error, which may only be a consequence."""
+        its teardown) before one that exited with an error, which may only be a consequence. Once the
+        coordinator has failed, a party that stopped because it lost the coordinator is what followed;
+        one that exited with an error of its own (refused at its Join, failed to start) is the cause."""
+        from vflnet.roles.party import LOST_COORDINATOR
+
         ended = [
             c
             for c in self.children.values()
             if c.name != self.cfg.coordinator.name
             and c.proc.poll() not in (None, 0)
-            and (c.proc.returncode < 0 or not killed_only)
+            # after the coordinator's end this launcher stopped the proxies itself
+            and not (coordinator_failed and (c.proc.returncode == LOST_COORDINATOR or c.role == "proxy"))
         ]
         return min(ended, key=lambda c: c.proc.returncode >= 0, default=None)
 
@@ -220,7 +225,7 @@ class LocalCluster:
                 pass
         rc = coord.proc.returncode
         if rc != 0:
-            cause = self._party_cause(killed_only=True)  # a party killed is the cause, not what followed
+            cause = self._party_cause(coordinator_failed=True)
             if cause is not None:
                 raise ClusterFailure(self._describe_exit(cause), party=cause.name)
             raise ClusterFailure(self._describe_exit(coord))
