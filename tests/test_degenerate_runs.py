@@ -104,14 +104,17 @@ def test_config_check_refuses_each_degenerate_plan_naming_its_keys(tmp_path, cas
     assert err.count("\n") == 1 and f"key '{key}'" in err and message in err, err
 
 
-def _own_ids(tmp_path: Path, keep_class: int) -> Path:
+def _own_ids(tmp_path: Path, keep_class: int, missing_at: str = "") -> Path:
     """Digits-free and small: the `own-ids` dataset (tests/plugins/own_ids.py), whose IDs differ in
     passive-2's process only; the config check here sees one consistent dataset and passes."""
     data = {
         "run": {"id": f"own-ids-{keep_class}", "seed": 0},
         "plugins": ["tests.plugins.own_ids"],
         "protocol": {"kind": "split", "aggregation": "concat"},
-        "data": {"dataset": "own-ids", "params": {"own_ids_at": "passive-2", "keep_class": keep_class}},
+        "data": {
+            "dataset": "own-ids",
+            "params": {"own_ids_at": "passive-2", "keep_class": keep_class, "missing_at": missing_at},
+        },
         "parties": [
             {"name": "coordinator", "role": "coordinator"},
             {"name": "active", "role": "active"},
@@ -203,6 +206,20 @@ def test_one_class_in_the_training_labels_is_refused_by_the_label_holder_naming_
     assert "cannot train: the 32 training labels hold one class only (class 0)" in failed, failed
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["error"].startswith("active party 'active'") and "one class only" in summary["error"]
+
+
+@pytest.mark.e2e
+def test_a_party_that_fails_before_joining_is_named_with_the_cause_from_its_log(tmp_path, capfd):
+    """passive-2 cannot read its data: it exits before joining, with a one-line error; the launcher
+    names it and that line at once (the coordinator, still waiting for the roster, is not waited for)."""
+    path = _own_ids(tmp_path, keep_class=-1, missing_at="passive-2")
+    run_dir = tmp_path / "run"
+    assert run_local(path, run_dir=run_dir, progress=False, start="cold") == 1
+    failed = _failed_line(capfd.readouterr().err)
+    assert "passive party 'passive-2'" in failed and "exited with code 2: config error: " in failed, failed
+    assert "key 'data': the data file of passive-2 is not there" in failed, failed
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith("passive party 'passive-2'")
 
 
 def test_the_cause_in_a_log_is_its_last_error_or_the_exception_that_ended_it(tmp_path):

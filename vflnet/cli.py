@@ -152,7 +152,8 @@ def one_line(message: str) -> str:
 
 def _error_message(exc: Exception) -> str | None:
     """The line a command's expected failure prints (exit code 2): a bad config, a run directory in use,
-    an address taken, plaintext refused, an extra not installed, a trace that cannot be used. None for
+    an address taken, plaintext refused, an extra not installed, a trace that cannot be used, a path
+    the file system refuses (a run directory that is a file, a folder without permission). None for
     anything else (it raises).
     Imported here, not at the top: `vflnet health` imports this module, and little."""
     from vflnet.config import ConfigError
@@ -166,4 +167,6 @@ def _error_message(exc: Exception) -> str | None:
         return f"config error: {exc}"
     if isinstance(exc, MissingExtra | RunDirInUse | BindError | PlaintextRefused | UnsafeFolder | TraceError):
         return f"error: {exc}"
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"error: {exc.filename}: {exc.strerror}"
     return None

@@ -358,6 +358,8 @@ def cause_in_log(path: Path, start: int = 0) -> str | None:
         record = _LOG_RECORD.match(lines[i])
         if record is not None and record["level"] in ("ERROR", "CRITICAL"):
             return record["message"]
+        if lines[i].startswith(("config error: ", "error: ")):  # a user error (vflnet.cli) ended it
+            return lines[i]
     return None
 
 
