@@ -115,7 +115,6 @@ class Admission:
         # the checks of config check, on the IDs the parties hold (vflnet/data/plan.py)
         why = refusal(self.cfg, plan_facts(self.cfg, {n: len(i) for n, i in held.items()}, train, test))
         if why is not None:
-            log.error("%s", why)
             raise self.fail(why)
         log.info(
             "aligned %d common samples: %d train, %d test", len(train) + len(test), len(train), len(test)
