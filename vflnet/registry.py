@@ -31,16 +31,43 @@ from typing import Any, TypeVar
 
 @dataclass(frozen=True)
 class Param:
-    """One settable parameter: its default, a check, and a one-line description."""
+    """One settable parameter: its default, a check, a one-line description, and when it is read:
+    ``when(values)`` (the parameters with defaults filled in) is None when the parameter is read, else
+    why not and what would read it (e.g. a parameter of one ``mode`` only; :func:`read_when`, whose
+    docstring docs/config.md shows); None: always read."""
 
     default: Any
     help: str
     check: Callable[[Any], bool] = lambda v: True
     expect: str = "a valid value"
+    when: Callable[[dict[str, Any]], str | None] | None = None
+
+
+def read_when(param: str, *values: Any) -> Callable[[dict[str, Any]], str | None]:
+    """A ``Param.when``: read only while parameter ``param`` has one of ``values``."""
+
+    def when(given: dict[str, Any]) -> str | None:
+        if given[param] in values:
+            return None
+        wanted = " or ".join(repr(v) for v in values)
+        return f"{param} is {given[param]!r}, which does not read it; read when {param} is {wanted}"
+
+    when.__doc__ = f"when `{param}` is " + " or ".join(f"`{v}`" for v in values)  # docs/config.md says it
+    return when
+
+
+class ParamError(ValueError):
+    """A bad or unread parameter value; ``key`` is the parameter's name."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(message)
 
 
 def validate_params(kind: str, name: str, spec: dict[str, Param], given: dict[str, Any]) -> dict[str, Any]:
-    """The parameters with defaults filled in; ValueError naming the first unknown or bad one."""
+    """The parameters with defaults filled in; ValueError naming the first unknown parameter, ParamError
+    (a ValueError with the parameter's name) for the first bad value or for a parameter set where its
+    ``when`` says it would not be read."""
     unknown = sorted(set(given) - set(spec))
     if unknown:
         raise ValueError(
@@ -55,7 +82,14 @@ def validate_params(kind: str, name: str, spec: dict[str, Param], given: dict[st
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            raise ValueError(f"{kind} {name!r} parameter {key!r}: expected {spec[key].expect}, got {value!r}")
+            raise ParamError(
+                key, f"{kind} {name!r} parameter {key!r}: expected {spec[key].expect}, got {value!r}"
+            )
+    for key in given:
+        when = spec[key].when
+        why = when(values) if when is not None else None
+        if why is not None:
+            raise ParamError(key, f"{kind} {name!r} parameter {key!r} is set but not read: {why}")
     return values
 
 
