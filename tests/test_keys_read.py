@@ -209,3 +209,11 @@ def test_the_resolved_config_leaves_out_what_it_does_not_read_and_parses_back():
 def test_every_example_config_sets_only_keys_it_reads(path):
     cfg = load_config(path, check_data=False, launcher=None if "compose" in path.name else "run")
     assert unread_keys(cfg) == []
+
+
+def test_a_protocols_checked_params_leave_out_the_defaults_it_does_not_read():
+    data = dict(SECUREBOOST)
+    data["protocol"] = {**data["protocol"], "params": {"mode": "plain", "ensemble": "forest"}}
+    cfg = config_from_dict(data)
+    assert "key_bits" not in cfg.protocol.params and "learning_rate" not in cfg.protocol.params
+    assert config_from_dict(cfg.to_dict()).protocol.params == cfg.protocol.params  # a resolved config.yaml

@@ -65,9 +65,9 @@ class ParamError(ValueError):
 
 
 def validate_params(kind: str, name: str, spec: dict[str, Param], given: dict[str, Any]) -> dict[str, Any]:
-    """The parameters with defaults filled in; ValueError naming the first unknown parameter, ParamError
-    (a ValueError with the parameter's name) for the first bad value or for a parameter set where its
-    ``when`` says it would not be read."""
+    """The parameters with defaults filled in (of those that are read); ValueError naming the first
+    unknown parameter, ParamError (a ValueError with the parameter's name) for the first bad value or
+    for a parameter set where its ``when`` says it would not be read."""
     unknown = sorted(set(given) - set(spec))
     if unknown:
         raise ValueError(
@@ -85,12 +85,14 @@ def validate_params(kind: str, name: str, spec: dict[str, Param], given: dict[st
             raise ParamError(
                 key, f"{kind} {name!r} parameter {key!r}: expected {spec[key].expect}, got {value!r}"
             )
+    unread = {
+        key: why for key, p in spec.items() if p.when is not None and (why := p.when(values)) is not None
+    }
     for key in given:
-        when = spec[key].when
-        why = when(values) if when is not None else None
-        if why is not None:
-            raise ParamError(key, f"{kind} {name!r} parameter {key!r} is set but not read: {why}")
-    return values
+        if key in unread:
+            raise ParamError(key, f"{kind} {name!r} parameter {key!r} is set but not read: {unread[key]}")
+    # the defaults of parameters that are not read are left out: what the result holds has an effect
+    return {key: value for key, value in values.items() if key not in unread}
 
 
 class UnknownName(KeyError):

@@ -94,8 +94,9 @@ def tree_params(cfg: Config) -> TreeParams:
         n_bins=int(p["n_bins"]),
         reg_lambda=float(p["reg_lambda"]),
         min_child_weight=float(p["min_child_weight"]),
-        learning_rate=float(p["learning_rate"]),
         ensemble=str(p["ensemble"]),
+        # boost only: under forest the checked params leave it out (vflnet.registry.validate_params)
+        **({"learning_rate": float(p["learning_rate"])} if "learning_rate" in p else {}),
     )
 
 
