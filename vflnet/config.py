@@ -201,6 +201,16 @@ _launcher_ignores_via = _launcher_sets(
 )
 
 
+@condition("when `bridge` is `grpc`")
+def _over_grpc(j: Judged) -> str | None:
+    if j.cfg.transport.bridge == "grpc":
+        return None
+    return (
+        f"transport.bridge is {j.cfg.transport.bridge!r}: messages stay in one process, with no sockets, TLS, "
+        "chunking, server limits or heartbeats; read when bridge is 'grpc'"
+    )
+
+
 @condition("when `transport.heartbeat_s` > 0")
 def _heartbeats_on(j: Judged) -> str | None:
     if j.cfg.transport.heartbeat_s > 0:
@@ -660,24 +670,24 @@ class TransportConfig:
         64.0,
         "gRPC send/receive limit per gRPC message; a larger message travels in chunks (docs/protocols.md, "
         "Large messages). Every party and proxy must use the same value",
-        reads="every process's transport",
+        reads=Reads("every process's transport", _over_grpc),
     )
     max_payload_mb: float = setting(
         1024.0,
         "ceiling on one logical message, chunked or not: a bigger one is refused before sending, with an "
         "error naming this key",
-        reads="every process's transport",
+        reads=Reads("every process's transport", _over_grpc),
     )
     max_inflight_mb: float = setting(
         2048.0,
         "bytes of chunked requests one server buffers at once, over all its streams; a stream that would "
         "go over gets RESOURCE_EXHAUSTED (streams that never finish cannot exhaust memory)",
-        reads="every process's transport",
+        reads=Reads("every process's transport", _over_grpc),
     )
     max_concurrent_rpcs: int = setting(
         64,
         "calls one server handles at once; more get RESOURCE_EXHAUSTED instead of queueing without bound",
-        reads="every process's transport",
+        reads=Reads("every process's transport", _over_grpc),
     )
     rpc_timeout_s: float = setting(
         60.0,
@@ -701,25 +711,25 @@ class TransportConfig:
         2.0,
         "interval of the heartbeats (standard gRPC health checks) a party sends the coordinator and the "
         "coordinator sends every party while the run is on; 0 turns them off (docs/reliability.md)",
-        reads="every process's transport",
+        reads=Reads("every process's transport", _over_grpc),
     )
     dead_after_s: float = setting(
         30.0,
         "a peer whose health checks have all failed for this long is dead: a party exits (code 3), the "
         "coordinator fails the run naming the party. A slow peer still answers them, so it is not dead",
-        reads=Reads("the heartbeats", _heartbeats_on),
+        reads=Reads("the heartbeats", all_of(_over_grpc, _heartbeats_on)),
     )
-    tls: TLSConfig = setting(factory=TLSConfig, help="", reads="every process's channels")
+    tls: TLSConfig = setting(factory=TLSConfig, help="", reads=Reads("every process's channels", _over_grpc))
     allow_plaintext_remote: bool = setting(
         False,
         "permit plaintext gRPC to a non-loopback address (logs a warning)",
-        reads="every process's transport",
+        reads=Reads("every process's transport", _over_grpc),
     )
     reflection: bool = setting(
         False,
         "serve gRPC server reflection (v1 and v1alpha, for grpcurl); off by default: a vflnet peer never "
         "needs it and it describes the server's services to any caller",
-        reads="every process's transport",
+        reads=Reads("every process's transport", _over_grpc),
     )
 
 
