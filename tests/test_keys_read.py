@@ -109,11 +109,15 @@ SGD = {"kind": "sgd", "lr": 0.1}
         (lambda d: d["model"]["top"].update(out=10), "model.top.out", "number of classes"),
         (lambda d: d.update(trace={"max_mb": 5}), "trace.max_mb", "trace.parties"),
         (
-            lambda d: d["transport"].update(bridge="loopback", tls={"enabled": True}),
+            lambda d: d["transport"].update(bridge="loopback", tls={"enabled": False}),
             "transport.tls.enabled",
             "no sockets, TLS",
         ),
-        (lambda d: d["transport"].update(bridge="loopback", heartbeat_s=1), "transport.heartbeat_s", "'grpc'"),
+        (
+            lambda d: d["transport"].update(bridge="loopback", heartbeat_s=1),
+            "transport.heartbeat_s",
+            "'grpc'",
+        ),
         (lambda d: d["parties"][0].update(sample_fraction=0.5), "parties[0].sample_fraction", "coordinator"),
     ],
 )
