@@ -227,3 +227,20 @@ def test_a_protocols_checked_params_leave_out_the_defaults_it_does_not_read():
     cfg = config_from_dict(data)
     assert "key_bits" not in cfg.protocol.params and "learning_rate" not in cfg.protocol.params
     assert config_from_dict(cfg.to_dict()).protocol.params == cfg.protocol.params  # a resolved config.yaml
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "key"),
+    [
+        ("backdoor", {"hide_poison": False, "noise_std": 2.0}, "noise_std"),
+        ("feature-reconstruction", {"phase": "predict", "step": 3}, "step"),
+    ],
+)
+def test_an_attack_parameter_of_another_mode_names_its_dotted_key(name, params, key):
+    from vflnet.registry import ATTACKS, ParamError, validate_params
+
+    spec = ATTACKS.get(name).params
+    with pytest.raises(ParamError) as err:
+        validate_params("attack", name, spec, params)
+    assert err.value.key == key and "is set but not read" in str(err.value)
+    assert key not in validate_params("attack", name, spec, {k: v for k, v in params.items() if k != key})
