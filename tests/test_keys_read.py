@@ -190,6 +190,12 @@ def test_duplicate_keys_are_refused_with_both_lines(tmp_path):
         load_config(nested, check_data=False)
 
 
+def test_a_duplicate_key_in_an_override_value_is_refused_naming_the_command_line(tmp_path):
+    err = _refused(base_config(), tmp_path, ("train.optimizer={kind: sgd, kind: adam}",))
+    assert err.source == "command line" and err.key == "train.optimizer"
+    assert "'kind' appears twice" in err.message
+
+
 def test_a_bad_parameter_names_its_dotted_key(tmp_path):
     data = dict(SECUREBOOST)
     data["protocol"] = {**data["protocol"], "params": {**data["protocol"].get("params", {}), "key_bits": 7}}

@@ -1215,7 +1215,7 @@ def parse(data: Any, source: str = "") -> Config:
     return cfg
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, refusing a mapping that repeats a key (PyYAML keeps the last one silently:
     a second `train:` section would drop every setting of the first)."""
 
@@ -1242,7 +1242,7 @@ class DuplicateKey(ValueError):
 def load_yaml(text: str, source: str) -> Any:
     """A YAML document (a config, a sweep file), refusing repeated keys; errors name ``source``."""
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except DuplicateKey as exc:
         raise ConfigError(source, "", str(exc)) from exc
     except yaml.YAMLError as exc:
