@@ -4,7 +4,10 @@ Every section is a dataclass; :func:`parse` walks the YAML against the annotatio
 unknown key, a wrong type or a bad value with a :class:`ConfigError` that names the file, the dotted
 key and what was expected, then runs the checks that need nothing but the config itself
 (:func:`validate`). Every field carries a one-line ``help`` (see :func:`setting`) from which
-docs/config.md is generated (``vflnet config docs``).
+docs/config.md is generated (``vflnet config docs``), and declares who reads it and under what
+condition (``reads``): every key a file or an override sets (``Config.given``) must be read in that
+config, or :func:`unread_keys` names it with the reason (checked by `vflnet.validation`). A mapping
+that repeats a key is refused with both lines (:func:`load_yaml`).
 
 This module imports nothing else from vflnet. The checks against the registries (plug-in modules,
 attack/defense/dataset/model names and parameters) and against the dataset's shape live one level up,

@@ -10,6 +10,8 @@ the rest of the package.
   that every attack's party can have the knowledge it declares (`vflnet.threat.knowledge`); that the
   protocol applies every defense's hook point (`Protocol.defense_hooks`) and has every method an
   attack taps or rewrites (`Protocol.methods`), in a direction and on a side that exist;
+- every key the file or the command line set is read in this config (`vflnet.config.unread_keys`:
+  the schema's declared readers, `ModelKind.reads`, `Protocol.train_reads`, `Protocol.settings`);
 - with ``check_data``: the roster against the dataset's shape (columns and regions in range, no two
   parties holding the same feature unless ``data.allow_overlap``, the width of a top-less aggregate
   equal to the class count).
