@@ -140,7 +140,7 @@ def by_protocol(declaration: str) -> When:
     return When(f"under a protocol whose `Protocol.{declaration}` lists it (protocols table)", test)
 
 
-@condition("on a party that trains (not the coordinator), under a protocol with `Protocol.trains_on_device`")
+@condition("under a protocol that trains on a device (`Protocol.trains_on_device`), never on the coordinator")
 def _on_device(j: Judged) -> str | None:
     if isinstance(j.section, PartyConfig) and j.section.role == "coordinator":
         return "the coordinator trains no model; set devices on the parties"
@@ -545,11 +545,13 @@ class TrainConfig:
         reads=Reads("every party's models", all_of(by_protocol("train_reads"), _on_device)),
     )
     optimizer: OptimizerConfig = setting(
-        factory=OptimizerConfig, help="", reads=Reads("every party's optimizer", by_protocol("train_reads"))
+        factory=OptimizerConfig,
+        help="each party's optimizer (the keys below)",
+        reads=Reads("every party's optimizer", by_protocol("train_reads")),
     )
     lr_schedule: LRScheduleConfig = setting(
         factory=LRScheduleConfig,
-        help="",
+        help="each party's learning-rate schedule (the keys below)",
         reads=Reads("every party's LR schedule", by_protocol("train_reads")),
     )
     eval_every: int = setting(
@@ -722,7 +724,11 @@ class TransportConfig:
         "coordinator fails the run naming the party. A slow peer still answers them, so it is not dead",
         reads=Reads("the heartbeats", all_of(_over_grpc, _heartbeats_on)),
     )
-    tls: TLSConfig = setting(factory=TLSConfig, help="", reads=Reads("every process's channels", _over_grpc))
+    tls: TLSConfig = setting(
+        factory=TLSConfig,
+        help="mutual TLS on every channel (the keys below)",
+        reads=Reads("every process's channels", _over_grpc),
+    )
     allow_plaintext_remote: bool = setting(
         False,
         "permit plaintext gRPC to a non-loopback address (logs a warning)",

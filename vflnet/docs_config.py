@@ -223,7 +223,9 @@ class _Writer:
             inner, _ = _dataclass_of(tp)
             if inner is not None and not self.own_section(inner):
                 if f.metadata.get("help"):  # the group's own line, then its keys
-                    rows.append(f"| `{prefix}{f.name}` | {_default(f)} | {f.metadata['help']} |")
+                    rows.append(
+                        f"| `{prefix}{f.name}` | {_default(f)} | {f.metadata['help']}{_read_note(f)} |"
+                    )
                 rows += self.rows(inner, f"{prefix}{f.name}.")
                 continue
             help_text = f.metadata.get("help", "")
