@@ -158,7 +158,10 @@ def by_model_kind(j: Judged) -> str | None:
     if kind is None or j.name in kind.reads:
         return None
     readers = [n for n, k in kinds.items() if j.name in k.reads]
-    return f"model kind {j.section.kind!r} does not read it; model kinds that do: {readers or 'none'}"
+    return (
+        f"model kind {j.section.kind!r} does not read it (its `ModelKind.reads`); model kinds that do: "
+        f"{readers or 'none'}"
+    )
 
 
 BY_MODEL_KIND = Reads("the model kinds that declare it (`ModelKind.reads`)", by_model_kind)

@@ -52,7 +52,7 @@ A key that nothing in the run would read is refused, never ignored: `momentum` u
 
 ```
 config error: run.yaml: key 'train.optimizer.momentum': not read: train.optimizer.kind is 'sgd', which does not read it; read when kind is 'momentum'
-config error: run.yaml: key 'parties[2].bottom.channels': not read: model kind 'mlp' does not read it; model kinds that do: ['cafe-conv', 'cnn', 'resnet-small']
+config error: run.yaml: key 'parties[2].bottom.channels': not read: model kind 'mlp' does not read it (its `ModelKind.reads`); model kinds that do: ['cafe-conv', 'cnn', 'resnet-small']
 config error: run.yaml: key 'train' appears twice in one mapping (lines 28 and 32); YAML would keep only the second and silently drop the first: merge them
 ```
 
