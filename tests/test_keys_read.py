@@ -118,6 +118,11 @@ SGD = {"kind": "sgd", "lr": 0.1}
             "transport.heartbeat_s",
             "'grpc'",
         ),
+        (
+            lambda d: (d["transport"].update(bridge="loopback"), d["run"].update(auto_resume=2)),
+            "run.auto_resume",
+            "never resumes",
+        ),
         (lambda d: d["parties"][0].update(sample_fraction=0.5), "parties[0].sample_fraction", "coordinator"),
     ],
 )

@@ -217,6 +217,16 @@ def _over_grpc(j: Judged) -> str | None:
     )
 
 
+@condition("when `transport.bridge` is `grpc`, under a protocol with `Protocol.resumable`")
+def _resumable(j: Judged) -> str | None:
+    if j.cfg.transport.bridge != "grpc":
+        return f"transport.bridge is {j.cfg.transport.bridge!r}: a loopback run never resumes; read when it is 'grpc'"
+    protocol = _protocol(j.cfg)
+    if protocol is None or protocol.resumable:
+        return None
+    return f"protocol {protocol.name!r} cannot resume (its `Protocol.resumable`)"
+
+
 @condition("when `transport.heartbeat_s` > 0")
 def _heartbeats_on(j: Judged) -> str | None:
     if j.cfg.transport.heartbeat_s > 0:
@@ -276,7 +286,7 @@ class RunConfig:
         0,
         "times `vflnet run` resumes the run by itself, from its newest checkpoint, after a process died "
         "or the run failed (docs/reliability.md); 0: stop and print the `vflnet run --resume` command",
-        reads="the `vflnet run` launcher",
+        reads=Reads("the `vflnet run` launcher", _resumable),
     )
     seed: int = setting(
         0,
