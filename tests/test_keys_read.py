@@ -24,24 +24,26 @@ REPO = Path(__file__).resolve().parents[1]
 SECUREBOOST = yaml.safe_load((REPO / "configs" / "secureboost-digits.yaml").read_text())
 
 
+def _section(tp: Any) -> Any:
+    """The section dataclass a field's type holds (itself, in an Optional or a list), or None."""
+    if dataclasses.is_dataclass(tp):
+        return tp
+    return next((s for arg in typing.get_args(tp) if (s := _section(arg)) is not None), None)
+
+
 def _schema_fields(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Field[Any]]]:
     """Every settable field reachable from ``cls`` (through Optional and list items), as dotted keys."""
     found = []
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.metadata.get("internal"):
             continue
         key = f"{prefix}{f.name}"
         found.append((key, f))
-        for inner in (hints[f.name], *typing.get_args(hints[f.name])):
-            for candidate in (inner, *typing.get_args(inner)):
-                if dataclasses.is_dataclass(candidate):
-                    listed = typing.get_origin(hints[f.name]) is list
-                    found += _schema_fields(candidate, f"{key}{'[i]' if listed else ''}.")  # type: ignore[arg-type]
-                    break
-            else:
-                continue
-            break
+        section = _section(hints[f.name])
+        if section is not None:
+            listed = typing.get_origin(hints[f.name]) is list
+            found += _schema_fields(section, f"{key}{'[i]' if listed else ''}.")
     return found
 
 
