@@ -72,8 +72,8 @@ config error: run.yaml: key 'train' appears twice in one mapping (lines 28 and 3
 - **Launchers.** `vflnet run` serves every party on a free loopback port and starts its own proxies:
   a non-empty `parties[].address`, or a `via` other than `proxy`, would be replaced and is refused
   there (`vflnet party` reads them; `vflnet config check` judges for any launcher).
-- **Duplicate keys.** A mapping that repeats a key, at any depth, in a config or a sweep file, is
-  refused with both line numbers (YAML itself would keep the second silently).
+- **Duplicate keys.** A mapping that repeats a key, at any depth, in a config, a sweep file or an
+  override's value, is refused with both line numbers (YAML itself would keep the second silently).
 - **Parameters.** An unknown or bad parameter under `protocol.params`, `data.params` or an attack's
   or defense's `params` names its dotted key (`protocol.params.key_bits`, `attacks[0].params.lr`).
 
