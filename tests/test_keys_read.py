@@ -257,3 +257,13 @@ def test_an_attack_parameter_of_another_mode_names_its_dotted_key(name, params, 
         validate_params("attack", name, spec, params)
     assert err.value.key == key and "is set but not read" in str(err.value)
     assert key not in validate_params("attack", name, spec, {k: v for k, v in params.items() if k != key})
+
+
+def test_a_sweep_file_that_repeats_a_key_is_refused_with_both_lines(tmp_path):
+    from vflnet.tools.experiments.plan import load_sweep
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"base: {REPO / 'configs' / 'digits-2p.yaml'}\nseeds: [0]\nseeds: [1]\n")
+    with pytest.raises(ConfigError, match=r"'seeds' appears twice in one mapping \(lines 2 and 3\)") as err:
+        load_sweep(sweep)
+    assert err.value.source == str(sweep)
