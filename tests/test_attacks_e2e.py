@@ -174,7 +174,7 @@ def test_config_check_rejects_unknown_attacks_and_bad_params(tmp_path, repo):
         ),
         (
             {"name": "gradient-scaling", "party": "passive-1", "params": {"gamma": "big"}},
-            "attacks[0].params",
+            "attacks[0].params.gamma",
             "expected a number",
         ),
     ]:

@@ -21,7 +21,7 @@ DIGITS = ROOT / "configs" / "digits-2p.yaml"
 # digits-2p with summed logits (paper 004's setting): each passive party's bottom gives 10 logits
 SUM = [
     "protocol.aggregation=sum",
-    "model.top.kind=none",
+    "model.top={kind: none}",  # the whole block: mlp's hidden would not be read by kind none
     "parties[2].bottom.out=10",
     "parties[3].bottom.out=10",
 ]
@@ -93,7 +93,7 @@ def test_logistic_regression_with_a_prediction_phase_selects_esa() -> None:
     standing = {k: s for k, _, s in esa.knowledge}
     assert standing["released_model"].startswith("granted")  # the audit's assumption, listed in the report
     assert esa.grants == [{"owner": "passive-1", "recipient": "active", "modules": ["bottom"], "when": "end"}]
-    without = selection(esa_config, "attacks=[]", "predict.set=none")["esa@active"]
+    without = selection(esa_config, "attacks=[]", "predict={set: none}")["esa@active"]
     assert not without.applies and "no prediction phase" in without.reason
     # a prediction phase but MLP bottoms: no logistic regression to solve
     mlp = selection(DIGITS, *SUM, "predict.set=test")

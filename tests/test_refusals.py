@@ -158,7 +158,7 @@ def test_the_paillier_settings_are_checked_by_the_protocol(tmp_path):
     data = base_config(aggregation="sum")
     data["protocol"] = {"kind": "split-he", "aggregation": "sum", "params": {"workers": 0}}
     err = _err(tmp_path, data)
-    assert err.key == "protocol.params" and "'workers': expected an integer >= 1" in err.message
+    assert err.key == "protocol.params.workers" and "'workers': expected an integer >= 1" in err.message
     data["protocol"]["params"] = {"key_bits": 512}
     err = _err(tmp_path, data)
     assert err.key == "protocol.params.key_bits" and "allow_insecure_keys: true" in err.message

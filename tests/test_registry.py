@@ -108,7 +108,7 @@ def test_a_plugin_module_registers_a_dataset_and_a_model_kind(tmp_path, docs_plu
     data["data"]["params"] = {"n": 1}
     with pytest.raises(ConfigError) as info:
         config_from_dict(data, "x.yaml")
-    assert info.value.key == "data.params" and "expected an integer > 1" in info.value.message
+    assert info.value.key == "data.params.n" and "expected an integer > 1" in info.value.message
     data["data"]["params"] = {}
     data["parties"][2]["bottom"]["kind"] = "affine-2"
     with pytest.raises(ConfigError) as info:

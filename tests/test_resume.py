@@ -77,7 +77,9 @@ def _config(
         for p in data["parties"][1:]:
             p["bottom"] = {"kind": "splits", "out": 10}
     data["protocol"] = PROTOCOLS[protocol]
-    data["run"].update(id=f"resume-{protocol}", auto_resume=auto_resume)
+    data["run"]["id"] = f"resume-{protocol}"
+    if auto_resume:  # only then: a loopback run never resumes, and does not read the key
+        data["run"]["auto_resume"] = auto_resume
     data["train"].update(
         epochs=epochs,
         batch_size=128,

@@ -54,7 +54,13 @@ def tree_config(mode: str = "he", n: int | None = None) -> dict:
         "protocol": {
             "kind": "secureboost",
             "aggregation": "sum",
-            "params": {"mode": mode, "max_depth": 5, "n_bins": 32, "key_bits": 1024},
+            # the key only in the HE mode: the plain mode does not read it (and refuses it)
+            "params": {
+                "mode": mode,
+                "max_depth": 5,
+                "n_bins": 32,
+                **({"key_bits": 1024} if mode == "he" else {}),
+            },
         },
         "data": {"dataset": "digits", "params": {"n": n}, "test_fraction": 0.25},
         "parties": parties,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vflnet import config
-from vflnet.registry import DATASETS, MODELS, PROTOCOLS
+from vflnet.registry import DATASETS, MODELS, PROTOCOLS, Param
 
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
@@ -40,10 +40,42 @@ config error: run.yaml: key 'train.learning_rate': unknown key; allowed here: ba
 config error: run.yaml: key 'parties[2].features': region [0, 8, 0, 12] is outside the 8x8 image
 ```
 
-Unknown keys are errors at every level. The resolved config (defaults filled in) is written to
-every run directory as `config.yaml`. The schema is `vflnet/config.py`; the checks against the
+Unknown keys are errors at every level. The resolved config (defaults filled in, less the keys it
+does not read) is written to every run directory as `config.yaml`. The schema is `vflnet/config.py`; the checks against the
 registries (names and parameters of datasets, model kinds, attacks and defenses, `plugins:`) and
 against the dataset's shape are in `vflnet/validation.py`.
+
+## Every key you set is read, or refused
+
+A key that nothing in the run would read is refused, never ignored: `momentum` under optimizer kind
+`sgd`, a model key its model kind ignores, `train.optimizer` under a protocol that trains no optimizer.
+
+```
+config error: run.yaml: key 'train.optimizer.momentum': not read: train.optimizer.kind is 'sgd', which does not read it; read when kind is 'momentum'
+config error: run.yaml: key 'parties[2].bottom.channels': not read: model kind 'mlp' does not read it (its `ModelKind.reads`); model kinds that do: ['cafe-conv', 'cnn', 'resnet-small']
+config error: run.yaml: key 'train' appears twice in one mapping (lines 28 and 32); YAML would keep only the second and silently drop the first: merge them
+```
+
+- **Declared readers.** Every key of the schema declares who reads it and, where it is not always
+  read, under what condition (the *read* note in the tables below: "read when `kind` is `momentum`").
+  Some conditions come from the components: a model kind declares the model block keys it reads
+  (`ModelKind.reads`, the model kinds table), a protocol the `train` keys (`Protocol.train_reads`)
+  and shared `protocol:` settings (`Protocol.settings`) it reads (the protocols table), and a
+  parameter of a protocol, dataset, attack or defense may be read only under another parameter's
+  value (`Param.when`). A plug-in declares the same (docs/architecture.md). The condition of a
+  section holds for every key under it.
+- **What you set, not what is left at its default.** Every key the file or a `KEY=VALUE` override
+  sets is judged, at every depth and in every item of `parties`, `attacks`, `defenses` and
+  `model_release`; writing a key at its default value still sets it. Keys left out are not judged.
+  The error names the key, the file (or the command line, for an override), why the key would have
+  no effect and what would read it.
+- **Launchers.** `vflnet run` serves every party on a free loopback port and starts its own proxies:
+  a non-empty `parties[].address`, or a `via` other than `proxy`, would be replaced and is refused
+  there (`vflnet party` reads them; `vflnet config check` judges for any launcher).
+- **Duplicate keys.** A mapping that repeats a key, at any depth, in a config, a sweep file or an
+  override's value, is refused with both line numbers (YAML itself would keep the second silently).
+- **Parameters.** An unknown or bad parameter under `protocol.params`, `data.params` or an attack's
+  or defense's `params` names its dotted key (`protocol.params.key_bits`, `attacks[0].params.lr`).
 
 ## Overrides on the command line
 
@@ -193,13 +225,15 @@ class _Writer:
             inner, _ = _dataclass_of(tp)
             if inner is not None and not self.own_section(inner):
                 if f.metadata.get("help"):  # the group's own line, then its keys
-                    rows.append(f"| `{prefix}{f.name}` | {_default(f)} | {f.metadata['help']} |")
+                    rows.append(
+                        f"| `{prefix}{f.name}` | {_default(f)} | {f.metadata['help']}{_read_note(f)} |"
+                    )
                 rows += self.rows(inner, f"{prefix}{f.name}.")
                 continue
             help_text = f.metadata.get("help", "")
             if not help_text:
                 raise ValueError(f"{cls.__name__}.{f.name} has no help; give it one with config.setting(...)")
-            rows.append(f"| `{prefix}{f.name}` | {_default(f)} | {help_text} |")
+            rows.append(f"| `{prefix}{f.name}` | {_default(f)} | {help_text}{_read_note(f)} |")
         return rows
 
     def section(self, cls: type) -> None:
@@ -236,6 +270,17 @@ class _Writer:
         return "\n\n".join([*self.out, OUTRO]) + "\n"
 
 
+def _read_note(f: dataclasses.Field[Any]) -> str:
+    """The field's condition of being read (``setting``'s ``reads``), if it has one."""
+    when = f.metadata["reads"].when
+    return f" *Read {when.doc}.*" if when is not None else ""
+
+
+def _param_note(p: Param) -> str:
+    """A parameter's condition of being read (``Param.when``), if it has one."""
+    return f" *Read {p.when.__doc__}.*" if p.when is not None else ""
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -248,7 +293,12 @@ def _datasets_table() -> str:
         "|---|---|---|",
     ]
     for name, source in DATASETS.all().items():
-        params = "; ".join(f"`{k}` (`{_yaml(p.default)}`): {p.help}" for k, p in source.params.items()) or "—"
+        params = (
+            "; ".join(
+                f"`{k}` (`{_yaml(p.default)}`): {p.help}{_param_note(p)}" for k, p in source.params.items()
+            )
+            or "—"
+        )
         lines.append(f"| `{name}` | {_cell(params)} | {_cell(source.description)} |")
     return "\n".join(lines)
 
@@ -257,12 +307,13 @@ def _model_kinds_table() -> str:
     lines = [
         "Model kinds (`vflnet models`; a `plugins:` module may register more):",
         "",
-        "| kind | bottom | top | image regions | description |",
-        "|---|---|---|---|---|",
+        "| kind | bottom | top | image regions | keys it reads (`ModelKind.reads`) | description |",
+        "|---|---|---|---|---|---|",
     ]
     for name, kind in MODELS.all().items():
         marks = ["yes" if ok else "" for ok in (kind.is_bottom, kind.is_top, kind.image_input)]
-        lines.append(f"| `{name}` | " + " | ".join(marks) + f" | {_cell(kind.description)} |")
+        reads = ", ".join(f"`{k}`" for k in sorted(kind.reads)) or "—"
+        lines.append(f"| `{name}` | " + " | ".join(marks) + f" | {reads} | {_cell(kind.description)} |")
     return "\n".join(lines)
 
 
@@ -273,8 +324,8 @@ def _protocols_table() -> str:
         "Protocols (`protocol.kind`; a `plugins:` module may register more), from their contracts:",
         "",
         "| kind | methods its sides serve (callers) | defense hook points | knowledge it provides "
-        "| shared settings | `params` | description |",
-        "|---|---|---|---|---|---|---|",
+        "| shared settings | `train` keys it does not read | `params` | description |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, proto in PROTOCOLS.all().items():
         methods = "; ".join(
@@ -282,14 +333,18 @@ def _protocols_table() -> str:
             for m in sorted(proto.methods)
         )
         hooks = ", ".join(f"`{h}`" for h in sorted(proto.defense_hooks))
-        params = "; ".join(f"`{k}` (`{_yaml(p.default)}`): {p.help}" for k, p in proto.params.items())
+        params = "; ".join(
+            f"`{k}` (`{_yaml(p.default)}`): {p.help}{_param_note(p)}" for k, p in proto.params.items()
+        )
         shared = ", ".join(f"`{s}`" for s in sorted(proto.settings))
+        unread = ", ".join(f"`{k}`" for k in sorted(config.TRAIN_KEYS - proto.train_reads))
         provides = ", ".join(f"`{k}`" for k in sorted(proto.provides))
         cells = (
             methods or "— (host messages only)",
             hooks or "—",
             provides or "—",
             shared or "—",
+            unread or "—",
             params or "—",
             proto.description,
         )

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from vflnet.config import ConfigError
+from vflnet.config import ConfigError, DuplicateKey, UniqueKeyLoader
 
 COMMAND_LINE = "command line"
 _PATH = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*|\.\d+|\[\d+\])*")
@@ -108,8 +108,8 @@ def parse_overrides(items: Sequence[str]) -> list[Override]:
         if not sep:
             raise ConfigError(COMMAND_LINE, "", f"{text!r} is not KEY=VALUE (e.g. train.epochs=3)")
         try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
+            value = yaml.load(raw, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+        except (yaml.YAMLError, DuplicateKey) as exc:
             raise ConfigError(COMMAND_LINE, path, f"the value {raw!r} is not valid YAML: {exc}") from exc
         tokens = parse_path(path, COMMAND_LINE, path)
         for earlier in overrides:

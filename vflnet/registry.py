@@ -37,16 +37,43 @@ from typing import Any, TypeVar
 
 @dataclass(frozen=True)
 class Param:
-    """One settable parameter: its default, a check, and a one-line description."""
+    """One settable parameter: its default, a check, a one-line description, and when it is read:
+    ``when(values)`` (the parameters with defaults filled in) is None when the parameter is read, else
+    why not and what would read it (e.g. a parameter of one ``mode`` only; :func:`read_when`, whose
+    docstring docs/config.md shows); None: always read."""
 
     default: Any
     help: str
     check: Callable[[Any], bool] = lambda v: True
     expect: str = "a valid value"
+    when: Callable[[dict[str, Any]], str | None] | None = None
+
+
+def read_when(param: str, *values: Any) -> Callable[[dict[str, Any]], str | None]:
+    """A ``Param.when``: read only while parameter ``param`` has one of ``values``."""
+
+    def when(given: dict[str, Any]) -> str | None:
+        if given[param] in values:
+            return None
+        wanted = " or ".join(repr(v) for v in values)
+        return f"{param} is {given[param]!r}, which does not read it; read when {param} is {wanted}"
+
+    when.__doc__ = f"when `{param}` is " + " or ".join(f"`{v}`" for v in values)  # docs/config.md says it
+    return when
+
+
+class ParamError(ValueError):
+    """A bad or unread parameter value; ``key`` is the parameter's name."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(message)
 
 
 def validate_params(kind: str, name: str, spec: dict[str, Param], given: dict[str, Any]) -> dict[str, Any]:
-    """The parameters with defaults filled in; ValueError naming the first unknown or bad one."""
+    """The parameters with defaults filled in (of those that are read); ValueError naming the first
+    unknown parameter, ParamError (a ValueError with the parameter's name) for the first bad value or
+    for a parameter set where its ``when`` says it would not be read."""
     unknown = sorted(set(given) - set(spec))
     if unknown:
         raise ValueError(
@@ -61,8 +88,17 @@ def validate_params(kind: str, name: str, spec: dict[str, Param], given: dict[st
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            raise ValueError(f"{kind} {name!r} parameter {key!r}: expected {spec[key].expect}, got {value!r}")
-    return values
+            raise ParamError(
+                key, f"{kind} {name!r} parameter {key!r}: expected {spec[key].expect}, got {value!r}"
+            )
+    unread = {
+        key: why for key, p in spec.items() if p.when is not None and (why := p.when(values)) is not None
+    }
+    for key in given:
+        if key in unread:
+            raise ParamError(key, f"{kind} {name!r} parameter {key!r} is set but not read: {unread[key]}")
+    # the defaults of parameters that are not read are left out: what the result holds has an effect
+    return {key: value for key, value in values.items() if key not in unread}
 
 
 class RegistrationError(TypeError):

@@ -37,7 +37,7 @@ def _drop(data: Any, path: list[str]) -> None:
     elif rest:
         _drop(data[head], rest)
     else:
-        del data[head]
+        data.pop(head, None)  # absent where the config does not read it (`Config.to_dict`)
 
 
 def shared_json(cfg: Config) -> str:

@@ -10,6 +10,8 @@ the rest of the package.
   that every attack's party can have the knowledge it declares (`vflnet.threat.knowledge`); that the
   protocol applies every defense's hook point (`Protocol.defense_hooks`) and has every method an
   attack taps or rewrites (`Protocol.methods`), in a direction and on a side that exist;
+- every key the file or the command line set is read in this config (`vflnet.config.unread_keys`:
+  the schema's declared readers, `ModelKind.reads`, `Protocol.train_reads`, `Protocol.settings`);
 - with ``check_data``: the roster against the dataset's shape (columns and regions in range, no two
   parties holding the same feature unless ``data.allow_overlap``, the width of a top-less aggregate
   equal to the class count).
@@ -21,13 +23,13 @@ was expected.
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from vflnet.config import NO_MODEL, Config, ConfigError, ModelConfig, ProtocolConfig, parse, read_yaml
+from vflnet.config import NO_MODEL, Config, ConfigError, ModelConfig, parse, read_yaml, unread_keys
 from vflnet.data.datasets import Dataset, check_params, load_dataset
 from vflnet.data.partition import flat_columns, select_features, takes_image
 from vflnet.data.plan import check_dataset_plan
@@ -39,11 +41,11 @@ from vflnet.registry import (
     DEFENSES,
     MODELS,
     PROTOCOLS,
+    ParamError,
     Registry,
     load_plugin_modules,
     validate_params,
 )
-from vflnet.sdk.contract import Protocol
 from vflnet.threat.attack import Tap
 from vflnet.threat.knowledge import missing_knowledge
 
@@ -54,16 +56,18 @@ def load_config(
     check_data: bool = True,
     overrides: Sequence[str] = (),
     here: Sequence[str] | None = None,
+    launcher: str | None = None,
 ) -> Config:
     """Read, parse and check a config file; by default also against the dataset's shape. ``overrides``
     are the command line's ``KEY=VALUE`` strings (`vflnet.overrides`), set into the file's mapping
     first; an error about an overridden key names the command line. ``here``: the parties that run on
-    this machine (default: all), whose devices torch must be able to use here."""
+    this machine (default: all), whose devices torch must be able to use here. ``launcher``: the command
+    the config is loaded for (``run``: `vflnet run`, which sets some per-party keys itself)."""
     parsed = parse_overrides(overrides)
     data = apply_overrides(read_yaml(path), parsed)
     with blame(parsed):
         cfg = parse(data, str(path))
-        check(cfg, check_data=check_data, here=here)
+        check(cfg, check_data=check_data, here=here, launcher=launcher)
     return cfg
 
 
@@ -74,9 +78,15 @@ def config_from_dict(data: Any, source: str = "", *, check_data: bool = False) -
     return cfg
 
 
-def check(cfg: Config, *, check_data: bool = False, here: Sequence[str] | None = None) -> None:
+def check(
+    cfg: Config,
+    *,
+    check_data: bool = False,
+    here: Sequence[str] | None = None,
+    launcher: str | None = None,
+) -> None:
     """The checks of a parsed config that need the registries (and, with ``check_data``, the dataset);
-    ``here``: the parties that run on this machine (default: all)."""
+    ``here``: the parties that run on this machine (default: all); ``launcher``: see `load_config`."""
     src = cfg.source
     try:
         load_plugin_modules(cfg.plugins)
@@ -87,6 +97,7 @@ def check(cfg: Config, *, check_data: bool = False, here: Sequence[str] | None =
     _check_models(cfg)
     _check_plugins(cfg)
     _check_devices(cfg, here)
+    _check_unread(cfg, launcher)
     if check_data:
         check_against_dataset(cfg)
 
@@ -107,39 +118,37 @@ def _check_protocol(cfg: Config) -> None:
             f"protocol {protocol.name!r} takes no parameter(s) [{key!r}], so it would have no effect; its "
             f"parameters: {sorted(protocol.params) or 'none'}; protocols that take it: {takers or 'none'}",
         )
-    try:
+    with _param_errors(src, "protocol.params"):
         cfg.protocol.params = validate_params("protocol", protocol.name, protocol.params, cfg.protocol.params)
-    except ValueError as exc:
-        raise ConfigError(src, "protocol.params", str(exc)) from exc
-    _check_protocol_settings(cfg, protocol)
     for key, message in protocol.check_config(cfg):
         raise ConfigError(src, key, message)
 
 
-def _check_protocol_settings(cfg: Config, protocol: type[Protocol]) -> None:
-    """A shared `protocol:` setting set away from its default under a protocol that never reads it
-    (`Protocol.settings`) would have no effect: refused, naming the protocols that read it."""
-    defaults = ProtocolConfig()
-    for f in dataclasses.fields(ProtocolConfig):
-        if f.name in ("kind", "params") or f.name in protocol.settings:
-            continue
-        if getattr(cfg.protocol, f.name) != getattr(defaults, f.name):
-            readers = sorted(n for n, p in PROTOCOLS.all().items() if f.name in p.settings)
-            raise ConfigError(
-                cfg.source,
-                f"protocol.{f.name}",
-                f"protocol {protocol.name!r} does not use protocol.{f.name}, so setting it would have no "
-                f"effect; protocols that use it: {readers or 'none'}",
-            )
+@contextlib.contextmanager
+def _param_errors(source: str, section: str) -> Iterator[None]:
+    """A `validate_params` error as a config error: a bad or unread parameter names its dotted key
+    (``protocol.params.key_bits``), an unknown one the mapping (``section``)."""
+    try:
+        yield
+    except ParamError as exc:
+        raise ConfigError(source, f"{section}.{exc.key}", str(exc)) from exc
+    except ValueError as exc:
+        raise ConfigError(source, section, str(exc)) from exc
+
+
+def _check_unread(cfg: Config, launcher: str | None) -> None:
+    """Every key the file or the command line set is read in this config: one that would have no effect
+    (its declared readers, `vflnet.config.setting`'s ``reads``, say why) is refused, naming who reads it."""
+    for key, why in unread_keys(cfg, launcher):
+        raise ConfigError(cfg.source, key, f"not read: {why}")
 
 
 def _check_dataset_name(cfg: Config) -> None:
     try:
-        check_params(cfg.data.dataset, cfg.data.params)
+        with _param_errors(cfg.source, "data.params"):
+            check_params(cfg.data.dataset, cfg.data.params)
     except KeyError as exc:  # an unknown dataset (the message lists the known ones)
         raise ConfigError(cfg.source, "data.dataset", str(exc.args[0] if exc.args else exc)) from exc
-    except ValueError as exc:
-        raise ConfigError(cfg.source, "data.params", str(exc)) from exc
 
 
 def _model_kind(cfg: Config, block: ModelConfig, key: str, where: str) -> Any:
@@ -237,10 +246,8 @@ def _check_plugins(cfg: Config) -> None:
                     f"{key}.party",
                     f"{entry.name!r} sits at {sorted(cls.roles)}, but {entry.party!r} is a {roles[entry.party]} party",
                 )
-            try:
+            with _param_errors(src, f"{key}.params"):
                 validate_params(registry.kind, entry.name, cls.params, entry.params)
-            except ValueError as exc:
-                raise ConfigError(src, f"{key}.params", str(exc)) from exc
             if section == "defenses":
                 _check_defense_hook(cfg, key, entry.name, cls.acts_on, "acts on")
                 for hook in sorted(cls.requires):

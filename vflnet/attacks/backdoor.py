@@ -35,7 +35,7 @@ from vflnet.crypto import CipherArray
 from vflnet.crypto.cipher import encrypt_array
 from vflnet.crypto.wire import cipher_from_proto, cipher_to_proto
 from vflnet.interceptors.events import WireEvent
-from vflnet.registry import ATTACKS, Param
+from vflnet.registry import ATTACKS, Param, read_when
 from vflnet.threat.attack import Attack, Tap
 from vflnet.v1 import messages_pb2
 from vflnet.wire import tensors
@@ -134,6 +134,7 @@ class LabelReplacementBackdoor(Attack):
             "std of the random logits sent in the poisoned slot",
             lambda v: isinstance(v, int | float) and v >= 0,
             "a number >= 0",
+            when=read_when("hide_poison", True),
         ),
         "poison_training": Param(
             True,

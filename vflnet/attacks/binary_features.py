@@ -24,7 +24,7 @@ import numpy as np
 from vflnet.attacks import feature_reconstruction as fr
 from vflnet.config import Config
 from vflnet.interceptors.events import WireEvent
-from vflnet.registry import ATTACKS, Param
+from vflnet.registry import ATTACKS, Param, read_when
 from vflnet.threat.attack import Attack, Tap
 from vflnet.v1 import messages_pb2
 
@@ -92,6 +92,7 @@ class FeatureReconstruction(Attack):
             "phase train: the training step whose batch is attacked (-1: the last of the largest batches)",
             lambda v: isinstance(v, int) and not isinstance(v, bool),
             "an integer",
+            when=read_when("phase", "train"),
         ),
         "algorithm": _choice("both", "which algorithms run", ("both", "1", "2")),
         "method": _choice(

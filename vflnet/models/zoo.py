@@ -12,6 +12,7 @@ the sum of the parties' column blocks is exactly the first layer of the joint ne
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +20,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from vflnet.config import Config, ModelConfig, PartyConfig
+from vflnet.config import BY_MODEL_KIND, Config, ModelConfig, PartyConfig
 from vflnet.registry import MODELS
+
+# the model block keys a kind may declare it reads (the others are read whatever the kind)
+MODEL_KEYS = frozenset(
+    f.name for f in dataclasses.fields(ModelConfig) if f.metadata["reads"] is BY_MODEL_KIND
+)
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,18 @@ class ModelKind:
     # (block, aggregate width, number of classes) -> the top model's network; None: not a top
     build_top: Callable[[ModelConfig, int, int], nn.Module] | None = None
     image_input: bool = False  # as a bottom it takes [n, 1, h, w] image regions (needs `features.region`)
+    # The model block keys its builders read besides `kind` (and a bottom's `out`): `hidden`, `channels`,
+    # `activation`, `bias`, `dropout`, `shift`, `init` ... A key set on a block of a kind that does not
+    # list it would have no effect, and the config check refuses it (`vflnet.config.by_model_kind`).
+    reads: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        unknown = sorted(self.reads - MODEL_KEYS)
+        if unknown:
+            raise ValueError(
+                f"model kind {self.name!r} declares it reads {unknown}, which are not model block keys; "
+                f"those are: {sorted(MODEL_KEYS)}"
+            )
 
     @property
     def is_bottom(self) -> bool:
@@ -258,6 +276,7 @@ MODELS.register(
         "one linear layer (`bias`); an input-layer cut uses it with bias: false",
         build_bottom=lambda cfg, shape: nn.Linear(shape[0], cfg.out, bias=cfg.bias),
         build_top=lambda cfg, in_dim, n_classes: nn.Linear(in_dim, n_classes, bias=cfg.bias),
+        reads=frozenset({"bias", "init"}),
     )
 )
 MODELS.register(
@@ -270,6 +289,7 @@ MODELS.register(
         build_top=lambda cfg, in_dim, n_classes: _mlp(
             in_dim, cfg.hidden, n_classes, cfg.activation, cfg.bias, cfg.dropout
         ),
+        reads=frozenset({"hidden", "activation", "bias", "dropout", "init"}),
     )
 )
 MODELS.register(
@@ -278,6 +298,7 @@ MODELS.register(
         "3x3 conv + ReLU per `channels` width (2x2 max-pool while the region is >= 4 px), then a linear embedding",
         build_bottom=lambda cfg, shape: SmallCNN(shape, cfg.channels, cfg.out),  # type: ignore[arg-type]
         image_input=True,
+        reads=frozenset({"channels", "init"}),
     )
 )
 MODELS.register(
@@ -286,6 +307,7 @@ MODELS.register(
         "a small ResNet: 3x3 conv + BN stem, one residual basic block (two 3x3 conv + BN) per `channels` width, stride 2 from the second, global average pool, linear embedding; `shift`: random translation in training",
         build_bottom=lambda cfg, shape: SmallResNet(shape, cfg.channels, cfg.out, cfg.shift),  # type: ignore[arg-type]
         image_input=True,
+        reads=frozenset({"channels", "shift", "init"}),
     )
 )
 MODELS.register(
@@ -294,6 +316,7 @@ MODELS.register(
         "ResNet18 (paper 001's bottom): 3x3 conv + BN + ReLU + 3x3 max-pool stem, two basic blocks each of 64, 128, 256, 512 maps, global average pool, linear embedding; random init; `shift` as resnet-small",
         build_bottom=lambda cfg, shape: resnet18(shape, cfg.out, cfg.shift),  # type: ignore[arg-type]
         image_input=True,
+        reads=frozenset({"shift", "init"}),
     )
 )
 MODELS.register(
@@ -302,6 +325,7 @@ MODELS.register(
         "the CAFE paper's conv worker model (paper 002): `channels` two conv widths, `hidden` [fc1, fc2]",
         build_bottom=_cafe_bottom,
         image_input=True,
+        reads=frozenset({"channels", "hidden", "init"}),
     )
 )
 MODELS.register(
@@ -310,6 +334,7 @@ MODELS.register(
         "the CAFE paper's fully connected worker model (paper 002): `hidden` [fc1, fc2]",
         build_bottom=_cafe_bottom,
         image_input=True,
+        reads=frozenset({"hidden", "init"}),
     )
 )
 

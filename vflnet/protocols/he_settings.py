@@ -48,8 +48,9 @@ class HESettings:
 
 
 def he_settings(cfg: Config) -> HESettings:
-    """The run's Paillier settings (``protocol.params``, defaults filled in by the config check)."""
-    return HESettings(**{name: cfg.protocol.params[name] for name in HE_PARAMS})
+    """The run's Paillier settings (``protocol.params``, defaults filled in by the config check; one the
+    run does not read, secureboost's frac_bits or its key in the plain mode, is left at its default)."""
+    return HESettings(**{name: cfg.protocol.params.get(name, p.default) for name, p in HE_PARAMS.items()})
 
 
 def insecure_key_problem(cfg: Config) -> list[tuple[str, str]]:

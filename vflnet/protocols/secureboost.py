@@ -34,12 +34,13 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vflnet.config import Config
+from vflnet.config import TRAIN_KEYS, Config
 from vflnet.crypto import PaillierOverflowError, PublicKey, encoding, generate_keypair
 from vflnet.crypto.wire import cipher_from_proto, cipher_to_proto
 from vflnet.models.secureboost import (
@@ -54,6 +55,7 @@ from vflnet.models.secureboost import (
 )
 from vflnet.protocols.he_settings import HE_PARAMS, he_settings, insecure_key_problem
 from vflnet.protocols.predictions import PredictionsKeeper
+from vflnet.registry import read_when
 from vflnet.sdk import (
     PROTOCOLS,
     CoordinatorSide,
@@ -92,8 +94,9 @@ def tree_params(cfg: Config) -> TreeParams:
         n_bins=int(p["n_bins"]),
         reg_lambda=float(p["reg_lambda"]),
         min_child_weight=float(p["min_child_weight"]),
-        learning_rate=float(p["learning_rate"]),
         ensemble=str(p["ensemble"]),
+        # boost only: under forest the checked params leave it out (vflnet.registry.validate_params)
+        **({"learning_rate": float(p["learning_rate"])} if "learning_rate" in p else {}),
     )
 
 
@@ -520,9 +523,13 @@ def _number(default: float, help_: str, lo: float, integer: bool = False) -> Par
 class SecureBoost(Protocol):
     name = "secureboost"
     settings = frozenset({"aggregation"})  # aggregation must be "sum" (check_config)
+    train_reads = TRAIN_KEYS - {"optimizer", "lr_schedule"}  # trees: no optimizer, no LR schedule
     description = "SecureBoost-style vertical trees: Paillier-packed (g, h) to every party, bucketed histograms back, splits kept by their owners"
     params = {
-        **HE_PARAMS,
+        # gh travel at the fixed precision FRAC_BITS (no frac_bits); the key only in the HE mode
+        "key_bits": replace(HE_PARAMS["key_bits"], when=read_when("mode", "he")),
+        "allow_insecure_keys": replace(HE_PARAMS["allow_insecure_keys"], when=read_when("mode", "he")),
+        "workers": HE_PARAMS["workers"],
         "mode": Param(
             "he",
             "`he`: Paillier gh and histograms; `plain`: the same in plaintext",
@@ -541,7 +548,10 @@ class SecureBoost(Protocol):
         ),
         "reg_lambda": _number(0.0, "L2 regularisation of leaf values (the lambda of the gain)", 0.0),
         "min_child_weight": _number(1e-3, "least sum of hessians on each side of a split", 0.0),
-        "learning_rate": _number(0.3, "shrinkage of each tree's leaf values (boost)", 0.0),
+        "learning_rate": replace(
+            _number(0.3, "shrinkage of each tree's leaf values (boost)", 0.0),
+            when=read_when("ensemble", "boost"),
+        ),
     }
     coordinator = SecureBoostCoordinator
     active = SecureBoostActive

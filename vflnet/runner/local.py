@@ -406,7 +406,7 @@ def run_local(
     forked from a fork server; cold: each a new interpreter)."""
     deadline = Deadline(timeout_s)  # counted from the command's start, set-up included
     config_path = Path(config_path)
-    cfg = load_config(config_path, overrides=overrides)
+    cfg = load_config(config_path, overrides=overrides, launcher="run")
     run_dir = choose_run_dir(cfg, config_path, run_dir)
     with role_lock(run_dir, "launcher"):  # before anything is written: the directory may be another run's
         (run_dir / "logs").mkdir(exist_ok=True)

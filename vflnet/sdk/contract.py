@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from vflnet.config import TRAIN_KEYS
 from vflnet.interceptors.events import register_service, short_name
 from vflnet.registry import PROTOCOLS, Param
 from vflnet.sdk.handlers import handlers_of, serve_handlers
@@ -240,6 +241,12 @@ class Protocol:
     # The shared `protocol:` settings its sides read besides `kind` and `params` (`aggregation`, `static`,
     # `he`); config validation refuses one set away from its default under a protocol that does not.
     settings: ClassVar[frozenset[str]] = frozenset()
+
+    # The `train:` keys its sides and the generic hosts read under it (a subsection, `optimizer` or
+    # `lr_schedule`, as a whole): by default all, as the hosts' schedule and ``PartySide.make_local`` read
+    # them. A protocol that trains no optimizer (secureboost) leaves those out; config validation refuses
+    # a `train:` key set under a protocol that does not list it (`vflnet.config.unread_keys`).
+    train_reads: ClassVar[frozenset[str]] = TRAIN_KEYS
 
     # The knowledge kinds its sides deliver to attacks (vflnet/threat/knowledge.py, ``by_protocol``):
     # config validation refuses an attack that needs one its run's protocol does not list here.

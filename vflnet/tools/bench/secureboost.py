@@ -60,9 +60,9 @@ def bench_config(mode: str, bits: int, rows: int, features: int, depth: int, wor
                 "mode": mode,
                 "max_depth": depth,
                 "n_bins": 32,
-                "key_bits": bits,
                 "workers": workers,
-                "allow_insecure_keys": bits < 1024,
+                # the key only in the HE mode: the plain mode does not read it (and refuses it)
+                **({"key_bits": bits, "allow_insecure_keys": bits < 1024} if mode == "he" else {}),
             },
         },
         "data": {

@@ -35,9 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from vflnet.config import Config, ConfigError, RunConfig
+from vflnet.config import Config, ConfigError, RunConfig, read_yaml
 from vflnet.overrides import (
     COMMAND_LINE,
     apply_overrides,
@@ -106,7 +104,7 @@ def _base(data: dict[str, Any], path: Path) -> dict[str, Any]:
         base_path = path.parent / base
         if not base_path.exists():
             raise ConfigError(source, "base", f"no such run config: {base_path}")
-        base = yaml.safe_load(base_path.read_text())
+        base = read_yaml(base_path)
     if not isinstance(base, dict):
         raise ConfigError(
             source, "base", "expected a run config: a path (relative to this file) or a mapping"
@@ -125,10 +123,7 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> Sweep:
     config, and one of a key the sweep file sets, varies or seeds is refused (it would be replaced)."""
     path = Path(path)
     source = str(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(source, "", f"cannot read the sweep file: {exc}") from exc
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(source, "", "expected a mapping with 'base' and 'grid'/'zip'/'seeds'")
     for key in data:

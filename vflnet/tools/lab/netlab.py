@@ -286,7 +286,7 @@ def lab_config(
         }
         transport["allow_plaintext_remote"] = False
     else:
-        transport["tls"] = {"enabled": False, "ca": "", "cert": "", "key": ""}
+        transport["tls"] = {"enabled": False}
         transport["allow_plaintext_remote"] = True  # the lab's own isolated subnet: plaintext is the point
     return data
 
