@@ -334,7 +334,8 @@ class Schedule:
         )
 
     def _evaluates(self, epoch: int, last_epoch: bool) -> bool:
-        return last_epoch or (epoch + 1) % self.cfg.train.eval_every == 0
+        every = self.cfg.train.eval_every  # 0: never
+        return every > 0 and (last_epoch or (epoch + 1) % every == 0)
 
     def _predicts(self, last_epoch: bool) -> bool:
         return last_epoch or self.cfg.predict.when == "every_epoch"
