@@ -39,15 +39,13 @@ import yaml
 from vflnet.config import Config, ConfigError
 from vflnet.metrics.intervals import mean_ci
 from vflnet.registry import ATTACKS, DEFENSES
+from vflnet.tools.audit.budget import QUICK_TRAIN
 from vflnet.tools.audit.selection import Candidate, with_entries
 from vflnet.tools.experiments.results import PARTIAL, is_completed, read_json, write_atomic
 from vflnet.validation import config_from_dict
 
-SEEDS = {"quick": 2, "default": 3}
 # metrics scored a second time against the run without the attack (``attack_scores``)
 PAIRED = ("asr",)
-# --quick caps training (every other setting stays the user's): one epoch, at most this many steps
-QUICK_TRAIN = {"epochs": 1, "max_steps": 10}
 
 
 # ------------------------------------------------------------------------------------ metrics

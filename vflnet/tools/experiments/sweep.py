@@ -31,14 +31,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from vflnet.commands.arguments import add_start_argument
 from vflnet.config import ConfigError, RuntimeConfig
-from vflnet.runner.local import stop_processes
 from vflnet.runner.warm import ForkServer, Process, fork_server, shared_server, start_vflnet
-from vflnet.tools.experiments.plan import PlannedRun, Sweep, load_sweep, plan_json, run_meta
 from vflnet.tools.experiments.results import (
     PARTIAL,
     RUN_META,
@@ -48,9 +47,14 @@ from vflnet.tools.experiments.results import (
     write_table,
 )
 
+if TYPE_CHECKING:  # vflnet.tools.experiments.plan imports torch: imported where used, not for `--help`
+    from vflnet.tools.experiments.plan import PlannedRun, Sweep
+
 
 def write_run_files(sweep: Sweep, run: PlannedRun, configs_dir: Path) -> tuple[Path, Path]:
     """A run's config and sweep-run.json, as `vflnet sweep one` takes them."""
+    from vflnet.tools.experiments.plan import run_meta
+
     config_path, meta_path = configs_dir / f"{run.name}.yaml", configs_dir / f"{run.name}.json"
     write_atomic(config_path, yaml.safe_dump(run.config, sort_keys=False))
     write_atomic(meta_path, json.dumps(run_meta(sweep, run), indent=2))
@@ -77,6 +81,9 @@ def run_one(config_path: Path, meta_path: Path, dest: Path, start: str = "warm")
 def run_sweep(sweep: Sweep, out: Path, jobs: int, quiet: bool, start: str = "warm") -> int:
     """Run the runs not yet done, ``jobs`` at a time; write the table; 1 if any run failed."""
     from tqdm import tqdm
+
+    from vflnet.runner.local import stop_processes
+    from vflnet.tools.experiments.plan import plan_json
 
     configs_dir, runs_dir, logs_dir = out / "configs", out / "runs", out / "logs"
     for d in (configs_dir, runs_dir, logs_dir):
@@ -237,6 +244,8 @@ def _main(argv: list[str]) -> int:
         args = _one_parser().parse_args(argv[1:])
         return run_one(args.config, args.meta, args.dest, args.start)
     args = build_parser().parse_intermixed_args(argv)
+    from vflnet.tools.experiments.plan import load_sweep
+
     sweep = load_sweep(args.sweep, args.overrides)
     out = args.out or Path("sweeps") / sweep.name
     if args.emit == "k8s":
