@@ -1,4 +1,4 @@
-"""`vflnet bench goals`: issue 40's figures against their goals, side by side, in one invocation.
+"""`vflnet bench goals`: the performance figures against their goals, side by side, in one invocation.
 
 It calls the other benchmarks' own measuring functions, one after another on the same machine, and
 prints one table: a row per figure, its measured value, its goal, whether the goal is met, and the
@@ -24,7 +24,7 @@ machine's load average (1 min, before -> after the measurement the row comes fro
   messages on before building an event, as a party without a tap does), the median step of the tapped
   blocks minus the untapped blocks'. Runs with and without a tap, compared, moved by +-0.5 ms.
 
-Issue 40's two other goals (the MNIST CNN >= 1.0 of its reference, no regression in `vflnet bench
+Two other goals (the MNIST CNN >= 1.0 of its reference, no regression in `vflnet bench
 he-step`) take minutes each on two cores: their rows name the command that measures them.
 """
 

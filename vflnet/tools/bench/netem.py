@@ -9,7 +9,7 @@ D"`, 0 ms too, so that every row goes through the same emulator), the lab is bro
   the step before it completing if that was later, to its reports being in), with p10 and p90;
 - 2 x delay: one passive-active round trip of the link alone (embeddings up, gradients down), the
   step's critical path without compute (docs/architecture.md, "Pipelined steps");
-- excess: step - 2 x delay; goal: 2 x delay + the step at 0 ms + 3 ms (issue 40), where the step at
+- excess: step - 2 x delay; goal: 2 x delay + the step at 0 ms + 3 ms, where the step at
   0 ms (same lab, same invocation) stands for the compute;
 - wire: the median round trip of plain TCP between the first passive party's and the active party's
   namespaces with the step's message sizes (its embeddings up, its gradients down, from the run's
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json,
         rows,
         cores=os.cpu_count(),
-        goal=f"step <= 2 x delay + the step at 0 ms + {GOAL_MARGIN_MS:g} ms (issue 40)",
+        goal=f"step <= 2 x delay + the step at 0 ms + {GOAL_MARGIN_MS:g} ms",
     )
     return 0
 
