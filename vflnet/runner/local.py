@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from vflnet.config import Config, ConfigError, dump
+from vflnet.progress import bar as progress_bar
 from vflnet.progress import quiet
 from vflnet.roles.run_lock import role_lock
+from vflnet.runner.interrupt import INTERRUPTED_EXIT, SIGNALS, raise_interrupted, signal_of
 from vflnet.runner.report import print_summary
 from vflnet.runner.scoring import score_run
 from vflnet.runner.warm import (
@@ -225,17 +227,18 @@ class LocalCluster:
             )
         return 0
 
-    def teardown(self) -> None:
-        stop_processes([c.proc for c in self.children.values()])
+    def teardown(self, sig: int = signal.SIGTERM) -> None:
+        stop_processes([c.proc for c in self.children.values()], sig=sig)
         for c in self.children.values():
             c.log_file.close()
 
 
-def stop_processes(procs: Sequence[Process], grace_s: float = 5.0) -> None:
-    """SIGTERM every process still running, SIGKILL those still alive ``grace_s`` later."""
+def stop_processes(procs: Sequence[Process], grace_s: float = 5.0, sig: int = signal.SIGTERM) -> None:
+    """``sig`` (SIGTERM, or the signal that stopped the caller) to every process still running, SIGKILL
+    to those still alive ``grace_s`` later."""
     live = [p for p in procs if p.poll() is None]
     for p in live:
-        p.terminate()
+        p.send_signal(sig)
     deadline = time.monotonic() + grace_s
     for p in live:
         try:
@@ -296,13 +299,8 @@ class _Progress:
         if not self.enabled or not self.plan.exists() or not self.path.exists():
             return
         if self.bar is None:
-            from tqdm import tqdm
-
             total = json.loads(self.plan.read_text())["total_steps"]
-            # disable=None: a bar on a terminal, nothing when output goes to a file or CI log
-            self.bar = tqdm(
-                total=total, unit="step", desc="training", file=sys.stderr, dynamic_ncols=True, disable=None
-            )
+            self.bar = progress_bar("training", total, unit="step")
         with self.path.open() as fh:
             fh.seek(self.offset)
             for line in iter(fh.readline, ""):
@@ -505,7 +503,8 @@ def _run(
     cluster = LocalCluster(cfg, run_dir, resolved, deadline, resume, server)
     # Ctrl-C and SIGTERM stop the run; set explicitly: a process started with SIGINT ignored (a
     # nohup, a CI runner, a pytest-xdist worker) would otherwise inherit the ignoring
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, raise_interrupted) for sig in SIGNALS}
+    stop_with = signal.SIGTERM  # the signal that stopped the launcher, passed on (the run records it)
     ended: tuple[str, str] | None = None  # (status, error) if the run did not complete
     party_cause = False  # the error is a party's death or error, which summary.json must name first
     try:
@@ -519,12 +518,13 @@ def _run(
         ended = ("failed", str(exc))
         party_cause = exc.party is not None
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        stop_with = signal_of(exc)
         print(f"\nrun {cfg.run.id} interrupted; stopping all processes", file=sys.stderr)
-        ended = ("interrupted", "vflnet run was interrupted")
-        return 130
+        ended = ("interrupted", f"vflnet run was stopped by signal {stop_with.name}")
+        return INTERRUPTED_EXIT
     finally:
-        cluster.teardown()  # a coordinator still running writes summary.json on its SIGTERM
+        cluster.teardown(stop_with)  # a coordinator still running writes summary.json on that signal
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if ended is not None:
@@ -589,7 +589,3 @@ def _run_in_process(cfg: Config, run_dir: Path, progress: bool, deadline: Deadli
     score_run(cfg, run_dir)
     print_summary(run_dir)
     return 0
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
