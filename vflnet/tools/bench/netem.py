@@ -29,7 +29,6 @@ import os
 import socket
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ from pathlib import Path
 import yaml
 
 from vflnet.example_configs import EXAMPLES
-from vflnet.tools.bench.common import Row, parse_args, write_json
+from vflnet.tools.bench.common import Row, parse_args, scratch, write_json
 from vflnet.tools.lab.netlab import Lab, LabError, down, in_netns, tcp_cc_refusal, unavailable_reason, up
 
 ECHO_PORT = 7099  # the wire probe's port inside the active party's namespace
@@ -210,7 +209,7 @@ def measure_delays(args: argparse.Namespace) -> list[Row]:
     """A row per delay of ``args`` (this module's flags, build_parser()), each lab up and down in turn;
     with a 0 ms row, each row's goal (``goal_ms``) and whether its step met it (``met``)."""
     rows: list[Row] = []
-    with tempfile.TemporaryDirectory(prefix="vflnet-bench-netem-") as tmp:
+    with scratch("vflnet-bench-netem-") as tmp:
         folder = Path(tmp)
         config = _config(folder, args.epochs)
         for delay in args.delays:
