@@ -14,6 +14,7 @@ Role processes start warm by default: forked from a fork server that has torch a
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -100,6 +101,7 @@ class LocalCluster:
         return child
 
     def start(self) -> None:
+        self.deadline.check()  # the command's start-up may have used it all: then no process starts
         coord = self.cfg.coordinator
         addr_file = self.run_dir / "coordinator.addr"
         # an earlier run in this folder left its coordinator's address: parties must not dial it
@@ -265,15 +267,25 @@ TIMEOUT_EXIT = 124
 
 
 class Deadline:
-    """``vflnet run --timeout``: the whole run's limit in seconds from now (None: no limit)."""
+    """``vflnet run --timeout``: the whole run's limit in seconds from ``since`` (a time.monotonic();
+    default now; the command gives its process's start, `process_started`); None: no limit."""
 
-    def __init__(self, seconds: float | None) -> None:
+    def __init__(self, seconds: float | None, since: float | None = None) -> None:
         self.seconds = seconds
-        self.at = None if seconds is None else time.monotonic() + seconds
+        self.at = None if seconds is None else (time.monotonic() if since is None else since) + seconds
 
     def check(self) -> None:
         if self.at is not None and time.monotonic() > self.at:
             raise RunTimeout
+
+
+def process_started() -> float:
+    """When this process started (a fork server's child: when it was forked), on time.monotonic()'s
+    clock: its start time in /proc/self/stat, in clock ticks since boot."""
+    with open("/proc/self/stat") as stat:  # the name (field 2) may hold spaces: count after its ")"
+        ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    return time.monotonic() - age
 
 
 def free_port() -> int:
@@ -357,12 +369,14 @@ def run_local(
     timeout_s: float | None = None,
     overrides: Sequence[str] = (),
     start: str = "warm",
+    since: float | None = None,
 ) -> int:
     """Run ``config_path``'s cluster, with the command line's ``KEY=VALUE`` ``overrides`` (the run
     directory's config.yaml holds the result); ``timeout_s`` (``--timeout``) limits the whole run: past
     it every process is stopped and the exit code is 124. ``start``: how role processes start (warm:
-    forked from a fork server; cold: each a new interpreter)."""
-    deadline = Deadline(timeout_s)  # counted from the command's start, set-up included
+    forked from a fork server; cold: each a new interpreter). ``since``: when the timeout starts (a
+    time.monotonic(); default now; `vflnet run` gives its process's start)."""
+    deadline = Deadline(timeout_s, since)
     config_path = Path(config_path)
     cfg = load_config(config_path, overrides=overrides)
     run_dir = choose_run_dir(cfg, config_path, run_dir)
@@ -378,7 +392,12 @@ def run_local(
 
 
 def resume_local(
-    run_dir: Path, *, progress: bool = True, timeout_s: float | None = None, start: str = "warm"
+    run_dir: Path,
+    *,
+    progress: bool = True,
+    timeout_s: float | None = None,
+    start: str = "warm",
+    since: float | None = None,
 ) -> int:
     """`vflnet run --resume RUN_DIR`: the same run (its resolved config.yaml) restarted in every
     process with --resume; the coordinator continues from the newest valid checkpoint."""
@@ -390,7 +409,7 @@ def resume_local(
     if cfg.transport.bridge == "loopback":
         print("vflnet run --resume: a loopback run cannot resume; run it again", file=sys.stderr)
         return 2
-    deadline = Deadline(timeout_s)
+    deadline = Deadline(timeout_s, since)
     with role_lock(run_dir, "launcher"):
         try:
             return _run_resuming(cfg, run_dir, resolved, progress, deadline, start, resume=True)
