@@ -1,6 +1,7 @@
-"""`vflnet sweep` as a user meets it: Ctrl-C ends it with one line and exit code 130, stopping every
-process it started, and its runs record SIGINT; its progress bar stays out of redirected output; a
-finished run's files name the folder the run ends in, not the ``.partial`` one it ran in."""
+"""`vflnet sweep` and `vflnet audit` as a user meets them: Ctrl-C ends them with one line and exit code
+130, stopping every process they started, and their runs record SIGINT; the sweep's progress bar stays
+out of redirected output; a finished run's files name the folder the run ends in, not the
+``.partial`` one it ran in."""
 
 from __future__ import annotations
 
@@ -53,15 +54,13 @@ def _group(pgid: int) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("to", ["sweep", "group"], ids=["to-the-sweep", "to-its-process-group"])
-def test_ctrl_c_ends_a_sweep_with_one_line_and_130_and_its_runs_record_sigint(
-    tmp_path: Path, to: str
-) -> None:
-    """SIGINT to the sweep alone (as a resident server's client forwards Ctrl-C) or to its whole
-    process group (a terminal's Ctrl-C), once a run is training."""
-    sweep, out = _sweep_file(tmp_path, epochs=500), tmp_path / "out"
+def _interrupted(args: list[str], out: Path, to: str) -> tuple[int, str, str, Path]:
+    """``vflnet ARGS`` (writing its runs under ``out/runs``), sent SIGINT once a run is training: to
+    the command alone (as a resident server's client forwards Ctrl-C) or to its whole process group
+    (a terminal's Ctrl-C). Its exit code, stdout, stderr and the run's directory, once every process
+    it started (a fork server, a run's launcher, the run's roles) has ended."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vflnet", "sweep", str(sweep), "--out", str(out), "--jobs", "1"],
+        [sys.executable, "-m", "vflnet", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -77,7 +76,7 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_130_and_its_runs_record_sigint(
             time.sleep(0.2)
         (run_dir,) = out.glob(f"runs/*{PARTIAL}")
         started = [p["pid"] for p in json.loads((run_dir / "processes.json").read_text()).values()]
-        if to == "sweep":
+        if to == "command":
             proc.send_signal(signal.SIGINT)
         else:
             os.killpg(proc.pid, signal.SIGINT)
@@ -86,16 +85,42 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_130_and_its_runs_record_sigint(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 130, stderr
-    assert "Traceback" not in stderr
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and "sweep edges interrupted (SIGINT)" in lines[0], stderr
-    assert "%|" not in stderr + stdout  # no progress bar when stderr is not a terminal
-    # every process it started (its fork server, the run's launcher, the run's roles) has ended
     limit = time.monotonic() + DEADLINES["rpc_timeout_s"]
     while _group(proc.pid) or any(Path(f"/proc/{pid}").exists() for pid in started):
         assert time.monotonic() < limit, f"left running: {_group(proc.pid)}"
         time.sleep(0.2)
+    return proc.returncode, stdout, stderr, run_dir
+
+
+TO = pytest.mark.parametrize("to", ["command", "group"], ids=["to-the-command", "to-its-process-group"])
+
+
+@TO
+def test_ctrl_c_ends_a_sweep_with_one_line_and_130_and_its_runs_record_sigint(
+    tmp_path: Path, to: str
+) -> None:
+    sweep, out = _sweep_file(tmp_path, epochs=500), tmp_path / "out"
+    rc, stdout, stderr, run_dir = _interrupted(
+        ["sweep", str(sweep), "--out", str(out), "--jobs", "1"], out, to
+    )
+    assert rc == 130, stderr
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "sweep edges interrupted (SIGINT)" in lines[0], stderr
+    assert "%|" not in stderr + stdout  # no progress bar when stderr is not a terminal
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and "SIGINT" in summary["error"], summary
+
+
+@TO
+def test_ctrl_c_ends_an_audit_with_130_and_its_run_records_sigint(tmp_path: Path, to: str) -> None:
+    data = base_config(n_passive=2)
+    data["train"]["epochs"] = 500
+    config, out = write_config(tmp_path, data), tmp_path / "out"
+    rc, _, stderr, run_dir = _interrupted(["audit", str(config), "--out", str(out)], out, to)
+    assert rc == 130, stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == "vflnet audit interrupted; the same command resumes it"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and "SIGINT" in summary["error"], summary
 
@@ -123,3 +148,41 @@ def test_a_finished_sweep_run_names_its_final_folder_not_the_partial_one(tmp_pat
     assert {"summary.json", "processes.json"} <= {name for name, _ in named}  # checkpoints, logs
     for name, path in named:
         assert PARTIAL not in path and Path(path).exists(), (name, path)
+
+
+def test_complete_renames_a_run_and_every_path_its_json_files_name_inside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a sweep and an audit do with a finished run: relative and absolute paths, alone or inside
+    a string, in any JSON file of the run, at any depth; other paths and the logs are left alone."""
+    from vflnet.tools.experiments.results import complete
+
+    monkeypatch.chdir(tmp_path)
+    partial, dest = Path("runs") / f"r0{PARTIAL}", Path("runs") / "r0"
+    (partial / "attacks").mkdir(parents=True)
+    other = "runs/r0.partial-not-this-one/x"
+    (partial / "summary.json").write_text(
+        json.dumps(
+            {
+                "checkpoints": {"active": f"{partial}/checkpoints/active.pt"},
+                "resume": f"vflnet run --resume {partial}",
+                "absolute": [str(partial.resolve() / "logs")],
+                "other": other,
+                "steps": 3,
+            }
+        )
+    )
+    (partial / "attacks" / "out.json").write_text(json.dumps({"dir": str(partial)}))
+    (partial / "run.log").write_text(f"ran in {partial}\n")
+    complete(partial, dest)
+    assert not partial.exists()
+    summary = json.loads((dest / "summary.json").read_text())
+    assert summary == {
+        "checkpoints": {"active": f"{dest}/checkpoints/active.pt"},
+        "resume": f"vflnet run --resume {dest}",
+        "absolute": [str(dest.resolve() / "logs")],
+        "other": other,
+        "steps": 3,
+    }
+    assert json.loads((dest / "attacks" / "out.json").read_text()) == {"dir": str(dest)}
+    assert (dest / "run.log").read_text() == f"ran in {partial}\n"
