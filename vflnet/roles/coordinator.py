@@ -612,6 +612,10 @@ class Interrupted(Exception):
 
 
 def _interrupt(signum: int, frame: Any) -> None:
+    # the first signal is the one recorded: a second (Ctrl-C reaches the process group, then the
+    # launcher passes it on) must not cut the unwinding or summary.json short
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     raise Interrupted(f"stopped by signal {signal.Signals(signum).name}")
 
 
@@ -716,8 +720,6 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
     except Interrupted as exc:
         log.error("run interrupted: %s", exc)
         summary.update(status="interrupted", error=str(exc))
-        for sig in previous:  # a second signal must not cut summary.json short
-            signal.signal(sig, signal.SIG_IGN)
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))  # before anything can hang
         # brief: parties being stopped beside it (vflnet run, docker stop) must not hold it up
         shutdown_all(cfg, stubs, f"run interrupted: {exc}", save=False, timeout=2)

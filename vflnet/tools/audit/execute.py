@@ -39,15 +39,13 @@ import yaml
 from vflnet.config import Config, ConfigError
 from vflnet.metrics.intervals import mean_ci
 from vflnet.registry import ATTACKS, DEFENSES
+from vflnet.tools.audit.budget import QUICK_TRAIN
 from vflnet.tools.audit.selection import Candidate, with_entries
-from vflnet.tools.experiments.results import PARTIAL, is_completed, read_json, write_atomic
+from vflnet.tools.experiments.results import PARTIAL, complete, is_completed, read_json, write_atomic
 from vflnet.validation import config_from_dict
 
-SEEDS = {"quick": 2, "default": 3}
 # metrics scored a second time against the run without the attack (``attack_scores``)
 PAIRED = ("asr",)
-# --quick caps training (every other setting stays the user's): one epoch, at most this many steps
-QUICK_TRAIN = {"epochs": 1, "max_steps": 10}
 
 
 # ------------------------------------------------------------------------------------ metrics
@@ -332,7 +330,7 @@ def execute(runs: list[PlannedRun], out: Path, start: str = "warm") -> dict[str,
         if rc == 130:  # Ctrl-C or SIGTERM stopped the run: the audit stops with it (a rerun resumes)
             raise KeyboardInterrupt
         if rc == 0 and is_completed(partial):
-            partial.rename(dest)
+            complete(partial, dest)
             print(f"{tag}: completed in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
             status[run.name] = {"status": "completed", "dir": str(dest)}
         else:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vflnet.config import ConfigError
-from vflnet.tools.lab.netlab import Lab, LabError, down, up
+
+if TYPE_CHECKING:
+    from vflnet.tools.lab.netlab import Lab
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from vflnet.tools.lab.netlab import Lab, LabError, down, up  # imports torch: not for `--help`
     from vflnet.tools.lab.run import run_lab
 
     def run(lab: Lab) -> int:
