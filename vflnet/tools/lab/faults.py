@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vflnet.tools.lab.netlab import Lab, LabError, impair, impairments
+from vflnet.tools.lab.netlab import Lab, LabError, impair, impairments, require_hub
 from vflnet.tools.lab.switch import Impairment, parse_impair, parse_time
 
 POLL_S = 0.05
@@ -42,6 +42,7 @@ class Fault:
 
 def parse_fault(text: str, lab: Lab) -> Fault:
     """A ``--fault`` of ``lab``, or LabError naming what is wrong with it."""
+    require_hub(lab)
     found = _FAULT.match(text)
     if found is None:
         raise LabError(
@@ -72,7 +73,6 @@ class FaultSchedule:
 
     def start(self) -> None:
         if self.pending:
-            self.lab.host(self.pending[0].party)  # faults were parsed against this lab
             self._thread.start()
 
     def stop(self) -> list[str]:

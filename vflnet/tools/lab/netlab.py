@@ -476,14 +476,19 @@ def _start_hub(lab: Lab, seed: int) -> int:
 
 
 # --------------------------------------------------------------------------------------- impair
+def require_hub(lab: Lab) -> None:
+    """LabError unless ``lab`` forwards through the userspace hub, which takes changes mid-run."""
+    if lab.emulator != "userspace" or not lab.control:
+        kernel = "tc netem" if lab.emulator == "netem" else "a bridge"
+        raise LabError(
+            f"lab {lab.prefix!r} forwards with the kernel ({kernel}): impairment that changes while a run "
+            "goes on needs the userspace hub; bring the lab up with --emulator userspace"
+        )
+
+
 def hub_command(lab: Lab, line: str) -> dict[str, Any]:
     """One line to the running hub (see switch.Hub.command); its reply, or LabError with its error."""
-    if lab.emulator != "userspace" or not lab.control:
-        raise LabError(
-            f"lab {lab.prefix!r} forwards with the kernel ({lab.emulator if lab.emulator != 'none' else 'bridge'}): "
-            "impairment that changes while a run goes on needs the userspace hub; bring the lab up with "
-            "--emulator userspace"
-        )
+    require_hub(lab)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(10.0)
