@@ -151,6 +151,11 @@ def test_lab_run_wants_a_target_or_resume_and_resume_wants_a_lab_run_directory(
         cli.main(["run"])
     assert exit_.value.code == 2
     assert "give CONFIG|LABDIR, or --resume RUN_DIR" in capsys.readouterr().err
+    for option in (["--tls"], ["--netem", "delay 1ms"], ["--prefix", "other"]):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["run", "--resume", str(tmp_path), *option])
+        assert exit_.value.code == 2
+        assert f"{option[0]} cannot be changed: the run resumes with the options" in capsys.readouterr().err
     (tmp_path / "config.yaml").write_text("{}\n")
     assert cli.main(["run", "--resume", str(tmp_path)]) == 2
     err = capsys.readouterr().err

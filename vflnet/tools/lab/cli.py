@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from vflnet.config import ConfigError
 from vflnet.roles.run_lock import RunDirInUse
-from vflnet.tools.lab.netlab import REGISTRY, Lab, LabError, down, impair, impairments, up
+from vflnet.tools.lab.netlab import Lab, LabError, down, impair, impairments, running_lab, up
+
+# `lab run` options a resumed run takes from its run directory instead
+RECORDED_RUN_OPTIONS = (
+    "tls",
+    "via_proxy",
+    "proxy_mode",
+    "tamper",
+    "proxy_arg",
+    "prefix",
+    "netem",
+    "emulator",
+    "proxy_host",
+    "tcp_cc",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,6 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.lab_command == "run" and (args.target is None) == (args.resume is None):
         parser.error("lab run: give CONFIG|LABDIR, or --resume RUN_DIR (one of them)")
+    if args.lab_command == "run" and args.resume is not None:
+        # the resumed run keeps its own transport, proxy and lab: an option here would change nothing
+        defaults = vars(parser.parse_args(["run", "--resume", str(args.resume)]))
+        for dest in RECORDED_RUN_OPTIONS:
+            if getattr(args, dest) != defaults[dest]:
+                parser.error(
+                    f"lab run --resume: --{dest.replace('_', '-')} cannot be changed: the run resumes with "
+                    "the options and the lab it was started with (RUN_DIR/lab-run.json, RUN_DIR/lab.json)"
+                )
     from vflnet.tools.lab.run import resume_lab, run_lab
 
     def run(lab: Lab) -> int:
@@ -158,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             _print_lab(lab)
             return 0
         if args.lab_command == "impair":
-            lab = _running_lab(args.prefix)
+            lab = running_lab(args.prefix)
             impair(lab, args.party, args.settings)
             _print_impairments(lab)
             return 0
@@ -198,16 +220,10 @@ def _print_lab(lab: Lab) -> None:
     print(
         f"config: {lab.config_path}\nrun it:  vflnet lab run {lab.lab_dir}\nremove:  vflnet lab down --prefix {lab.prefix}"
     )
-
-
-def _running_lab(prefix: str) -> Lab:
-    try:
-        lab_dir = json.loads((REGISTRY / f"{prefix}.json").read_text())["lab_dir"]
-    except (OSError, ValueError, KeyError):
-        raise LabError(
-            f"no lab with prefix {prefix!r} is up (`vflnet lab up CONFIG --prefix {prefix}`)"
-        ) from None
-    return Lab.open(lab_dir)
+    if lab.control:
+        print(
+            f"impair:  vflnet lab impair --prefix {lab.prefix} HOST down|up|clear|delay=20ms jitter=5ms ..."
+        )
 
 
 def _print_impairments(lab: Lab) -> None:

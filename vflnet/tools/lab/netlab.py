@@ -552,6 +552,17 @@ def down(prefix: str = "vfl") -> list[str]:
     return deleted
 
 
+def running_lab(prefix: str) -> Lab:
+    """The lab that is up under ``prefix`` (its record names its directory)."""
+    try:
+        lab_dir = json.loads(_registry(prefix).read_text())["lab_dir"]
+    except (OSError, ValueError, KeyError):
+        raise LabError(
+            f"no lab with prefix {prefix!r} is up (`vflnet lab up CONFIG --prefix {prefix}`)"
+        ) from None
+    return Lab.open(lab_dir)
+
+
 def is_up(lab: Lab) -> bool:
     """Whether ``lab``'s namespaces all exist (under its prefix's record)."""
     if not _registry(lab.prefix).exists():

@@ -40,6 +40,7 @@ from vflnet.tools.lab.netlab import (
     is_up,
     lab_config,
     lab_processes,
+    running_lab,
     up,
     write_yaml,
 )
@@ -292,7 +293,7 @@ def resume_lab(run_dir: Path, *, timeout_s: float = 600.0, faults: Sequence[str]
             tcp_cc=lab.tcp_cc,
         )
     else:
-        lab = Lab.open(lab.lab_dir)
+        lab = running_lab(lab.prefix)
     try:
         cfg = load_config(run_dir / "config.yaml")
         for party in cfg.parties:
