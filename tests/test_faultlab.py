@@ -26,7 +26,7 @@ import torch
 
 from tests.conftest import base_config, write_config
 from vflnet.tools.lab import cli
-from vflnet.tools.lab.faults import parse_fault
+from vflnet.tools.lab.faults import FaultSchedule, parse_fault
 from vflnet.tools.lab.netlab import (
     Lab,
     LabError,
@@ -142,6 +142,22 @@ def test_a_fault_names_a_step_a_host_and_settings_and_anything_else_is_refused_b
     for emulator, kernel in (("none", "a bridge"), ("netem", "tc netem")):
         with pytest.raises(LabError, match=f"kernel \\({kernel}\\).*--emulator userspace"):
             parse_fault("step 1: active down", _paper_lab(emulator))
+
+
+def test_a_fault_whose_step_the_run_never_reached_is_reported_not_dropped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lab = _paper_lab()
+    schedule = FaultSchedule(lab, [parse_fault("step 99: active down", lab)], tmp_path)
+    schedule.start()
+    records = [{"kind": "epoch", "epoch": 0}, *({"kind": "step", "step": i} for i in range(1, 6))]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    deadline = time.monotonic() + 60
+    while schedule.last_step < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert schedule.stop() == ["fault 'step 99: active down' never fired: the run's last step was 5"]
+    assert "never fired" in capsys.readouterr().err
+    assert not (tmp_path / "faults.jsonl").exists()
 
 
 def test_lab_run_wants_a_target_or_resume_and_resume_wants_a_lab_run_directory(
