@@ -21,11 +21,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from vflnet.interceptors.trace import trace_path
+from vflnet.roles.checkpoints import newest_valid
 from vflnet.roles.run_lock import role_lock
 from vflnet.runner.local import LAST_RUNS_FILES, _resumable_from_a_valid_checkpoint, stop_processes
 from vflnet.runner.parent_death import child_env
@@ -264,7 +265,7 @@ def run_lab(
             run_dir / "proxy-config.yaml", proxy_view, "What the proxy knows of the run: plaintext only."
         )
     shutil.copy(lab.dir / "lab.json", run_dir / "lab.json")
-    (run_dir / "lab-run.json").write_text(json.dumps(options.__dict__, indent=2) + "\n")
+    (run_dir / "lab-run.json").write_text(json.dumps(asdict(options), indent=2) + "\n")
     return _execute(lab, run_dir, options, schedule, timeout_s, resume=False)
 
 
@@ -309,6 +310,9 @@ def resume_lab(run_dir: Path, *, timeout_s: float = 600.0, faults: Sequence[str]
                 (run_dir / stale).unlink(missing_ok=True)
             if not _resumable_from_a_valid_checkpoint(cfg, run_dir):
                 return LabRunResult(1, run_dir)
+            manifest, _ = newest_valid(run_dir, cfg.run.id, cfg.coordinator.name)
+            where = f"step {manifest.step}" if manifest is not None else "its first step (no checkpoint yet)"
+            print(f"lab run {run_dir.name}: resuming from {where}", file=sys.stderr)
             return _execute(lab, run_dir, options, schedule, timeout_s, resume=True)
     finally:
         if brought_up:
@@ -333,13 +337,6 @@ def _execute(
 ) -> LabRunResult:
     run_id, via = run_dir.name, options.via
     impair = f"{lab.netem} ({lab.emulator})" if lab.netem else "none"
-    if resume:
-        from vflnet.roles.checkpoints import newest_valid
-
-        cfg = load_config(run_dir / "config.yaml")
-        manifest, _ = newest_valid(run_dir, cfg.run.id, cfg.coordinator.name)
-        where = f"step {manifest.step}" if manifest is not None else "its first step (no checkpoint)"
-        print(f"lab run {run_id}: resuming from {where}", file=sys.stderr)
     print(
         f"lab run {run_id}: transport {'mutual TLS' if options.tls else 'plaintext'}, impairment {impair}"
         + (
