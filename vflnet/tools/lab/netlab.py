@@ -478,7 +478,12 @@ def _start_hub(lab: Lab, seed: int) -> int:
 # --------------------------------------------------------------------------------------- impair
 def require_hub(lab: Lab) -> None:
     """LabError unless ``lab`` forwards through the userspace hub, which takes changes mid-run."""
-    if lab.emulator != "userspace" or not lab.control:
+    if lab.emulator == "userspace" and not lab.control:
+        raise LabError(
+            f"the userspace hub of lab {lab.prefix!r} takes no changes (an older vflnet brought it up); "
+            f"bring the lab down and up again (`vflnet lab down --prefix {lab.prefix}`)"
+        )
+    if lab.emulator != "userspace":
         kernel = "tc netem" if lab.emulator == "netem" else "a bridge"
         raise LabError(
             f"lab {lab.prefix!r} forwards with the kernel ({kernel}): impairment that changes while a run "
