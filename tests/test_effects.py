@@ -261,3 +261,38 @@ def test_offline_attacks_refuse_a_trace_they_cannot_act_on(tmp_path):
     )
     assert got.returncode == 0, got.stderr
     assert "sample_ids: shape (192,)" in got.stdout
+
+
+# --------------------------------------------------------------------------------- audit
+@pytest.mark.e2e
+def test_an_audit_row_whose_attack_never_acted_reads_failed_never_acted(tmp_path):
+    """One training step of four samples: the backdoor's D_backdoor is in no batch, so it poisons
+    nothing; its row says so instead of a score, and the run's other rows are scored."""
+    from vflnet.tools.audit import cli
+
+    out = tmp_path / "audit"
+    overrides = [
+        "protocol.aggregation=sum",
+        "model.top.kind=none",
+        "parties[2].bottom.out=10",
+        "parties[3].bottom.out=10",
+        "transport.bridge=loopback",
+        "train.max_steps=1",
+        "train.batch_size=4",
+    ]
+    assert (
+        cli.main(
+            [str(ROOT / "configs/digits-2p.yaml"), "--quick", "--seeds", "1", "--out", str(out), *overrides]
+        )
+        == 0
+    )
+    result = json.loads((out / "audit.json").read_text())
+    rows = {(r["attack"], r["position"]): r["by_setting"]["none"] for r in result["applicable"]}
+    backdoor = rows[("backdoor", "passive party passive-2")]
+    assert backdoor["verdict"].startswith("failed: never acted (backdoor@passive-2 poisoned 0 steps"), (
+        backdoor
+    )
+    assert "mean" not in backdoor and "metric" not in backdoor
+    direct = rows[("direct-label-inference", "passive party passive-1")]
+    assert direct["metric"] == "label_accuracy" and not direct["verdict"].startswith("failed"), direct
+    assert "failed: never acted" in (out / "audit.md").read_text()
