@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -47,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class Refused(Exception):
-    """A trace or a position the attack cannot act on: one line, exit code 2."""
+class Refused(TraceError):
+    """A trace the attack cannot act on, or cannot read: `vflnet` prints it as one line, exit code 2."""
 
 
 def trace_role(events: list[WireEvent]) -> str | None:
@@ -63,8 +62,8 @@ def trace_role(events: list[WireEvent]) -> str | None:
 def _read(path: Path) -> list[WireEvent]:
     try:
         return list(read_trace(path))
-    except (OSError, TraceError) as exc:
-        raise Refused(f"cannot read the trace {path}: {exc}") from exc
+    except OSError as exc:  # a TraceError (not a trace, a newer format, a partial one) says it itself
+        raise Refused(f"cannot read the trace {path}: {exc.strerror or exc}") from exc
 
 
 def _check_position(
@@ -92,14 +91,6 @@ def _check_position(
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return _main(args)
-    except Refused as exc:
-        print(f"vflnet attack: {exc}", file=sys.stderr)
-        return 2
-
-
-def _main(args: argparse.Namespace) -> int:
     events = _read(args.trace)
     if not events:
         print(f"{args.trace}: no records")
