@@ -167,14 +167,16 @@ def test_every_registered_attack_and_defense_has_a_run_here():
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", _builtin(ATTACKS))
-def test_every_attack_shows_what_it_did_in_summary_json(tmp_path, name):
+def test_every_attack_shows_what_it_did_in_summary_json(tmp_path, capsys, name):
     rc, summary = _run(tmp_path, ATTACK_RUNS[name]())
     assert rc == 0 and summary["status"] == "completed", summary.get("error")
     counts = summary["effects"]["attacks"]
     (key,) = [k for k in counts if k.startswith(f"{name}@")]
     acted = {k: v for k, v in counts[key].items() if v}
     assert acted, counts
-    assert summary["effects"]["never_acted"] == {}
+    assert summary["effects"]["never_acted"] == {}  # all it declares, it did
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"acted {key} ")]
+    assert len(table) == 1 and all(f" {v}" in table[0] for v in acted.values()), table
 
 
 @pytest.mark.e2e

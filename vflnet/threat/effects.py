@@ -175,33 +175,18 @@ def of(cfg: Config, party: str) -> Effects:
 
 # ------------------------------------------------------------ counting what a defense does
 def count_uses(built: Any, on_use: Callable[[], None]) -> Any:
-    """``built`` (what ``Defense.build`` made), counting each use: a plain callable becomes a counting
-    function; an object gets its public methods counted, those its class overrides (a method of the
-    interface left as it is does nothing). A call that returns a module (a wrapped bottom model, a
-    trained bottleneck) counts that module's forward passes instead of itself."""
-    if not hasattr(built, "__dict__") or isinstance(built, functools.partial) or _is_function(built):
+    """``built`` (what ``Defense.build`` made), counting each use: a callable (a transform of scores or
+    of an upload, a bottom wrapper) becomes a counting function; an object (a ``LabelDefense``) gets
+    its public methods counted: those its class overrides (a method of the interface left as it is
+    does nothing), or all of them if it has no base that defines any. A call that returns a module (a
+    wrapped bottom model, a trained bottleneck) counts that module's forward passes instead."""
+    if callable(built):
         return _counting(built, on_use)
-    for name in _overridden(type(built)):
+    public = [n for n in dir(type(built)) if not n.startswith("_") and callable(getattr(type(built), n))]
+    overridden = [n for n in public if sum(n in vars(c) for c in type(built).__mro__) > 1]
+    for name in overridden or public:
         setattr(built, name, _counting(getattr(built, name), on_use))
     return built
-
-
-def _is_function(obj: Any) -> bool:
-    import types
-
-    return isinstance(obj, types.FunctionType | types.MethodType | types.BuiltinFunctionType)
-
-
-def _overridden(cls: type) -> list[str]:
-    """Public methods of ``cls`` defined below the first class in its MRO that has them."""
-    names = []
-    for name in dir(cls):
-        if name.startswith("_") or not callable(getattr(cls, name, None)):
-            continue
-        owners = [c for c in cls.__mro__ if name in vars(c)]
-        if len(owners) > 1:
-            names.append(name)
-    return names
 
 
 def _counting(fn: Callable[..., Any], on_use: Callable[[], None]) -> Callable[..., Any]:
