@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         message = _error_message(exc)
         if message is None:
             raise
-        print(message, file=sys.stderr)
+        print(one_line(message), file=sys.stderr)
         return 2
 
 
@@ -143,9 +143,17 @@ def _main(argv: list[str]) -> int:
     return 0 if rc is None else int(rc)
 
 
+def one_line(message: str) -> str:
+    """A user error's message on one line: a library's text spread over lines (a YAML parser's
+    position and caret) joined, the caret lines dropped."""
+    lines = [line.strip() for line in message.splitlines()]
+    return " ".join(line for line in lines if line.strip("^ "))
+
+
 def _error_message(exc: Exception) -> str | None:
     """The line a command's expected failure prints (exit code 2): a bad config, a run directory in use,
-    an address taken, plaintext refused, an extra not installed, a trace that cannot be used. None for
+    an address taken, plaintext refused, an extra not installed, a trace that cannot be used, a path
+    the file system refuses (a run directory that is a file, a folder without permission). None for
     anything else (it raises).
     Imported here, not at the top: `vflnet health` imports this module, and little."""
     from vflnet.config import ConfigError
@@ -159,4 +167,6 @@ def _error_message(exc: Exception) -> str | None:
         return f"config error: {exc}"
     if isinstance(exc, MissingExtra | RunDirInUse | BindError | PlaintextRefused | UnsafeFolder | TraceError):
         return f"error: {exc}"
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"error: {exc.filename}: {exc.strerror}"
     return None

@@ -724,6 +724,8 @@ def read_yaml(path: str | Path) -> Any:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(str(path), "", f"cannot read the file: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:  # a binary file given for a config
+        raise ConfigError(str(path), "", f"not a text file: {exc.reason} at byte {exc.start}") from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

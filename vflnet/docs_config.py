@@ -63,7 +63,8 @@ vflnet run configs/digits-2p.yaml train.epochs=3 parties.2.bottom.hidden=[32] tr
   write `1.0e-3` or `0.001`, as in the file. Quote for the shell what it would expand (`'[32, 16]'`).
 - The overrides are set into the file's mapping, in order, before anything is checked: the result is
   typed and checked exactly as if the file said it, and the run directory's `config.yaml` holds it.
-  The file itself is not changed.
+  The file itself is not changed. An override that a later one replaces is refused: the same key in
+  either spelling, a key under a later one, or a value that holds a later key.
 - An error about an overridden key (or a key under it) names the command line instead of the file:
 
 ```
@@ -73,8 +74,9 @@ config error: command line (parties.9.bottom.out=3): key 'parties[9].bottom.out'
 ```
 
 - `vflnet sweep SWEEP KEY=VALUE` changes the sweep's base config; an override of a key the sweep file
-  itself sets (`set`, `grid`, `zip`, or `run.seed` with `seeds`) is refused, as it would be replaced
-  in every run. `vflnet run --resume` takes none: a resumed run keeps its config."""
+  itself sets (`set`, `grid`, `zip`, or `run.seed` with `seeds`), or of a key above one whose value
+  holds it, is refused, as it would be replaced in every run (docs/experiments.md). `vflnet run
+  --resume` takes none: a resumed run keeps its config."""
 
 OUTRO = """\
 ## Plug-ins (`plugins:`)

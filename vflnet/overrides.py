@@ -69,14 +69,40 @@ class Override:
     value: Any
 
 
+def replaces(later: Sequence[str | int], earlier: Sequence[str | int], values: Sequence[Any]) -> bool:
+    """Whether setting the key path ``later`` replaces some of what setting ``earlier`` to one of
+    ``values`` set before it (both as ``parse_path`` tokens, so either list index spelling is one key):
+    ``later`` is ``earlier`` or above it (the whole value goes), or lies under it where such a value
+    holds something (that part goes; a key under it that the value lacks only adds to it)."""
+    later, earlier = tuple(later), tuple(earlier)
+    if earlier[: len(later)] == later:
+        return True
+    if later[: len(earlier)] != earlier:
+        return False
+    return any(_holds(value, later[len(earlier) :]) for value in values)
+
+
+def _holds(value: Any, tokens: Sequence[str | int]) -> bool:
+    """Whether ``value`` has something at the key path ``tokens`` (mapping keys, list indices)."""
+    for token in tokens:
+        if isinstance(value, dict) and isinstance(token, str) and token in value:
+            value = value[token]
+        elif isinstance(value, list) and isinstance(token, int) and token < len(value):
+            value = value[token]
+        else:
+            return False
+    return True
+
+
 def at_or_under(key: str, parent: str) -> bool:
     """Whether config key ``key`` is ``parent`` or lies under it."""
     return key == parent or key.startswith((f"{parent}.", f"{parent}["))
 
 
 def parse_overrides(items: Sequence[str]) -> list[Override]:
-    """``KEY=VALUE`` strings (the value is YAML); a malformed one is refused naming the command line."""
-    overrides = []
+    """``KEY=VALUE`` strings (the value is YAML); a malformed one is refused naming the command line, and
+    so is one that a later one replaces (``replaces``: ``parties[2].x`` and ``parties.2.x`` are one key)."""
+    overrides: list[Override] = []
     for text in items:
         path, sep, raw = text.partition("=")
         if not sep:
@@ -85,7 +111,13 @@ def parse_overrides(items: Sequence[str]) -> list[Override]:
             value = yaml.safe_load(raw)
         except yaml.YAMLError as exc:
             raise ConfigError(COMMAND_LINE, path, f"the value {raw!r} is not valid YAML: {exc}") from exc
-        overrides.append(Override(text, key_string(parse_path(path, COMMAND_LINE, path)), value))
+        tokens = parse_path(path, COMMAND_LINE, path)
+        for earlier in overrides:
+            if replaces(tokens, parse_path(earlier.key, COMMAND_LINE, earlier.key), [earlier.value]):
+                raise ConfigError(
+                    f"{COMMAND_LINE} ({earlier.text})", earlier.key, f"{text} replaces it: set each key once"
+                )
+        overrides.append(Override(text, key_string(tokens), value))
     return overrides
 
 

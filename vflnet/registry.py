@@ -18,11 +18,17 @@ name, and they register into any registry by decorating::
 
 Parameters of attacks, defenses and datasets are declared as :class:`Param` and checked by
 :func:`validate_params`, which names the parameter and what was expected.
+
+Every entry, built-in or plug-in, is checked as it registers by its kind's check
+(vflnet/registration.py): an entry that declares what cannot work (a tap on a method no service has,
+a hook point that does not exist, a handler whose types are not its method's) is refused then, with
+a :class:`RegistrationError` naming the class and every problem, not when a run starts.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -59,6 +65,10 @@ def validate_params(kind: str, name: str, spec: dict[str, Param], given: dict[st
     return values
 
 
+class RegistrationError(TypeError):
+    """An entry whose declarations cannot work: refused when it registers, naming it and each problem."""
+
+
 class UnknownName(KeyError):
     """A name no entry of the registry has; the message lists the known names."""
 
@@ -72,9 +82,12 @@ T = TypeVar("T")
 class Registry:
     """Entries of one kind by name, with built-ins discovered from ``package`` on first lookup."""
 
-    def __init__(self, kind: str, package: str) -> None:
+    def __init__(self, kind: str, package: str, check: str = "") -> None:
         self.kind = kind
         self.package = package
+        # "module:function", (entry) -> problems: the kind's registration check, imported when first
+        # needed (it reads the kind's API, which imports this module)
+        self.check = check
         self._entries: dict[str, Any] = {}
         self._loaded = False
 
@@ -85,6 +98,11 @@ class Registry:
             raise TypeError(f"a {self.kind} entry needs a non-empty string 'name', got {name!r}")
         if name in self._entries and self._entries[name] is not entry:
             raise ValueError(f"{self.kind} {name!r} is registered twice")
+        problems = registration_problems(self.check, entry)
+        if problems:
+            raise RegistrationError(
+                f"{self.kind} {name!r} ({entry_origin(entry)}) cannot register: " + "; ".join(problems)
+            )
         self._entries[name] = entry
         return entry
 
@@ -120,17 +138,40 @@ class Registry:
         return dict(sorted(self._entries.items()))
 
 
+def registration_problems(check: str, entry: Any) -> list[str]:
+    """What the check ``"module:function"`` finds wrong with ``entry`` (none without a check), each
+    problem once (a class serving as two sides is checked twice)."""
+    if not check:
+        return []
+    module, _, function = check.partition(":")
+    return list(dict.fromkeys(getattr(importlib.import_module(module), function)(entry)))
+
+
+def entry_origin(entry: Any) -> str:
+    """Where an entry was defined, for a refusal: ``module.Class``, or for an object (a dataset, a model
+    kind) its type and the first function it holds (its loader or builder)."""
+    if isinstance(entry, type):
+        return f"{entry.__module__}.{entry.__qualname__}"
+    functions = [v for v in getattr(entry, "__dict__", {}).values() if inspect.isfunction(v)]
+    where = f" from {functions[0].__module__}.{functions[0].__qualname__}" if functions else ""
+    return type(entry).__name__ + where
+
+
 def load_plugin_modules(modules: Iterable[str]) -> None:
-    """Import a config's ``plugins:`` modules (each registers what it brings when imported)."""
+    """Import a config's ``plugins:`` modules (each registers what it brings when imported). A module
+    whose entry is refused at registration cannot be imported: an ImportError with the refusal."""
     for module in modules:
-        importlib.import_module(module)
+        try:
+            importlib.import_module(module)
+        except RegistrationError as exc:
+            raise ImportError(f"{module}: {exc}") from exc
 
 
-ATTACKS = Registry("attack", "vflnet.attacks")  # classes: vflnet.threat.attack.Attack
-DEFENSES = Registry("defense", "vflnet.defenses")  # classes: vflnet.defenses.base.Defense
-DATASETS = Registry("dataset", "vflnet.data")  # vflnet.data.datasets.DatasetSource
-MODELS = Registry("model kind", "vflnet.models")  # vflnet.models.zoo.ModelKind
-PROTOCOLS = Registry("protocol", "vflnet.protocols")
+ATTACKS = Registry("attack", "vflnet.attacks", "vflnet.registration:attack_problems")  # Attack classes
+DEFENSES = Registry("defense", "vflnet.defenses", "vflnet.registration:defense_problems")  # Defense classes
+DATASETS = Registry("dataset", "vflnet.data", "vflnet.registration:dataset_problems")  # DatasetSource
+MODELS = Registry("model kind", "vflnet.models", "vflnet.registration:model_problems")  # ModelKind
+PROTOCOLS = Registry("protocol", "vflnet.protocols", "vflnet.registration:protocol_problems")  # Protocol
 
 
 def describe(registry: Registry) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 from vflnet.config import NO_MODEL, Config, ConfigError, ModelConfig, ProtocolConfig, parse, read_yaml
 from vflnet.data.datasets import Dataset, check_params, load_dataset
 from vflnet.data.partition import flat_columns, select_features, takes_image
+from vflnet.data.plan import check_dataset_plan
 from vflnet.interceptors.events import DIRECTIONS, PARTY_SIDES
 from vflnet.models.device import DEVICE_NAMES, resolve_device
 from vflnet.overrides import apply_overrides, blame, parse_overrides
@@ -326,6 +327,7 @@ def check_against_dataset(cfg: Config) -> None:
             raise ConfigError(src, f"parties[{i}].features", str(exc)) from exc
     if not cfg.data.allow_overlap:
         _check_disjoint_features(cfg, data)
+    check_dataset_plan(cfg, data)  # a degenerate run (vflnet/data/plan.py)
     outs = [p.bottom.out for p in cfg.feature_parties if p.bottom is not None]
     if cfg.model.top.kind == NO_MODEL:
         width = outs[0] if cfg.protocol.aggregation == "sum" else sum(outs)

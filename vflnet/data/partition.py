@@ -86,16 +86,21 @@ def party_seed(cfg: Config, party: PartyConfig) -> int:
     return cfg.run.seed * 1000 + [p.name for p in cfg.parties].index(party.name)
 
 
-def party_view(cfg: Config, party_name: str, dataset: Dataset | None = None) -> PartyData:
-    party = cfg.party(party_name)
-    data = dataset if dataset is not None else load_dataset(cfg.data.dataset, cfg.data.params)
+def held_rows(cfg: Config, party: PartyConfig, data: Dataset) -> np.ndarray:
+    """The dataset rows a party holds (its seeded ``sample_fraction`` of them), in the order of their IDs."""
     keep = np.arange(len(data.ids))
     if party.sample_fraction < 1.0:
         rng = np.random.default_rng([party_seed(cfg, party), 3])
         keep = np.sort(
             rng.choice(len(keep), size=int(round(len(keep) * party.sample_fraction)), replace=False)
         )
-    order = keep[np.argsort(data.ids[keep], kind="stable")]
+    return keep[np.argsort(data.ids[keep], kind="stable")]
+
+
+def party_view(cfg: Config, party_name: str, dataset: Dataset | None = None) -> PartyData:
+    party = cfg.party(party_name)
+    data = dataset if dataset is not None else load_dataset(cfg.data.dataset, cfg.data.params)
+    order = held_rows(cfg, party, data)
     x = None
     if party.features is not None:
         assert party.bottom is not None

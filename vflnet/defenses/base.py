@@ -17,6 +17,16 @@ from typing import Any, ClassVar
 from vflnet.config import Config
 from vflnet.registry import Param, validate_params
 
+# Every defense hook point, the one list: a defense's ``acts_on`` and ``requires`` and a protocol's
+# ``defense_hooks`` name only these (checked when each registers, vflnet/registration.py).
+HOOK_POINTS: dict[str, str] = {
+    "labels": "the active party's label defense on its loss, gradients and predictions",
+    "bottom": "a passive party's bottom model, replaced or wrapped",
+    "scores": "the released confidence vectors (PREDICT phase)",
+    "upload": "the gradient upload to the coordinator (param-server)",
+    "plaintext-embeddings": "the active party computes on the passive parties' embeddings in the clear",
+}
+
 
 class Defense(ABC):
     name: ClassVar[str]
@@ -25,7 +35,7 @@ class Defense(ABC):
     params: ClassVar[dict[str, Param]] = {}
     # the hook point it acts at: "labels" (the active party's loss, gradients and predictions), "bottom"
     # (a passive party's bottom model), "scores" (released confidence vectors), "upload" (param-server's
-    # gradient upload); see Protocol.defense_hooks
+    # gradient upload); see HOOK_POINTS and Protocol.defense_hooks
     acts_on: ClassVar[str] = "labels"
     # further hook points the run's protocol must offer ("plaintext-embeddings": the active party
     # computes on the passive parties' embeddings in the clear, as MID's bottleneck and dCor need)

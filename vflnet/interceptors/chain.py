@@ -40,7 +40,7 @@ class Recorder(abc.ABC):
     refuse (raise :class:`Refused`). Alone in a chain, it is run without an event per message: the
     hooks (``grpc_adapters``) call ``record`` with the fields an event would carry, ``time`` None for
     now (a traced digits run's step: 0.09 ms less than building an event and running the chain,
-    docs/performance.md, session 31). In any other chain it is a mod like any other."""
+    docs/performance.md, "Design decisions"). In any other chain it is a mod like any other."""
 
     @abc.abstractmethod
     def record(

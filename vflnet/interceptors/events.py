@@ -55,6 +55,11 @@ def register_service(service: Any) -> None:
             )
 
 
+def method_short_names() -> frozenset[str]:
+    """The short names of every registered unary method: what an attack's taps may name."""
+    return frozenset(short_name(m) for m in METHODS)
+
+
 def short_name(method: str) -> str:
     """``/vflnet.v1.Active/ExchangeEmbeddings`` -> ``ExchangeEmbeddings``."""
     return method.rsplit("/", 1)[-1]

@@ -122,23 +122,30 @@ def read_manifest(path: Path, run_id: str) -> Manifest:
     return manifest
 
 
-def newest_valid(run_dir: Path, run_id: str, own: str) -> tuple[Manifest | None, list[str]]:
+def newest_valid(
+    run_dir: Path, run_id: str, own: str, every_file: bool = False
+) -> tuple[Manifest | None, list[str]]:
     """The newest checkpoint whose manifest is valid and whose files all match it, and why each newer
     one was skipped (the step and the file). Process ``own``'s file must be here; every other file the
-    manifest names is checked where this directory holds it: all of them under `vflnet run` (one run
-    directory), only the coordinator's where each process has its own (compose), and there each party
-    checks its own file on admission."""
+    manifest names is checked where this directory holds it, or, with ``every_file``, must be here
+    (`vflnet run`: one run directory holds every process's files). Where each process has its own
+    directory (compose) the coordinator checks its own file, and each party checks its own on
+    admission."""
     root = run_dir / "checkpoints"
     steps = sorted(root.glob("step-*/" + MANIFEST), reverse=True) if root.is_dir() else []
     skipped = []
     for path in steps:
         try:
             manifest = read_manifest(path, run_id)
+            if step_dir(run_dir, manifest.step) != path.parent:
+                raise CheckpointInvalid(f"{path} names step {manifest.step}, not its directory's")
             if own not in manifest.files:
                 raise CheckpointInvalid(f"{path} names no file of {own!r}")
             for name, sha256 in sorted(manifest.files.items()):
                 file = path.parent / f"{name}.pt"
-                if name == own or file.exists():
+                if (name == own or every_file) and not file.exists():
+                    raise CheckpointInvalid(f"checkpoint {file} of {name!r} is missing")
+                if file.exists():
                     verified_bytes(file, sha256)
             return manifest, skipped
         except CheckpointInvalid as exc:

@@ -21,7 +21,8 @@ import grpc
 import numpy as np
 
 from vflnet.config import Config
-from vflnet.data.alignment import epoch_batches, eval_batches, intersect, split_train_test
+from vflnet.data.alignment import epoch_batches, eval_batches
+from vflnet.data.plan import aligned_split, plan_facts, refusal, training_steps
 from vflnet.roles import checkpoints
 from vflnet.roles.common import wait_for
 from vflnet.roles.heartbeat import Abort, PartyWatch
@@ -56,6 +57,17 @@ class Admission:
     complete: threading.Event = field(default_factory=threading.Event)
     reply: messages_pb2.JoinReply | None = None
     resume_from: checkpoints.Manifest | None = None  # the checkpoint every party continues from
+    failure: str | None = None  # why the run failed at admission: every Join, waiting or later, is told
+
+    def fail(self, cause: str) -> RpcFailure:
+        """The run cannot go on (the roster joined and its plan is degenerate): every party waiting in
+        its Join is refused at once with ``cause``, as is any Join after it, and the run fails."""
+        self.failure = cause
+        self.complete.set()
+        return self.refused()
+
+    def refused(self) -> RpcFailure:
+        return RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, f"the run failed at admission: {self.failure}")
 
     def admit(self, req: messages_pb2.JoinRequest, context: Any) -> None:
         check_run(self.cfg, req.run_id)
@@ -82,6 +94,8 @@ class Admission:
         if mismatch is not None:
             raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, mismatch)
         with self.lock:
+            if self.failure is not None:
+                raise self.refused()
             if req.name in self.joined:
                 raise RpcFailure(grpc.StatusCode.ALREADY_EXISTS, f"party {req.name!r} has already joined")
             self.joined[req.name] = req
@@ -97,14 +111,15 @@ class Admission:
                 self.complete.set()
 
     def _plan(self) -> messages_pb2.JoinReply:
-        common = intersect([np.asarray(r.sample_ids, dtype=np.int64) for r in self.joined.values()])
-        if len(common) < 2:
-            raise RpcFailure(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"only {len(common)} sample ids are common to all parties",
-            )
-        train, test = split_train_test(common, self.cfg.data.test_fraction, self.cfg.run.seed)
-        log.info("aligned %d common samples: %d train, %d test", len(common), len(train), len(test))
+        held = {n: np.asarray(r.sample_ids, dtype=np.int64) for n, r in self.joined.items()}
+        train, test = aligned_split(self.cfg, held)
+        # the checks of config check, on the IDs the parties hold (vflnet/data/plan.py)
+        why = refusal(self.cfg, plan_facts(self.cfg, {n: len(i) for n, i in held.items()}, train, test))
+        if why is not None:
+            raise self.fail(why)
+        log.info(
+            "aligned %d common samples: %d train, %d test", len(train) + len(test), len(train), len(test)
+        )
         roster = [
             messages_pb2.PartyInfo(name=r.name, role=r.role, address=r.address) for r in self.joined.values()
         ]
@@ -216,11 +231,7 @@ class Schedule:
         self.window: deque[Sent] = deque()  # steps sent and not yet completed, oldest first
 
     def plan(self) -> dict[str, int]:
-        t = self.cfg.train
-        per_epoch = len(epoch_batches(self.train_ids, t.batch_size, 0, self.cfg.run.seed, t.drop_last))
-        total = per_epoch * t.epochs
-        if t.max_steps:
-            total = min(total, t.max_steps)
+        per_epoch, total = training_steps(self.cfg, self.train_ids)
         return {
             "n_train": len(self.train_ids),
             "n_test": len(self.test_ids),
@@ -589,6 +600,8 @@ class CoordinatorHost:
             self.cfg.transport.join_timeout_s,
             "the rest of the roster to join (transport.join_timeout_s)",
         )
+        if self.admission.failure is not None:
+            raise self.admission.refused()
         assert self.admission.reply is not None
         return self.admission.reply
 
@@ -698,6 +711,8 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
                 f"{', '.join(missing)}; on a loaded machine starting them may take longer: raise "
                 "transport.join_timeout_s"
             )
+        if admission.failure is not None:
+            raise RunFailed(f"at admission: {admission.failure}")
         assert admission.reply is not None
         summary["step_deadline_s"] = admission.reply.step_deadline_s
         allow_step_deadline(server, admission.reply.step_deadline_s)

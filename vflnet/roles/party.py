@@ -22,6 +22,7 @@ import numpy as np
 from vflnet.config import Config
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import PartyData, normalize, party_view
+from vflnet.data.plan import plan_facts, refusal
 from vflnet.models.device import resolve_device
 from vflnet.models.zoo import build_party_modules
 from vflnet.roles import checkpoints
@@ -45,6 +46,7 @@ RUN_STEP = "/vflnet.v1.Party/RunStep"
 SHUTDOWN = "/vflnet.v1.Party/Shutdown"
 RELEASE_MODEL = "/vflnet.v1.Party/ReleaseModel"
 RECEIVE_MODEL = "/vflnet.v1.Party/ReceiveModel"
+LOST_COORDINATOR = 3  # a party's exit code when it stopped without the coordinator's Shutdown
 
 
 class PartyHost:
@@ -136,6 +138,7 @@ class PartyHost:
                     ) from exc
                 time.sleep(0.5)
         allow_step_deadline(server, reply.step_deadline_s)  # before anything can start the first step
+        self.check_labels(reply)
         self.prepare(reply)
         log.info(
             "%s joined run %s: %d train / %d test samples",
@@ -145,6 +148,17 @@ class PartyHost:
             len(reply.test_ids),
         )
         return reply
+
+    def check_labels(self, reply: messages_pb2.JoinReply) -> None:
+        """The check of the run's plan that only the label holder can make, on the split it is given:
+        the training labels hold more than one class (vflnet/data/plan.py)."""
+        if self.data.y is None:
+            return
+        train = np.asarray(reply.train_ids, dtype=np.int64)
+        labels = self.data.y[self.data.rows(train)]
+        why = refusal(self.cfg, plan_facts(self.cfg, {}, train, np.asarray(reply.test_ids), labels))
+        if why is not None:
+            raise RuntimeError(f"{self.name}: {why}")
 
     def prepare(self, reply: messages_pb2.JoinReply) -> None:
         """Admission is done: normalise the features over the training rows, let the side open its channels."""
@@ -391,4 +405,4 @@ def serve(host: PartyHost, listen: str, coordinator: str, advertise: str) -> int
         host.turns.stop(why)
         host.side.stop(why)  # a step waiting on a peer must not hold the process up
     stop_server(server, grace=2)
-    return 0 if why == "shutdown" else 3
+    return 0 if why == "shutdown" else LOST_COORDINATOR

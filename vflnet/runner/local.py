@@ -14,6 +14,7 @@ Role processes start warm by default: forked from a fork server that has torch a
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -51,6 +52,7 @@ class Child:
     proc: Process
     log_path: Path
     log_file: IO[bytes]
+    log_start: int  # where this process's part of the log begins (a resumed run appends to it)
 
 
 class LocalCluster:
@@ -87,13 +89,14 @@ class LocalCluster:
     def _spawn_command(self, name: str, role: str, args: list[str]) -> Child:
         log_path = self.run_dir / "logs" / f"{name}.log"
         log_file = log_path.open("ab")
+        log_start = log_file.tell()
         env = role_env(self.cfg.runtime.torch_threads)
         try:
             proc = start_vflnet(args, env, log_file, self.server, self.cfg.transport.join_timeout_s)
         except ForkServerError as exc:
             log_file.close()
             raise ClusterFailure(f"{name}: {exc}") from exc
-        child = Child(name, role, proc, log_path, log_file)
+        child = Child(name, role, proc, log_path, log_file, log_start)
         self.children[name] = child
         return child
 
@@ -157,20 +160,29 @@ class LocalCluster:
             if rc is not None and rc < 0
             else f"exited with code {rc}"
         )
+        cause = cause_in_log(child.log_path, child.log_start) if rc is not None and rc > 0 else None
         tail = _tail(child.log_path, 6)
-        return f"{child.role} party {child.name!r} (pid {child.proc.pid}) {how}; log: {child.log_path}" + (
-            "\n    " + "\n    ".join(tail) if tail else ""
+        return (
+            f"{child.role} party {child.name!r} (pid {child.proc.pid}) {how}"
+            + (f": {cause}" if cause else "")
+            + f"; log: {child.log_path}"
+            + ("\n    " + "\n    ".join(tail) if tail else "")
         )
 
-    def _party_cause(self, killed_only: bool = False) -> Child | None:
+    def _party_cause(self, coordinator_failed: bool = False) -> Child | None:
         """The party whose end failed the run: one killed by a signal (this launcher sends none before
-        its teardown) before one that exited with an error, which may only be a consequence."""
+        its teardown) before one that exited with an error, which may only be a consequence. Once the
+        coordinator has failed, a party that stopped because it lost the coordinator is what followed;
+        one that exited with an error of its own (refused at its Join, failed to start) is the cause."""
+        from vflnet.roles.party import LOST_COORDINATOR
+
         ended = [
             c
             for c in self.children.values()
             if c.name != self.cfg.coordinator.name
             and c.proc.poll() not in (None, 0)
-            and (c.proc.returncode < 0 or not killed_only)
+            # after the coordinator's end this launcher stopped the proxies itself
+            and not (coordinator_failed and (c.proc.returncode == LOST_COORDINATOR or c.role == "proxy"))
         ]
         return min(ended, key=lambda c: c.proc.returncode >= 0, default=None)
 
@@ -183,12 +195,14 @@ class LocalCluster:
                 self.deadline.check()
                 cause = self._party_cause()
                 if cause is not None:
-                    # the coordinator fails the run itself (the step's call fails, or heartbeats
-                    # stop): let it write summary.json before tearing down
-                    try:
-                        coord.proc.wait(timeout=self.cfg.transport.dead_after_s + 5)
-                    except subprocess.TimeoutExpired:
-                        pass
+                    # once the schedule runs (plan.json) the coordinator fails the run itself (the
+                    # step's call fails, or heartbeats stop): let it write summary.json before tearing
+                    # down; before that it only waits for the roster, which can no longer complete
+                    if (self.run_dir / "plan.json").exists():
+                        try:
+                            coord.proc.wait(timeout=self.cfg.transport.dead_after_s + 5)
+                        except subprocess.TimeoutExpired:
+                            pass
                     raise ClusterFailure(self._describe_exit(cause), party=cause.name)
                 bar.update()
                 time.sleep(0.1)
@@ -211,7 +225,7 @@ class LocalCluster:
                 pass
         rc = coord.proc.returncode
         if rc != 0:
-            cause = self._party_cause(killed_only=True)  # a party killed is the cause, not what followed
+            cause = self._party_cause(coordinator_failed=True)
             if cause is not None:
                 raise ClusterFailure(self._describe_exit(cause), party=cause.name)
             raise ClusterFailure(self._describe_exit(coord))
@@ -321,6 +335,32 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+# a role's log record (vflnet.roles.common.setup_logging): time, process name, level, logger: message
+_LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ \S+ (?P<level>[A-Z]+) \S+: (?P<message>.*)$")
+
+
+def cause_in_log(path: Path, start: int = 0) -> str | None:
+    """Why a role process failed, from its log from byte ``start`` on: the exception of a traceback
+    that ended it, else its last ERROR record's message; None if the log says neither."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(start)
+            lines = fh.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("Traceback (most recent call last)"):
+            after = [line for line in lines[i + 1 :] if line and not line[0].isspace()]
+            if after:
+                return after[0]
+        record = _LOG_RECORD.match(lines[i])
+        if record is not None and record["level"] in ("ERROR", "CRITICAL"):
+            return record["message"]
+        if lines[i].startswith(("config error: ", "error: ")):  # a user error (vflnet.cli) ended it
+            return lines[i]
+    return None
 
 
 def _tail(path: Path, n: int) -> list[str]:
@@ -459,11 +499,12 @@ def _fork_server(cfg: Config, start: str) -> Iterator[ForkServer | None]:
 
 
 def _resumable_from_a_valid_checkpoint(cfg: Config, run_dir: Path) -> bool:
-    """Check every checkpoint file before any process starts: say which are skipped and where the run
-    resumes; when checkpoints exist and none is valid, fail at once naming each step and file."""
-    from vflnet.roles.checkpoints import newest_valid, none_valid
+    """Check every process's checkpoint file before any process starts (the run directory holds them
+    all): say which checkpoints are skipped and why, and from which step the run resumes; when
+    checkpoints exist and none is complete and valid, fail at once naming each step and file."""
+    from vflnet.roles.checkpoints import drop_after, newest_valid, none_valid
 
-    manifest, skipped = newest_valid(run_dir, cfg.run.id, cfg.coordinator.name)
+    manifest, skipped = newest_valid(run_dir, cfg.run.id, cfg.coordinator.name, every_file=True)
     for why in skipped:
         print(f"run {cfg.run.id}: skipping checkpoint {why}", file=sys.stderr)
     if manifest is None and skipped:
@@ -471,11 +512,18 @@ def _resumable_from_a_valid_checkpoint(cfg: Config, run_dir: Path) -> bool:
         print(f"run {cfg.run.id} FAILED: {error}", file=sys.stderr)
         _summary_if_missing(cfg, run_dir, "failed", error)
         return False
-    if manifest is not None and skipped:
+    if manifest is None:
+        print(f"run {cfg.run.id}: no checkpoint yet: resuming from the first step", file=sys.stderr)
+    elif skipped:
+        # the coordinator, which checks only the files it must hold (compose), chooses the same step:
+        # the newer ones go, as they would once it resumed
+        drop_after(run_dir, manifest.step)
         print(
             f"run {cfg.run.id}: resuming from step {manifest.step}, the newest valid checkpoint",
             file=sys.stderr,
         )
+    else:
+        print(f"run {cfg.run.id}: resuming from step {manifest.step}", file=sys.stderr)
     return True
 
 

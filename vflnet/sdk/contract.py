@@ -201,7 +201,8 @@ class Protocol:
     # defense on its loss, gradients and predictions), "bottom" (a passive party's bottom replaced or
     # wrapped), "scores" (released confidence vectors, PREDICT phase), "upload" (the gradient upload),
     # "plaintext-embeddings" (the active party computes on the passive parties' embeddings in the clear:
-    # a defense's ``requires``); config validation refuses a defense whose hook points are not all here,
+    # a defense's ``requires``; the one list: ``vflnet.defenses.base.HOOK_POINTS``, checked when the
+    # protocol registers); config validation refuses a defense whose hook points are not all here,
     # and ``vflnet.defenses.base.attach`` applies them.
     defense_hooks: ClassVar[frozenset[str]] = frozenset()
     # The full gRPC method names its sides serve beyond the hosts' (HOST_METHODS): their ``@handles``

@@ -8,7 +8,8 @@ has finished joining; after it, the reply's size is checked against ``transport.
 its bytes are metered (``meter_reply=False``: the side does both where it builds the reply). An
 exception becomes a gRPC status (vflnet/wire/errors.py); the server keeps serving. The callers also
 become the method's permissions under mutual TLS, and the marked methods the protocol's method table
-(``Protocol.methods``), from this one declaration.
+(``Protocol.methods``), from this one declaration. When the protocol registers, ``handler_problems``
+checks each marked method against its service (vflnet/registration.py).
 
 Sending: ``send`` checks a request's size, meters it and starts the call with the step's deadline;
 its ``result()`` turns a failed call into a status that names the peer and what was asked. ``call``
@@ -17,6 +18,7 @@ does the same as one blocking call, for a caller that waits for the reply at onc
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -24,7 +26,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from vflnet.interceptors.events import short_name
+from vflnet.interceptors.events import METHODS, short_name
 from vflnet.sdk.bridge import Server, add_handlers, unary
 from vflnet.wire.channels import check_message_size
 from vflnet.wire.checks import check_run, check_sender
@@ -73,6 +75,58 @@ def handlers_of(side: type) -> dict[str, Handles]:
         if isinstance(spec, Handles):
             found[attr] = spec
     return found
+
+
+def handler_problems(side: type) -> list[str]:
+    """What would break when ``side``'s marked methods are served: a method no registered gRPC service
+    declares (``register_messages``), one method marked twice (one of them would never run), a handler
+    that does not take ``(request, context)``, or annotated request/reply types other than the method's."""
+    problems = []
+    first: dict[str, str] = {}
+    for attr, spec in sorted(handlers_of(side).items()):
+        where = f"{side.__qualname__}.{attr}"
+        if spec.method in first:
+            problems.append(f"{where} and {side.__qualname__}.{first[spec.method]} both handle {spec.method}")
+            continue
+        first[spec.method] = attr
+        fn = getattr(side, attr)
+        try:
+            inspect.signature(fn).bind(None, None, None)  # self, request, context
+        except TypeError:
+            problems.append(f"{where} must take (self, request, context), not {inspect.signature(fn)}")
+            continue
+        types = METHODS.get(spec.method)
+        if types is None:
+            problems.append(
+                f"{where} handles {spec.method}, which no registered gRPC service declares (register the "
+                "plug-in's service with vflnet.sdk.register_messages before the class is defined)"
+            )
+            continue
+        request, response = _annotated_types(fn)
+        for what, declared, expected in (("request", request, types[0]), ("reply", response, types[1])):
+            if declared is not None and declared is not expected:
+                problems.append(
+                    f"{where} takes its {what} as {declared.__name__}, but {spec.method}'s {what} is "
+                    f"{expected.DESCRIPTOR.full_name}"
+                )
+    return problems
+
+
+def _annotated_types(fn: Callable[..., Any]) -> tuple[type | None, type | None]:
+    """The message classes a handler's request parameter and return are annotated with; None where an
+    annotation is missing, not a message class, or cannot be resolved here (a TYPE_CHECKING import)."""
+
+    def resolve(annotation: Any) -> type | None:
+        if isinstance(annotation, str):
+            try:
+                annotation = eval(annotation, getattr(fn, "__globals__", {}))  # noqa: S307 - the module's own
+            except Exception:  # an annotation only a type checker can resolve: nothing to compare
+                return None
+        return annotation if isinstance(annotation, type) and issubclass(annotation, Message) else None
+
+    params = list(inspect.signature(fn).parameters.values())
+    request = resolve(params[1].annotation) if len(params) > 1 else None
+    return request, resolve(inspect.signature(fn).return_annotation)
 
 
 def serve_handlers(server: Server, side: Any, host: Any) -> None:

@@ -15,11 +15,18 @@ A key is a dotted path into the run config (`vflnet.overrides`); ``[i]`` or ``.i
 is created (the run config's own check then rejects it if the schema has no such key); a list index
 must exist. Every expanded run is checked as a run config, and every error names the sweep file and
 the key.
+
+Nothing a sweep sets may be replaced in every run, and no config runs twice: keys are compared as
+parsed paths, in the order they are set (command line, ``set``, ``grid``, ``zip``, ``seeds``), and a
+key set again at or above an earlier one, or under one whose value holds it, is refused
+(``vflnet.overrides.replaces``); so are a list that repeats a value and two runs whose checked run
+configs are the same.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -30,16 +37,15 @@ from typing import Any
 
 import yaml
 
-from vflnet.config import ConfigError
+from vflnet.config import Config, ConfigError, RunConfig
 from vflnet.overrides import (
     COMMAND_LINE,
-    Override,
     apply_overrides,
-    at_or_under,
     blame,
     key_string,
     parse_overrides,
     parse_path,
+    replaces,
     set_path,
 )
 from vflnet.validation import config_from_dict
@@ -77,6 +83,20 @@ def _lists(data: dict[str, Any], key: str, source: str) -> dict[str, list[Any]]:
         if not isinstance(values, list) or not values:
             raise ConfigError(source, f"{key}.{path}", f"expected a non-empty list of values, got {values!r}")
     return section
+
+
+def _canonical(value: Any) -> str:
+    """One spelling of a value or config, for telling equal ones apart from different ones."""
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _refuse_repeats(values: list[Any], source: str, key: str, what: str) -> None:
+    """A list of the runs' values that holds one twice would run one config twice: refused."""
+    seen: set[str] = set()
+    for value in values:
+        if _canonical(value) in seen:
+            raise ConfigError(source, key, f"lists {what} {value!r} twice: the runs of a sweep differ")
+        seen.add(_canonical(value))
 
 
 def _base(data: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -119,52 +139,117 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> Sweep:
     grid = _lists(data, "grid", source)
     zipped = _lists(data, "zip", source)
     parsed = parse_overrides(overrides)
-    swept = {"set": fixed, "grid": grid, "zip": zipped, "seeds": {"run.seed": None}}
-    _refuse_swept(parsed, {section: keys for section, keys in swept.items() if section in data}, source)
+    seeds = data.get("seeds")  # None: each run keeps the run.seed its config has
+    if seeds is not None and (
+        not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds)
+    ):
+        raise ConfigError(source, "seeds", f"expected a non-empty list of integers, got {seeds!r}")
+    writes = [_Write(f"{COMMAND_LINE} ({o.text})", o.key, [o.value], COMMAND_LINE) for o in parsed]
+    writes += [_Write("set", key, [value], source) for key, value in fixed.items()]
+    writes += [
+        _Write(section, key, values, source)
+        for section, keys in (("grid", grid), ("zip", zipped))
+        for key, values in keys.items()
+    ]
+    writes += [_Write("seeds", "run.seed", seeds, source)] if seeds is not None else []
+    _refuse_replaced(writes)
     base = apply_overrides(_base(data, path), parsed)
     lengths = {len(v) for v in zipped.values()}
     if len(lengths) > 1:
         sizes = ", ".join(f"{k}: {len(v)}" for k, v in zipped.items())
         raise ConfigError(source, "zip", f"every list must have the same length, got {sizes}")
-    seeds = data.get("seeds", [base.get("run", {}).get("seed", 0)])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
-        raise ConfigError(source, "seeds", f"expected a non-empty list of integers, got {seeds!r}")
-    overlap = (set(grid) & set(zipped)) | ((set(grid) | set(zipped)) & set(fixed))
-    if overlap:
-        raise ConfigError(source, sorted(overlap)[0], "a key may appear in only one of set, grid, zip")
 
+    for key, values in grid.items():
+        _refuse_repeats(values, source, f"grid.{key}", "the value")
     zip_rows = [dict(zip(zipped, row, strict=True)) for row in zip(*zipped.values(), strict=True)] or [{}]
+    _refuse_repeats(zip_rows, source, "zip", "the row")
+    _refuse_repeats(seeds or [], source, "seeds", "the seed")
     grid_rows = [dict(zip(grid, row, strict=True)) for row in itertools.product(*grid.values())]
     runs: list[PlannedRun] = []
+    resolved: dict[str, PlannedRun] = {}  # each run's checked config (but its id) -> the run
     with blame(parsed):
-        for grid_row, zip_row, seed in itertools.product(grid_rows, zip_rows, seeds):
+        for grid_row, zip_row, seed in itertools.product(grid_rows, zip_rows, seeds or [None]):
             config = copy.deepcopy(base)
             params = {**grid_row, **zip_row}
             for section, values in (("set", fixed), ("grid", grid_row), ("zip", zip_row)):
                 for key, value in values.items():
                     set_path(config, key, value, source, f"{section}.{key}")
-            set_path(config, "run.seed", seed, source, "seeds")
+            run_seed = config.get("run", {}).get("seed", RunConfig().seed) if seed is None else seed
+            set_path(config, "run.seed", run_seed, source, "seeds")
             run_id = run_name(len(runs), config)
             config["run"]["id"] = run_id
             # the run config's own checks; its errors name this file and the run's values
-            config_from_dict(config, f"{source} (run {run_id}: {_describe(params, seed)})")
-            runs.append(PlannedRun(run_id, seed, params, config))
+            cfg = config_from_dict(config, f"{source} (run {run_id}: {_describe(params, run_seed)})")
+            run = PlannedRun(run_id, run_seed, params, config)
+            same = resolved.setdefault(_fingerprint(cfg), run)
+            if same is not run:
+                differ = [k for k in params if _canonical(params[k]) != _canonical(same.params.get(k))]
+                raise ConfigError(
+                    source,
+                    ", ".join(differ),
+                    f"runs {same.name} ({_describe(same.params, same.seed)}) and {run_id} "
+                    f"({_describe(params, run_seed)}) resolve to the same run config: a sweep runs each config "
+                    "once; drop one of the values",
+                )
+            runs.append(run)
     return Sweep(name, path, [*grid, *zipped], runs, list(overrides))
 
 
-def _refuse_swept(overrides: Sequence[Override], sections: dict[str, dict[str, Any]], source: str) -> None:
-    """An override of a key the sweep file's ``set``, ``grid``, ``zip`` or ``seeds`` also sets (in every
-    run, after the base) would be replaced: refused."""
-    for section, keys in sections.items():
-        for key in keys:
-            swept = key_string(parse_path(key, source, f"{section}.{key}"))
-            for override in overrides:
-                if at_or_under(override.key, swept):
-                    raise ConfigError(
-                        f"{COMMAND_LINE} ({override.text})",
-                        override.key,
-                        f"the sweep file's {section!r} sets {key!r} in every run: change it there",
-                    )
+@dataclass(frozen=True)
+class _Write:
+    """One key a sweep sets, with the value(s) it sets it to."""
+
+    section: str  # "command line (KEY=VALUE)", "set", "grid", "zip" or "seeds"
+    key: str  # as written
+    values: list[Any]  # its value, or every value it takes in turn
+    source: str  # what an error about it names: the command line or the sweep file
+
+
+def _refuse_replaced(writes: list[_Write]) -> None:
+    """Refuse a key that a later one (in the order the sweep sets them: command line, set, grid, zip,
+    seeds) replaces in every run: the same key in either spelling, a key above it, or a key under it
+    that its value holds (a zip over ``train.optimizer`` with ``{kind, lr}`` values after a grid over
+    ``train.optimizer.lr``). A key under a ``set`` value that the value lacks adds to it: ``set``
+    may build a list entry whose fields ``grid`` and ``zip`` vary."""
+    paths = [_path(w) for w in writes]
+    for i, earlier in enumerate(writes):
+        for later, path in zip(writes[i + 1 :], paths[i + 1 :], strict=True):
+            if not replaces(path, paths[i], earlier.values):
+                continue
+            key = key_string(paths[i])
+            if earlier.source != later.source:  # an override the sweep file replaces
+                raise ConfigError(
+                    earlier.section,
+                    key,
+                    f"the sweep file's {later.section!r} sets {later.key!r} in every run: change it there",
+                )
+            if len(path) <= len(paths[i]):  # the same key, or one above it: all of it goes
+                raise ConfigError(
+                    earlier.source,
+                    key,
+                    f"{later.section} {later.key!r} replaces {earlier.section} {earlier.key!r} in every run: "
+                    "a key may appear in only one of set, grid and zip (keys are compared as paths: "
+                    "parties[2].x is parties.2.x, and a key above another replaces all of it)",
+                )
+            raise ConfigError(
+                earlier.source,
+                key,
+                f"{later.section} {later.key!r} replaces the {key_string(path)} that {earlier.section} "
+                f"{earlier.key!r} sets, in every run: leave it out of that value",
+            )
+
+
+def _path(write: _Write) -> list[str | int]:
+    where = write.key if write.source == COMMAND_LINE else f"{write.section}.{write.key}"
+    return parse_path(write.key, write.source, where)
+
+
+def _fingerprint(cfg: Config) -> str:
+    """A checked run config as one string, without what names it (its id and source)."""
+    data = dataclasses.asdict(cfg)
+    data.pop("source", None)
+    data["run"].pop("id", None)
+    return _canonical(data)
 
 
 def _describe(params: dict[str, Any], seed: int) -> str:
