@@ -207,13 +207,14 @@ def test_a_protocol_that_declares_a_hook_and_never_applies_it_fails_the_run(tmp_
 
 
 @pytest.mark.e2e
-def test_a_backdoor_that_poisoned_no_step_fails_the_run_by_name(tmp_path):
+def test_a_backdoor_that_poisoned_no_step_fails_the_run_by_name(tmp_path, capsys):
     data = _backdoor()
     data["attacks"][0]["params"].update(poison_fraction=0.0)  # one sample of D_backdoor
     data["train"].update(max_steps=1, batch_size=4)
     rc, summary = _run(tmp_path, data)
     assert rc != 0 and summary["status"] == "failed"
     assert "backdoor@passive-1 poisoned 0 steps" in summary["error"], summary["error"]
+    assert "backdoor@passive-1 poisoned 0 steps" in capsys.readouterr().err  # the launcher's exit line
     assert summary["effects"]["attacks"]["backdoor@passive-1"]["tapped"] == 1  # it saw the JoinReply
     assert summary["effects"]["never_acted"].keys() == {"backdoor@passive-1"}
 
