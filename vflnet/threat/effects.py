@@ -41,10 +41,10 @@ class Effects:
         self.required: dict[str, dict[str, str]] = {}  # attack key -> count -> what zero of it means
         self.samples: dict[str, int | None] = {}  # attack key -> samples in its output (None: not per sample)
         self.defenses: dict[str, dict[str, Any]] = {}  # key -> {"hook", "built", "acted"}
-        self.hooks: dict[str, int] = {}  # hook point -> times the protocol built this party's defenses for it
-        seen: dict[str, int] = {}
+        self.hooks: dict[str, int] = {}  # hook point -> times the protocol reached it (called ``attach``)
         from vflnet.registry import DEFENSES
 
+        seen: dict[str, int] = {}
         self.defense_keys: list[str] = []  # this party's defense entries, in config order
         for entry in cfg.defenses:
             if entry.party != party:
