@@ -87,7 +87,7 @@ def test_round_trip_rebuilds_every_event(tmp_path: Path) -> None:
 
 
 def parts_of(event: WireEvent) -> tuple[tuple[bytes, ...], int]:
-    return trace_mod.record_parts(*event.as_record())
+    return trace_mod.record_parts(event.as_record())
 
 
 def test_a_record_is_written_as_the_bytes_protobuf_would_serialize(tmp_path: Path) -> None:

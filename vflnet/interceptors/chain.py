@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 import grpc
 from google.protobuf.message import Message
 
-from vflnet.interceptors.events import DIRECTIONS, SIDES, WireEvent, header_of, short_name
+from vflnet.interceptors.events import DIRECTIONS, SIDES, WireEvent, WireRecord, header_of, short_name
 
 Mod = Callable[[WireEvent], Message | None]
 
@@ -38,26 +38,16 @@ class Refused(Exception):
 class Recorder(abc.ABC):
     """A tap that only records what crosses the wire: the trace tap. ``record`` must not rewrite or
     refuse (raise :class:`Refused`). Alone in a chain, it is run without an event per message: the
-    hooks (``grpc_adapters``) call ``record`` with the fields an event would carry, ``time`` None for
-    now (a traced digits run's step: 0.09 ms less than building an event and running the chain,
+    hooks (``grpc_adapters``) hand ``record`` the message's :class:`WireRecord`, stamped when seen (a
+    traced digits run's step: 0.09 ms less than building an event and running the chain,
     docs/performance.md, "Design decisions"). In any other chain it is a mod like any other."""
 
     @abc.abstractmethod
-    def record(
-        self,
-        direction: str,
-        side: str,
-        method: str,
-        party: str,
-        peer: str,
-        message: Message,
-        data: bytes | None = None,
-        time: float | None = None,
-    ) -> None:
-        """Record one message; ``time`` None: now."""
+    def record(self, record: WireRecord) -> None:
+        """Record one message."""
 
     def __call__(self, event: WireEvent) -> None:
-        self.record(*event.as_record())
+        self.record(event.as_record())
 
 
 class Chain:

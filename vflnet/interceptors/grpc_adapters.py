@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from time import time as _now
 from typing import Any
 
 import grpc
 from google.protobuf.message import Message
 
 from vflnet.interceptors.chain import Chain, Refused
-from vflnet.interceptors.events import Direction, Side, WireEvent
+from vflnet.interceptors.events import Direction, Side, WireEvent, WireRecord
 from vflnet.wire.calls import FailedCall, SettledCall
 from vflnet.wire.chunking import serve_with_hook
 
@@ -68,7 +69,7 @@ class _ChainHook:
         if self.skips(message):
             return message
         if self.record is not None:
-            self.record(direction, side, method, self.party, peer, message, data)
+            self.record(WireRecord(direction, side, method, self.party, peer, message, data, _now()))
             return message
         try:
             return self.chain(WireEvent(direction, side, method, self.party, peer, message, data=data))

@@ -11,7 +11,6 @@ import os
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
-from time import time as _now
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,7 @@ from google.protobuf.message import Message
 
 from vflnet.config import Config, ConfigError, PluginConfig
 from vflnet.interceptors.chain import Chain, Recorder
-from vflnet.interceptors.events import WireEvent, header_of
+from vflnet.interceptors.events import WireEvent, WireRecord, header_of
 from vflnet.interceptors.trace import TraceWriter, entries_after, record_to_event, trace_path
 from vflnet.registry import ATTACKS, load_plugin_modules
 from vflnet.threat.attack import Attack, AttackContext, OwnStepView, PredictionView
@@ -212,18 +211,9 @@ class RunTrace(Recorder):
         self.roster = {p.name for p in cfg.parties}
         self.left_out = 0
 
-    def record(
-        self,
-        direction: str,
-        side: str,
-        method: str,
-        party: str,
-        peer: str,
-        message: Message,
-        data: bytes | None = None,
-        time: float | None = None,
-    ) -> None:
-        if side == "server" and direction == "request":
+    def record(self, record: WireRecord) -> None:
+        message = record.message
+        if record.side == "server" and record.direction == "request":
             header = header_of(message)
             if header is not None:
                 run_id, sender = header.run_id, header.sender
@@ -239,9 +229,7 @@ class RunTrace(Recorder):
                         self.left_out,
                     )
                 return None
-        self.writer.write_record(
-            direction, side, method, party, peer, message, data, _now() if time is None else time
-        )
+        self.writer.write_record(record)
 
 
 def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyInterception:
