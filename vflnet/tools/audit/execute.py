@@ -421,6 +421,57 @@ def mitm_scores(run: PlannedRun, cand: Candidate, cfg: Config, run_dir: Path) ->
     return scores
 
 
+def _judge(row: dict[str, Any], n_classes: int) -> None:
+    """An attack's row under one setting gets its metric, mean, interval, baseline and verdict."""
+    if row.get("never_acted"):  # in any seed: what it scored elsewhere is not its leak
+        row["verdict"] = f"{NEVER_ACTED} ({row['never_acted'][0]})"
+        return
+    if not row.get("scores") and "verdict" in row:
+        return
+    measured = [(primary(s, n_classes), s) for s in row["scores"]]
+    found = [f for f, _ in measured if f is not None]
+    scored = [s for f, s in measured if f is not None]
+    if not found:
+        row["verdict"] = (
+            f"failed: {row['errors'][0]}"
+            if row["errors"] and not row["scores"]
+            else "no leakage metric in its scores: "
+            + ", ".join(
+                f"{k}={v:g}" if isinstance(v, int | float) else k
+                for k, v in list(row["scores"][0].items())[:4]
+            )
+        )
+        return
+    metric = found[0][0]
+    values = [f[1] for f in found]
+    baselines = [f[2] for f in found if f[2] is not None]
+    counts = [s.get(metric.count) for s in scored] if metric.count else []
+    pooled = len(counts) == len(values) and all(isinstance(c, int | float) and c > 0 for c in counts)
+    mean, low, high = pooled_interval(values, counts) if pooled else interval(values)
+    baseline = statistics.fmean(baselines) if baselines else None
+    if pooled and len(baselines) == len(values):  # weighed like the values it is compared with
+        baseline = sum(b * c for b, c in zip(baselines, counts, strict=True)) / sum(counts)
+    if metric.bounded:  # a rate: the t-interval of few seeds can reach past [0, 1]
+        low, high = max(low, 0.0), min(high, 1.0)
+    row.update(
+        metric=metric.key,
+        metric_what=metric.what,
+        baseline_what=metric.baseline,
+        values=values,
+        interval="Wilson, the seeds' samples pooled" if pooled else "t over the seeds",
+        samples=sum(counts) if pooled else None,
+        mean=mean,
+        low=low,
+        high=high,
+        baseline=baseline,
+        verdict=verdict(metric, low, high, mean, baseline),
+    )
+    if row["errors"]:  # some seeds failed: the verdict stands on the others, and says so
+        row["verdict"] += (
+            f" ({len(row['errors'])} of {len(row['errors']) + len(values)} runs failed: {row['errors'][0]})"
+        )
+
+
 def collect(
     runs: list[PlannedRun], status: dict[str, dict[str, Any]], cands: list[Candidate], n_classes: int
 ) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, dict[str, Any]]]:
@@ -487,53 +538,7 @@ def collect(
                     "verdict": "no leakage metric: its score compares nothing with ground truth (not run)",
                 }
     for row in per.values():
-        if row.get("never_acted"):  # in any seed: what it scored elsewhere is not its leak
-            row["verdict"] = f"{NEVER_ACTED} ({row['never_acted'][0]})"
-            continue
-        if not row.get("scores") and "verdict" in row:
-            continue
-        measured = [(primary(s, n_classes), s) for s in row["scores"]]
-        found = [f for f, _ in measured if f is not None]
-        scored = [s for f, s in measured if f is not None]
-        if not found:
-            row["verdict"] = (
-                f"failed: {row['errors'][0]}"
-                if row["errors"] and not row["scores"]
-                else "no leakage metric in its scores: "
-                + ", ".join(
-                    f"{k}={v:g}" if isinstance(v, int | float) else k
-                    for k, v in list(row["scores"][0].items())[:4]
-                )
-            )
-            continue
-        metric = found[0][0]
-        values = [f[1] for f in found]
-        baselines = [f[2] for f in found if f[2] is not None]
-        counts = [s.get(metric.count) for s in scored] if metric.count else []
-        pooled = len(counts) == len(values) and all(isinstance(c, int | float) and c > 0 for c in counts)
-        mean, low, high = pooled_interval(values, counts) if pooled else interval(values)
-        baseline = statistics.fmean(baselines) if baselines else None
-        if pooled and len(baselines) == len(values):  # weighed like the values it is compared with
-            baseline = sum(b * c for b, c in zip(baselines, counts, strict=True)) / sum(counts)
-        if metric.bounded:  # a rate: the t-interval of few seeds can reach past [0, 1]
-            low, high = max(low, 0.0), min(high, 1.0)
-        row.update(
-            metric=metric.key,
-            metric_what=metric.what,
-            baseline_what=metric.baseline,
-            values=values,
-            interval="Wilson, the seeds' samples pooled" if pooled else "t over the seeds",
-            samples=sum(counts) if pooled else None,
-            mean=mean,
-            low=low,
-            high=high,
-            baseline=baseline,
-            verdict=verdict(metric, low, high, mean, baseline),
-        )
-        if row["errors"]:  # some seeds failed: the verdict stands on the others, and says so
-            row["verdict"] += (
-                f" ({len(row['errors'])} of {len(row['errors']) + len(values)} runs failed: {row['errors'][0]})"
-            )
+        _judge(row, n_classes)
     for u in utility.values():
         u["mean_test_accuracy"] = statistics.fmean(u["test_accuracy"]) if u["test_accuracy"] else None
         u["mean_wall_time_s"] = statistics.fmean(u["wall_time_s"]) if u["wall_time_s"] else None
