@@ -643,11 +643,13 @@ class CountingHook(ServerChainHook):
 
 @pytest.mark.parametrize("n", [4, 100], ids=["one message", "chunked"])
 def test_a_step_the_chain_skips_is_served_as_without_a_hook(active: Active, n: int) -> None:
-    """`vflnet bench goals` times the tap inside one run (Chain's step_blocks): the untapped steps'
-    calls must cost what they cost a party without a chain, so the server never hands them to the
-    hook; every call is still served."""
+    """`vflnet bench goals` times the tap inside one run (a chain gate, tools/bench/tap_ab.py): the
+    untapped steps' calls must cost what they cost a party without a chain, so the server never hands
+    them to the hook; every call is still served."""
+    from vflnet.tools.bench.tap_ab import odd_blocks
+
     recorder = Recorder()
-    hook = CountingHook(Chain([recorder], step_blocks=1), "active")
+    hook = CountingHook(Chain([recorder], passes=odd_blocks(1)), "active")
     server = make_server(SMALL, "active", max_workers=8, hook=hook)
     services_pb2_grpc.add_ActiveServicer_to_server(active, server)
     address = f"127.0.0.1:{bind(server, '127.0.0.1:0', SMALL, 'active')}"

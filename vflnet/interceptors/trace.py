@@ -220,19 +220,11 @@ def record_to_event(record: trace_pb2.TraceRecord) -> WireEvent:
     )
 
 
-def read_trace(path: str | Path, step_blocks_ok: bool = False) -> Iterator[WireEvent]:
-    """The events of a trace file in the order they were written (safe on a file still being written).
-    A trace of only some steps (a header's ``step_blocks``: `vflnet bench goals`' A/B) is refused
-    unless ``step_blocks_ok``: an attack or a score on it would take half the traffic for all of it."""
+def read_trace(path: str | Path) -> Iterator[WireEvent]:
+    """The events of a trace file in the order they were written (safe on a file still being written)."""
     for entry in iter_entries(path):
-        kind = entry.WhichOneof("entry")
-        if kind == "record":
+        if entry.WhichOneof("entry") == "record":
             yield record_to_event(entry.record)
-        elif kind == "header" and entry.header.step_blocks and not step_blocks_ok:
-            raise TraceError(
-                f"{path}: recorded only the steps of even blocks of {entry.header.step_blocks} (a "
-                "benchmark's A/B of the tap, VFLNET_BENCH_TAP_BLOCKS): not the run's whole traffic"
-            )
 
 
 @dataclass
@@ -291,7 +283,6 @@ class TraceWriter:
         party: str,
         run_id: str = "",
         max_bytes: int = DEFAULT_MAX_BYTES,
-        step_blocks: int = 0,
     ) -> None:
         if max_bytes < MIN_MAX_BYTES:
             raise ValueError(f"max_bytes must be at least {MIN_MAX_BYTES}, got {max_bytes}")
@@ -323,13 +314,8 @@ class TraceWriter:
         self.size = complete  # bytes of the complete entries
         self._end = complete  # ``size`` and the appends under way: what the cap is checked against
         self._session = complete  # where this writer's own entries begin (its header first)
-        # step_blocks: the records are those of even blocks of so many steps only (Chain's step_blocks)
         header = trace_pb2.TraceHeader(
-            format_version=FORMAT_VERSION,
-            run_id=run_id,
-            party=party,
-            created=time.time(),
-            step_blocks=step_blocks,
+            format_version=FORMAT_VERSION, run_id=run_id, party=party, created=time.time()
         )
         try:
             self._append(trace_pb2.TraceEntry(header=header))

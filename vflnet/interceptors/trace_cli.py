@@ -86,7 +86,7 @@ def select(events: Iterator[WireEvent], args: argparse.Namespace) -> Iterator[Wi
 def merged_events(files: list[Path]) -> Iterator[WireEvent]:
     """All events of several trace files, in time order (each file is already in write order)."""
     # inspection shows a partial trace as it is (`ls` says it is partial)
-    return heapq.merge(*(read_trace(f, step_blocks_ok=True) for f in files), key=lambda e: e.time)
+    return heapq.merge(*(read_trace(f) for f in files), key=lambda e: e.time)
 
 
 def _fmt_time(t: float) -> str:
@@ -114,11 +114,6 @@ def _ls(args: argparse.Namespace) -> int:
             notes.append("partial last entry")
         if len(s.headers) > 1:
             notes.append(f"{len(s.headers)} sessions")
-        blocks = sorted({h.step_blocks for h in s.headers if h.step_blocks})
-        if blocks:
-            notes.append(
-                f"PARTIAL: only the steps of even blocks of {', '.join(map(str, blocks))} (a benchmark's A/B)"
-            )
         methods = ", ".join(f"{m}={n}" for m, n in sorted(s.methods.items()))
         print(f"{path}  {who}  records={s.records}  size={_human(s.size)}  {methods}")
         if notes:
