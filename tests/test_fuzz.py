@@ -128,7 +128,7 @@ class Cluster:
         step slot parked either)."""
         self.nothing_moved()
         assert self.coordinator.side.served == set() and self.coordinator.side.requests == {}
-        assert self.parties["active"].side.slots == {}
+        assert self.parties["active"].side.mailbox.slots == {}
 
     def step(self, step: int) -> dict[str, messages_pb2.StepReport]:
         """One real training step, driven as the coordinator's schedule drives it."""

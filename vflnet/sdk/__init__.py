@@ -2,7 +2,8 @@
 
 A protocol is a registered ``Protocol`` naming its three sides (``contract``); each side sees its
 role process through a typed context (``context``); its service methods are marked ``@handles`` and
-its calls go out through ``send`` or ``call`` (``handlers``), so the host checks, meters and answers with a
+its calls go out through ``send`` or ``call`` (``handlers``); a side that gathers every sender's
+message for a step and answers each does so with a ``StepMailbox`` (``mailbox``), so the host checks, meters and answers with a
 status, and the protocol never touches gRPC: it fails a request with ``invalid``, ``malformed``,
 ``wrong_state``, ``stale_step``, ``duplicate``, ``not_found`` or ``aborted``, each a gRPC status. ``bridge``, ``deadlines`` and vflnet/wire/checks.py are
 what the hosts build on.
@@ -21,6 +22,7 @@ from vflnet.sdk.contract import (
     register_messages,
 )
 from vflnet.sdk.handlers import Pending, call, check_and_meter, handles, send
+from vflnet.sdk.mailbox import StepMailbox
 from vflnet.v1.messages_pb2 import EVAL, PREDICT, TRAIN, Header, JoinReply, StepCommand, StepReport
 from vflnet.wire.errors import aborted, duplicate, invalid, malformed, not_found, stale_step, wrong_state
 from vflnet.wire.tensors import from_proto, to_proto
@@ -42,6 +44,7 @@ __all__ = [
     "Protocol",
     "RunFailed",
     "StepCommand",
+    "StepMailbox",
     "StepReport",
     "aborted",
     "aggregate",
