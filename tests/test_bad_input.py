@@ -13,9 +13,9 @@ import pytest
 
 from tests.conftest import base_config
 from vflnet.data.alignment import intersect, split_train_test
+from vflnet.interceptors.bridge import GrpcBridge
 from vflnet.roles.party import PartyHost
 from vflnet.roles.step_order import STEPS_IN_FLIGHT
-from vflnet.sdk.bridge import GrpcBridge
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.validation import config_from_dict
 from vflnet.wire import tensors

@@ -20,10 +20,10 @@ import torch
 from tests.conftest import base_config, tls_in, write_config
 from vflnet.config import TransportConfig
 from vflnet.interceptors import Chain, WireEvent, read_trace
+from vflnet.interceptors.bridge import allow_step_deadline, unary
 from vflnet.interceptors.grpc_adapters import ClientChainHook, ServerChainHook
 from vflnet.registry import PROTOCOLS
 from vflnet.runner.local import run_local
-from vflnet.sdk.bridge import allow_step_deadline, unary
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tensors, tls
 from vflnet.wire.channels import bind, grpc_options, make_server, open_channel

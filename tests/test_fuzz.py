@@ -27,9 +27,9 @@ from tests.conftest import base_config
 from vflnet.crypto import generate_keypair
 from vflnet.crypto.wire import cipher_to_proto
 from vflnet.data.alignment import intersect, split_train_test
+from vflnet.interceptors.bridge import GrpcBridge
 from vflnet.roles.coordinator import CoordinatorHost
 from vflnet.roles.party import PartyHost
-from vflnet.sdk.bridge import GrpcBridge
 from vflnet.v1 import messages_pb2, tensor_pb2
 from vflnet.validation import config_from_dict
 from vflnet.wire import tensors

@@ -45,7 +45,7 @@ METHODS: dict[str, tuple[type[Message], type[Message]]] = _method_table()
 
 def register_service(service: Any) -> None:
     """Add a plug-in protocol's unary methods (a protobuf ServiceDescriptor) to ``METHODS``, so taps,
-    traces, the proxy and ``vflnet.sdk.bridge.add_handlers`` know their messages."""
+    traces, the proxy and ``vflnet.interceptors.bridge.add_handlers`` know their messages."""
     for method in service.methods:
         if not (method.client_streaming or method.server_streaming):
             METHODS[f"/{service.full_name}/{method.name}"] = (

@@ -2,11 +2,12 @@
 
 A protocol is a registered ``Protocol`` naming its three sides (``contract``); each side sees its
 role process through a typed context (``context``); its service methods are marked ``@handles`` and
-its calls go out through ``send`` or ``call`` (``handlers``); a side that gathers every sender's
-message for a step and answers each does so with a ``StepMailbox`` (``mailbox``), so the host checks, meters and answers with a
-status, and the protocol never touches gRPC: it fails a request with ``invalid``, ``malformed``,
-``wrong_state``, ``stale_step``, ``duplicate``, ``not_found`` or ``aborted``, each a gRPC status. ``bridge``, ``deadlines`` and vflnet/wire/checks.py are
-what the hosts build on.
+its calls go out through ``send`` or ``call`` (``handlers``), so the host checks, meters and answers
+with a status, and the protocol never touches gRPC: it fails a request with ``invalid``,
+``malformed``, ``wrong_state``, ``stale_step``, ``duplicate``, ``not_found`` or ``aborted``, each a
+gRPC status. A side that gathers every sender's message for a step and answers each keeps them in a
+``StepMailbox`` (``mailbox``). ``deadlines`` estimates a side's work per step. The hosts' plumbing
+(vflnet/interceptors/bridge.py, vflnet/wire/checks.py) is not part of it.
 """
 
 from vflnet.models.zoo import aggregate
