@@ -16,14 +16,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from vflnet.config import Config
-from vflnet.defenses.base import attach
-from vflnet.models.local import LocalModel
-from vflnet.models.optim import build_optimizer, build_schedule
 from vflnet.protocols.split import SPLIT_HOOKS, SplitActive, SplitPassive
-from vflnet.sdk import PROTOCOLS, CoordinatorSide, Param, Protocol, RunFailed, invalid
+from vflnet.sdk import (
+    PROTOCOLS,
+    Config,
+    CoordinatorSide,
+    LocalModel,
+    Param,
+    Protocol,
+    RunFailed,
+    attach,
+    build_optimizer,
+    build_schedule,
+    from_tensor_map,
+    invalid,
+    to_tensor_map,
+)
 from vflnet.v1 import messages_pb2, tensor_pb2
-from vflnet.wire.tensors import from_tensor_map, to_tensor_map
 
 
 class ParamServer:

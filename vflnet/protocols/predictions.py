@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from vflnet.defenses.base import attach
-from vflnet.threat.attack import PredictionView
+from vflnet.sdk import PredictionView, attach
 from vflnet.v1 import messages_pb2
 
 

@@ -24,27 +24,30 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from vflnet.defenses.base import attach
-from vflnet.defenses.label_defenses import LabelDefense, soft_cross_entropy
-from vflnet.models.local import LocalModel
-from vflnet.models.zoo import TopModel, aggregate
 from vflnet.protocols.predictions import PredictionsKeeper
 from vflnet.sdk import (
     PROTOCOLS,
     CoordinatorSide,
+    LabelDefense,
+    LocalModel,
+    MessageTooLarge,
+    OwnStepView,
     PartySide,
     Protocol,
     StepMailbox,
+    TopModel,
+    aggregate,
+    attach,
     call,
     check_and_meter,
+    from_proto,
     handles,
     invalid,
     malformed,
+    soft_cross_entropy,
+    to_proto,
 )
-from vflnet.threat.attack import OwnStepView
 from vflnet.v1 import messages_pb2
-from vflnet.wire import tensors
-from vflnet.wire.channels import MessageTooLarge
 
 EXCHANGE = "/vflnet.v1.Active/ExchangeEmbeddings"
 
@@ -181,12 +184,12 @@ class SplitPassive(PartySide):
         return copy.deepcopy(self.host.local.modules["bottom"])
 
     def encode(self, msg: messages_pb2.Embeddings, emb: Any) -> None:
-        tensors.to_proto(emb, into=msg.values)
+        to_proto(emb, into=msg.values)
 
     def decode_gradient(self, reply: messages_pb2.EmbeddingGradients, shape: tuple[int, ...]) -> Any:
         if reply.WhichOneof("payload") != "values":
             raise invalid("split expects plaintext gradients from the active party")
-        return tensors.from_proto(
+        return from_proto(
             reply.values, expect_dtype="float32", expect_shape=shape, what="gradients from the active party"
         )
 
@@ -268,7 +271,7 @@ class SplitActive(PartySide):
     def decode(self, msg: messages_pb2.Embeddings, expect: tuple[int, int], what: str) -> Any:
         if msg.WhichOneof("payload") != "values":
             raise invalid(f"split protocol expects plaintext embeddings, got {msg.WhichOneof('payload')}")
-        return tensors.from_proto(msg.values, expect_dtype="float32", expect_shape=expect, what=what)
+        return from_proto(msg.values, expect_dtype="float32", expect_shape=expect, what=what)
 
     def precheck(self, msg: messages_pb2.Embeddings, expect: tuple[int, int], what: str) -> None:
         """Before this party has joined: what ``decode`` checks that needs nothing from admission."""
@@ -280,7 +283,7 @@ class SplitActive(PartySide):
         return self.compute.step(x_own, received, y, train)
 
     def fill_reply(self, reply: messages_pb2.EmbeddingGradients, index: int, result: StepResult) -> None:
-        tensors.to_proto(result.grads[index], into=reply.values)
+        to_proto(result.grads[index], into=reply.values)
 
     # ------------------------------------------------------------------ passive -> active
     # the replies are metered as they are built (``_build_replies``), so their bytes count in this step's report
