@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vflnet.config import ConfigError
 from vflnet.subcommands import add_action, run_action
@@ -177,17 +177,20 @@ def main(argv: list[str] | None = None) -> int:
 def _up(args: argparse.Namespace) -> int:
     from vflnet.tools.lab.netlab import up
 
-    lab = up(
-        args.config,
-        prefix=args.prefix,
-        lab_dir=args.dir,
-        netem=args.netem,
-        proxy_host=args.proxy_host,
-        emulator=args.emulator,
-        tcp_cc=args.tcp_cc,
-    )
+    lab = up(args.config, lab_dir=args.dir, **_lab_options(args))
     _print_lab(lab)
     return 0
+
+
+def _lab_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``up``'s options as `lab up` and `lab run` take them (_impairment_options, --prefix)."""
+    return {
+        "prefix": args.prefix,
+        "netem": args.netem,
+        "proxy_host": args.proxy_host,
+        "emulator": args.emulator,
+        "tcp_cc": args.tcp_cc,
+    }
 
 
 def _impair(args: argparse.Namespace) -> int:
@@ -215,15 +218,11 @@ def _run(args: argparse.Namespace) -> int:
         return resume_lab(args.resume, timeout_s=args.timeout, faults=args.fault).rc
     if args.target.is_dir():
         return _run_on(Lab.open(args.target), args)
-    lab = up(
-        args.target,
-        prefix=args.prefix,
-        netem=args.netem,
-        # a fault is set on the userspace hub: a lab made for the run has one
-        emulator="userspace" if args.fault and args.emulator == "auto" else args.emulator,
-        proxy_host=args.proxy_host or args.via_proxy is not None,
-        tcp_cc=args.tcp_cc,
-    )
+    options = _lab_options(args)
+    if args.fault and args.emulator == "auto":  # a fault is set on the userspace hub: the lab has one
+        options["emulator"] = "userspace"
+    options["proxy_host"] = args.proxy_host or args.via_proxy is not None
+    lab = up(args.target, **options)
     try:
         _print_lab(lab)
         return _run_on(lab, args)
@@ -234,16 +233,13 @@ def _run(args: argparse.Namespace) -> int:
 def _run_on(lab: Lab, args: argparse.Namespace) -> int:
     from vflnet.tools.lab.run import run_lab
 
-    return run_lab(
-        lab,
-        tls=args.tls,
-        via=args.via_proxy,
-        proxy_mode=args.proxy_mode,
-        tamper=args.tamper,
-        proxy_args=args.proxy_arg,
-        timeout_s=args.timeout,
-        faults=args.fault,
-    ).rc
+    proxy = {  # the proxy host's part
+        "via": args.via_proxy,
+        "proxy_mode": args.proxy_mode,
+        "tamper": args.tamper,
+        "proxy_args": args.proxy_arg,
+    }
+    return run_lab(lab, tls=args.tls, timeout_s=args.timeout, faults=args.fault, **proxy).rc
 
 
 def _print_lab(lab: Lab) -> None:
