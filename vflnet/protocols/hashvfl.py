@@ -29,12 +29,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from vflnet.config import Config, ModelConfig
+from vflnet.config import ModelConfig
 from vflnet.data.partition import party_seed
 from vflnet.defenses import hashing
-from vflnet.defenses.label_defenses import LabelDefense
-from vflnet.models.local import LocalModel
-from vflnet.models.zoo import TopModel, build_bottom
+from vflnet.models.zoo import build_bottom
 from vflnet.protocols.split import (
     SPLIT_HOOKS,
     ActiveSplit,
@@ -46,10 +44,14 @@ from vflnet.protocols.split import (
     label_loss,
     outcome,
 )
-from vflnet.registry import Param
 from vflnet.sdk import (
     PROTOCOLS,
+    Config,
+    LabelDefense,
+    LocalModel,
+    Param,
     Protocol,
+    TopModel,
     from_pm1_proto,
     from_proto,
     invalid,
