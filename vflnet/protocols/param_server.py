@@ -25,7 +25,7 @@ from vflnet.sdk import (
     Param,
     Protocol,
     RunFailed,
-    attach,
+    attach_upload,
     build_optimizer,
     build_schedule,
     from_tensor_map,
@@ -166,7 +166,7 @@ class CentralParams:
     cfg: Config
 
     def make_local(self, modules: dict[str, Any]) -> LocalModel:
-        self.upload_defenses = attach(self.cfg, self.host.name, "upload")
+        self.upload_defenses = attach_upload(self.cfg, self.host.name)
         return LocalModel(modules, self.cfg.train.optimizer, self.cfg.train.lr_schedule, own_optimizer=False)
 
     def join_request(self, req: messages_pb2.JoinRequest) -> None:

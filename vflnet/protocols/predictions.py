@@ -10,14 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from vflnet.sdk import PredictionView, attach
+from vflnet.sdk import PredictionView, attach_scores
 from vflnet.v1 import messages_pb2
 
 
 class PredictionsKeeper:
     def __init__(self, host: Any) -> None:
         self.host = host
-        self.defenses = attach(host.cfg, host.name, "scores")
+        self.defenses = attach_scores(host.cfg, host.name)
         # (phase, epoch) -> [(ids, predicted class, confidence vector)]
         self.parts: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
 

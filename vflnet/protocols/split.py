@@ -37,7 +37,7 @@ from vflnet.sdk import (
     StepMailbox,
     TopModel,
     aggregate,
-    attach,
+    attach_labels,
     call,
     check_and_meter,
     from_proto,
@@ -246,7 +246,7 @@ class SplitActive(PartySide):
 
     def _defense(self) -> LabelDefense | None:
         host = self.host
-        built = attach(self.cfg, host.name, "labels", host.data.n_classes)
+        built = attach_labels(self.cfg, host.name, host.data.n_classes)
         if len(built) > 1:
             raise ValueError(f"{host.name}: one label defense at a time, got {len(built)}")
         if built:

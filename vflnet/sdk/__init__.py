@@ -6,7 +6,8 @@ its calls go out through ``send`` or ``call`` (``handlers``), so the host checks
 with a status, and the protocol never touches gRPC: it fails a request with ``invalid``,
 ``malformed``, ``wrong_state``, ``stale_step``, ``duplicate``, ``not_found`` or ``aborted``, each a
 gRPC status. A side that gathers every sender's message for a step and answers each keeps them in a
-``StepMailbox`` (``mailbox``). Defenses enter a side through ``attach`` (at one of ``HOOK_POINTS``);
+``StepMailbox`` (``mailbox``). Defenses enter a side through ``attach`` (at one of ``HOOK_POINTS``), typed per hook point
+(``attach_labels``, ``attach_scores``, ``attach_upload``; ``attach_bottom`` is the host's);
 what a side hands its party's attacks are the views (``OwnStepView``, ``PredictionView``); tensors
 cross the wire through ``to_proto`` / ``from_proto`` (and the tensor-map and +-1 forms); a side's
 model is its host's ``LocalModel`` (``TopModel``, ``aggregate``; ``build_optimizer``,
@@ -15,7 +16,17 @@ model is its host's ``LocalModel`` (``TopModel``, ``aggregate``; ``build_optimiz
 """
 
 from vflnet.config import Config
-from vflnet.defenses.base import HOOK_POINTS, attach
+from vflnet.defenses.base import (
+    HOOK_POINTS,
+    BottomWrap,
+    ScoreTransform,
+    UploadTransform,
+    attach,
+    attach_bottom,
+    attach_labels,
+    attach_scores,
+    attach_upload,
+)
 from vflnet.defenses.label_defenses import LabelDefense, soft_cross_entropy
 from vflnet.models.local import LocalModel
 from vflnet.models.optim import build_optimizer, build_schedule
@@ -63,6 +74,7 @@ __all__ = [
     "PREDICT",
     "PROTOCOLS",
     "TRAIN",
+    "BottomWrap",
     "Config",
     "CoordinatorContext",
     "CoordinatorSide",
@@ -80,13 +92,19 @@ __all__ = [
     "PredictionView",
     "Protocol",
     "RunFailed",
+    "ScoreTransform",
     "StepCommand",
     "StepMailbox",
     "StepReport",
     "TopModel",
+    "UploadTransform",
     "aborted",
     "aggregate",
     "attach",
+    "attach_bottom",
+    "attach_labels",
+    "attach_scores",
+    "attach_upload",
     "build_optimizer",
     "build_schedule",
     "call",
