@@ -21,10 +21,7 @@ from test_resume import WAIT_S, _final_params, _launch, _steps, _trace_differenc
 
 from vflnet.runner.local import run_local
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small file system needs root"),
-]
+pytestmark = pytest.mark.e2e
 
 
 def _config(tmp_path: Path, bridge: str, trace: bool, **transport: float) -> Path:
@@ -79,6 +76,7 @@ def _grow(path: Path) -> None:
     subprocess.run(["mount", "-o", "remount,size=64m", str(path)], check=True)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small file system needs root")
 @pytest.mark.parametrize(
     ("trace", "size", "writing"),
     # with traces on, the trace or the checkpoint being written when the disk fills is named

@@ -17,7 +17,7 @@ class WriteFailed(OSError):
 
     def __init__(self, what: str, path: Path | str, exc: OSError) -> None:
         reason = exc.strerror or str(exc)
-        super().__init__(exc.errno, f"cannot write {what} to {path}: {reason}")
+        super().__init__(exc.errno, f"cannot write {what} to {path}: {reason}", str(path))
         self.what, self.path, self.reason = what, Path(path), reason
 
     def __str__(self) -> str:
