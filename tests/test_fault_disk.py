@@ -19,6 +19,7 @@ import torch
 from conftest import base_config, write_config
 from test_resume import WAIT_S, _final_params, _launch, _steps, _trace_differences, _wait_for_step
 
+from vflnet.roles import checkpoints
 from vflnet.runner.local import run_local
 
 pytestmark = pytest.mark.e2e
@@ -103,8 +104,10 @@ def test_a_full_disk_ends_the_run_naming_the_file_and_resume_completes_it(tmp_pa
         # the file and what was being written, named in that one line
         assert any(f"cannot write {w}" in failed[0] for w in writing) and str(run_dir) in failed[0], failed[0]
         assert "Traceback" not in console
-        # no temporary file takes space, and every checkpoint left is whole or has no manifest
+        # no temporary file takes space, and the newest checkpoint with a manifest is whole
         assert not [p for p in run_dir.rglob("*") if ".tmp" in p.name]
+        newest, skipped = checkpoints.newest_valid(run_dir, "faults", "coordinator", every_file=True)
+        assert newest is not None and not skipped, skipped
         summary = run_dir / "summary.json"
         if summary.exists():
             assert json.loads(summary.read_text())["status"] == "failed"
