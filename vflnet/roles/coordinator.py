@@ -772,9 +772,8 @@ def _main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool)
     except Interrupted as exc:
         log.error("run interrupted: %s", exc)
         summary.update(status="interrupted", error=str(exc))
-        write_atomic(
-            run_dir / "summary.json", json.dumps(summary, indent=2), "the summary"
-        )  # before anything can hang
+        # before anything can hang
+        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2), "the summary")
         # brief: parties being stopped beside it (vflnet run, docker stop) must not hold it up
         shutdown_all(cfg, stubs, f"run interrupted: {exc}", save=False, timeout=2)
         return 143
