@@ -73,23 +73,27 @@ def _start_in_join_order(tmp_path: Path, repo: Path, order: list[str]) -> dict[s
 
 @pytest.mark.e2e
 @pytest.mark.parametrize(
-    "order",
-    [["passive-2", "active", "passive-1"], ["active", "passive-2", "passive-1"]],
-    ids=["passive-2-first", "active-first"],
+    ("order", "frozen"),
+    [
+        # the active party's step waits for passive-1's embeddings, passive-2's on the active party
+        (["passive-2", "active", "passive-1"], "passive-1"),
+        (["active", "passive-2", "passive-1"], "passive-1"),
+        # both passive parties' steps wait on the frozen active party: only their own Shutdown frees them
+        (["passive-1", "passive-2", "active"], "active"),
+    ],
+    ids=["passive-2-first", "active-first", "active-frozen"],
 )
-def test_every_live_party_is_shut_down_at_once_after_a_party_dies(tmp_path, repo, order):
+def test_every_live_party_is_shut_down_at_once_after_a_party_dies(tmp_path, repo, order, frozen):
     procs = _start_in_join_order(tmp_path, repo, order)
     try:
-        # passive-1 answers nothing: the active party's step waits for its embeddings, and passive-2's
-        # step waits on the active party's gradients
-        os.kill(procs["passive-1"].pid, signal.SIGSTOP)
-        for name in ("coordinator", "active", "passive-2"):
+        os.kill(procs[frozen].pid, signal.SIGSTOP)  # alive, answers nothing
+        live = [n for n in order if n != frozen]
+        for name in ["coordinator", *live]:
             rc = procs[name].wait(timeout=WAIT_S)  # a step's deadline (300 s) is never waited out
             assert rc == (1 if name == "coordinator" else 0), (name, rc)
         coordinator = (tmp_path / "coordinator.log").read_text()
         failed = next(line for line in coordinator.splitlines() if "run failed" in line)
-        assert "'passive-1' has not answered heartbeats" in failed and "transport.dead_after_s" in failed
-        live = [n for n in order if n != "passive-1"]
+        assert f"{frozen!r} has not answered heartbeats" in failed and "transport.dead_after_s" in failed
         # every live party told at once, in join order, and none of them failed to answer
         assert f"sending Shutdown to {', '.join(live)} at once" in coordinator
         assert "shutdown of" not in coordinator, coordinator[-3000:]
@@ -97,7 +101,7 @@ def test_every_live_party_is_shut_down_at_once_after_a_party_dies(tmp_path, repo
             log = (tmp_path / f"{name}.log").read_text()
             assert log.index("shutdown requested (run failed") < log.index(f"{name}: shut down; final model")
         summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-        assert summary["status"] == "failed" and "passive-1" in summary["error"]
+        assert summary["status"] == "failed" and frozen in summary["error"]
         # the final models of the live parties, saved once their state was consistent
         assert sorted(summary["checkpoints"]) == sorted(live)
         for name in live:
