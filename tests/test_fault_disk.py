@@ -22,7 +22,8 @@ from test_resume import WAIT_S, _final_params, _launch, _steps, _trace_differenc
 from vflnet.roles import checkpoints
 from vflnet.runner.local import run_local
 
-pytestmark = pytest.mark.e2e
+# two launches of four processes each (and a reference run): longer than the default timeout when loaded
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _config(tmp_path: Path, bridge: str, trace: bool, **transport: float) -> Path:
