@@ -9,7 +9,7 @@ gradients are thus the honest-but-curious server's legitimate view.
 
 from __future__ import annotations
 
-import os
+import io
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from vflnet.sdk import (
     from_tensor_map,
     invalid,
     to_tensor_map,
+    write_durable,
 )
 from vflnet.v1 import messages_pb2, tensor_pb2
 
@@ -109,10 +110,9 @@ class ParamServer:
         self.epoch, self.updates = int(state["epoch"]), int(state["updates"])
 
     def save(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(self.state_dict()["params"], tmp)
-        os.replace(tmp, path)
+        buf = io.BytesIO()
+        torch.save(self.state_dict()["params"], buf)
+        write_durable(path, buf.getvalue(), "the final model")
 
 
 class ParamServerCoordinator(CoordinatorSide):

@@ -27,9 +27,9 @@ coordinator stops the run.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -74,6 +74,7 @@ from vflnet.sdk import (
     register_messages,
     send,
     to_proto,
+    write_durable,
     wrong_state,
 )
 from vflnet.v1 import messages_pb2, secureboost_pb2
@@ -480,9 +481,9 @@ class SecureBoostActive(PartySide):
         arrays = {
             f"tree{i:04d}_{k}": v for i, t in enumerate(self.ensemble.trees) for k, v in t.to_dict().items()
         }
-        tmp = path.with_suffix(".trees.tmp.npz")
-        np.savez(tmp, owners=np.array(self.owner_names), **arrays)
-        os.replace(tmp, path.with_suffix(".trees.npz"))
+        buf = io.BytesIO()
+        np.savez(buf, owners=np.array(self.owner_names), **arrays)
+        write_durable(path.with_suffix(".trees.npz"), buf.getvalue(), "the trees")
 
     def finish(self) -> None:
         self.keeper.write()

@@ -11,7 +11,8 @@ gRPC status. A side that gathers every sender's message for a step and answers e
 what a side hands its party's attacks are the views (``OwnStepView``, ``PredictionView``); tensors
 cross the wire through ``to_proto`` / ``from_proto`` (and the tensor-map and +-1 forms); a side's
 model is its host's ``LocalModel`` (``TopModel``, ``aggregate``; ``build_optimizer``,
-``build_schedule`` for one of its own), an active side's label defense a ``LabelDefense``. ``deadlines`` estimates a side's work per step. The hosts' plumbing
+``build_schedule`` for one of its own), an active side's label defense a ``LabelDefense``; a file a
+side writes goes through ``write_durable`` (whole or not at all, a failure named). ``deadlines`` estimates a side's work per step. The hosts' plumbing
 (vflnet/interceptors/bridge.py, vflnet/wire/checks.py) is not part of it.
 """
 
@@ -28,6 +29,7 @@ from vflnet.defenses.base import (
     attach_upload,
 )
 from vflnet.defenses.label_defenses import LabelDefense, soft_cross_entropy
+from vflnet.durable import write_durable
 from vflnet.models.local import LocalModel
 from vflnet.models.optim import build_optimizer, build_schedule
 from vflnet.models.zoo import TopModel, aggregate
@@ -125,5 +127,6 @@ __all__ = [
     "to_pm1_proto",
     "to_proto",
     "to_tensor_map",
+    "write_durable",
     "wrong_state",
 ]
