@@ -105,7 +105,12 @@ def party_view(cfg: Config, party_name: str, dataset: Dataset | None = None) -> 
     if party.features is not None:
         assert party.bottom is not None
         x = select_features(data, party.features, as_image=takes_image(party.bottom))[order]
-    y = data.labels[order] if party.role == "active" else None
+    y = None
+    if party.role == "active":
+        labels = data.labels
+        if cfg.data.permute_labels is not None:  # an empirical null: the same permutation in every process
+            labels = labels[np.random.default_rng(cfg.data.permute_labels).permutation(len(labels))]
+        y = labels[order]
     return PartyData(ids=data.ids[order], x=x, y=y, n_classes=data.n_classes)
 
 

@@ -78,7 +78,12 @@ METRICS = (
         count="triggered_test",
     ),
     Metric("auc", "leak AUC", "0.5 (random scores)"),
-    Metric("label_accuracy", "label accuracy", "chance, 1 / classes", count="samples"),
+    Metric(
+        "label_accuracy",
+        "label accuracy",
+        "always the majority class of the task, on the same samples (else chance, 1 / classes)",
+        count="samples",
+    ),
     Metric("cbr", "correct branching rate", "a U(0, 1) guess"),
     Metric(
         "mse", "feature MSE per feature", "a U(0, 1) guess", higher_leaks=False, margin=0.1, bounded=False
@@ -105,7 +110,7 @@ def primary(scores: dict[str, Any], n_classes: int) -> tuple[Metric, float, floa
         elif m.key == "asr":
             baseline = float(s.get("asr_without_attack", 1.0 / n_classes))
         elif m.key == "label_accuracy":
-            baseline = float(s.get("chance", 1.0 / n_classes))
+            baseline = float(s.get("majority_baseline", s.get("chance", 1.0 / n_classes)))
         elif m.key == "auc":
             baseline = float(s.get("chance_auc", 0.5))
         elif m.key == "cbr":
@@ -116,6 +121,14 @@ def primary(scores: dict[str, Any], n_classes: int) -> tuple[Metric, float, floa
             baseline = 0.0
         return m, value, None if baseline is None else float(baseline)
     return None
+
+
+def _baseline_what(metric: Metric, scores: list[dict[str, Any]]) -> str:
+    """The baseline in words, as the scores found it (the label attacks' majority class, by name)."""
+    majority = {s.get("majority_class") for s in scores} - {None}
+    if metric.key == "label_accuracy" and len(majority) == 1:
+        return f"always the majority class ({majority.pop()}), on the same samples"
+    return metric.baseline
 
 
 def interval(values: list[float]) -> tuple[float, float, float]:
@@ -136,10 +149,19 @@ def pooled_interval(values: list[float], counts: list[float]) -> tuple[float, fl
     return p, centre - half, centre + half
 
 
+BLIND = "blind: no informed sample"
+
+
+def blind(scores: list[dict[str, Any]]) -> bool:
+    """Every seed's attack could only guess (``informed_fraction`` 0: e.g. per-sample gradients that arrive
+    encrypted under split-he): its figure is a coin's, whatever it reads."""
+    return bool(scores) and all(s.get("informed_fraction") == 0 for s in scores)
+
+
 def verdict(metric: Metric, low: float, high: float, mean: float, baseline: float | None) -> str:
     """``leaks`` when the whole interval lies beyond the baseline and the mean beyond it by more than the
     metric's margin, in the leaking direction; ``inconclusive`` when the mean does but a wide interval
-    (few seeds) still reaches the baseline; ``at baseline`` otherwise."""
+    (few seeds) still reaches the baseline; ``at baseline`` otherwise. (A blind row never gets here.)"""
     if baseline is None:
         return "measured (no baseline)"
     margin = metric.margin if metric.higher_leaks else metric.margin * abs(baseline)
@@ -487,54 +509,59 @@ def collect(
                     "verdict": "no leakage metric: its score compares nothing with ground truth (not run)",
                 }
     for row in per.values():
-        if row.get("never_acted"):  # in any seed: what it scored elsewhere is not its leak
-            row["verdict"] = f"{NEVER_ACTED} ({row['never_acted'][0]})"
-            continue
-        if not row.get("scores") and "verdict" in row:
-            continue
-        measured = [(primary(s, n_classes), s) for s in row["scores"]]
-        found = [f for f, _ in measured if f is not None]
-        scored = [s for f, s in measured if f is not None]
-        if not found:
-            row["verdict"] = (
-                f"failed: {row['errors'][0]}"
-                if row["errors"] and not row["scores"]
-                else "no leakage metric in its scores: "
-                + ", ".join(
-                    f"{k}={v:g}" if isinstance(v, int | float) else k
-                    for k, v in list(row["scores"][0].items())[:4]
-                )
-            )
-            continue
-        metric = found[0][0]
-        values = [f[1] for f in found]
-        baselines = [f[2] for f in found if f[2] is not None]
-        counts = [s.get(metric.count) for s in scored] if metric.count else []
-        pooled = len(counts) == len(values) and all(isinstance(c, int | float) and c > 0 for c in counts)
-        mean, low, high = pooled_interval(values, counts) if pooled else interval(values)
-        baseline = statistics.fmean(baselines) if baselines else None
-        if pooled and len(baselines) == len(values):  # weighed like the values it is compared with
-            baseline = sum(b * c for b, c in zip(baselines, counts, strict=True)) / sum(counts)
-        if metric.bounded:  # a rate: the t-interval of few seeds can reach past [0, 1]
-            low, high = max(low, 0.0), min(high, 1.0)
-        row.update(
-            metric=metric.key,
-            metric_what=metric.what,
-            baseline_what=metric.baseline,
-            values=values,
-            interval="Wilson, the seeds' samples pooled" if pooled else "t over the seeds",
-            samples=sum(counts) if pooled else None,
-            mean=mean,
-            low=low,
-            high=high,
-            baseline=baseline,
-            verdict=verdict(metric, low, high, mean, baseline),
-        )
-        if row["errors"]:  # some seeds failed: the verdict stands on the others, and says so
-            row["verdict"] += (
-                f" ({len(row['errors'])} of {len(row['errors']) + len(values)} runs failed: {row['errors'][0]})"
-            )
+        judge(row, n_classes)
     for u in utility.values():
         u["mean_test_accuracy"] = statistics.fmean(u["test_accuracy"]) if u["test_accuracy"] else None
         u["mean_wall_time_s"] = statistics.fmean(u["wall_time_s"]) if u["wall_time_s"] else None
     return per, utility
+
+
+def judge(row: dict[str, Any], n_classes: int) -> None:
+    """A row's metric, mean, interval, baseline and verdict, from its per-seed scores and errors (in place)."""
+    if row.get("never_acted"):  # in any seed: what it scored elsewhere is not its leak
+        row["verdict"] = f"{NEVER_ACTED} ({row['never_acted'][0]})"
+        return
+    if not row.get("scores") and "verdict" in row:
+        return
+    if row["errors"]:  # a run or scoring failure in any seed: what the others scored is no verdict
+        runs = len(row["errors"]) + len(row["scores"])
+        row["verdict"] = f"failed: {row['errors'][0]}" + (
+            f" ({len(row['errors'])} of {runs} runs)" if runs > 1 else ""
+        )
+        return
+    measured = [(primary(s, n_classes), s) for s in row["scores"]]
+    found = [f for f, _ in measured if f is not None]
+    scored = [s for f, s in measured if f is not None]
+    if not found:
+        row["verdict"] = "no leakage metric in its scores: " + ", ".join(
+            f"{k}={v:g}" if isinstance(v, int | float) else k for k, v in list(row["scores"][0].items())[:4]
+        )
+        return
+    metric = found[0][0]
+    values = [f[1] for f in found]
+    baselines = [f[2] for f in found if f[2] is not None]
+    counts = [s.get(metric.count) for s in scored] if metric.count else []
+    pooled = len(counts) == len(values) and all(isinstance(c, int | float) and c > 0 for c in counts)
+    mean, low, high = pooled_interval(values, counts) if pooled else interval(values)
+    baseline = statistics.fmean(baselines) if baselines else None
+    if pooled and len(baselines) == len(values):  # weighed like the values it is compared with
+        baseline = sum(b * c for b, c in zip(baselines, counts, strict=True)) / sum(counts)
+    if metric.bounded:  # a rate: the t-interval of few seeds can reach past [0, 1]
+        low, high = max(low, 0.0), min(high, 1.0)
+    row.update(
+        metric=metric.key,
+        metric_what=metric.what,
+        baseline_what=_baseline_what(metric, scored),
+        values=values,
+        interval="Wilson, the seeds' samples pooled" if pooled else "t over the seeds",
+        samples=sum(counts) if pooled else None,
+        mean=mean,
+        low=low,
+        high=high,
+        baseline=baseline,
+        verdict=(
+            f"{BLIND} (informed fraction 0 in every seed: it could only guess)"
+            if blind(scored)
+            else verdict(metric, low, high, mean, baseline)
+        ),
+    )
