@@ -102,3 +102,83 @@ def test_no_leakage_metric_row_says_so() -> None:
     row: dict[str, Any] = {"scores": [{"codes": 3.0}], "errors": []}
     judge(row, 10)
     assert row["verdict"] == "no leakage metric in its scores: codes=3"
+
+
+def test_permute_labels_removes_the_secret_at_the_data_level_the_same_in_every_process() -> None:
+    from vflnet.data.partition import party_view
+
+    data = base_config(n_passive=2, aggregation="sum")
+    plain = party_view(config_from_dict(data), "active")
+    data["data"]["permute_labels"] = 3
+    cfg = config_from_dict(data)
+    permuted, again = party_view(cfg, "active"), party_view(cfg, "active")
+    assert (permuted.ids == plain.ids).all() and (permuted.y == again.y).all()  # seeded: every process
+    assert sorted(permuted.y.tolist()) == sorted(plain.y.tolist())  # among the samples: the same prior
+    assert (permuted.y == plain.y).mean() < 0.3  # 10 classes: about 1 in 10 keeps its label
+    passive = party_view(cfg, "passive-1")
+    assert (
+        passive.y is None
+        and (passive.x == party_view(config_from_dict(base_config(2, "sum")), "passive-1").x).all()
+    )
+    data["data"]["permute_labels"] = "x"
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data)
+    assert info.value.key == "data.permute_labels"
+
+
+def audit(out: Path, *args: str) -> dict[str, Any]:
+    import json
+
+    assert cli.main([str(DIGITS), "--quick", "--out", str(out), *args]) == 0
+    return json.loads((out / "audit.json").read_text())
+
+
+SUM = [
+    "protocol.aggregation=sum",
+    "model.top={kind: none}",
+    "parties[2].bottom.out=10",
+    "parties[3].bottom.out=10",
+    "transport.bridge=loopback",
+]
+
+
+def row(result: dict[str, Any], attack: str, position: str, setting: str = "none") -> dict[str, Any]:
+    for r in result["applicable"]:
+        if r["attack"] == attack and r["position"] == position:
+            return r["by_setting"][setting]
+    raise AssertionError(f"no row {attack} @ {position}")
+
+
+@pytest.mark.slow  # real runs (loopback): about a minute on a loaded 2-core machine
+def test_the_null_run_moves_with_the_secret_removed(tmp_path: Path) -> None:
+    """A permuted-label run of direct label inference reads the permuted labels off the gradients: against
+    the true labels it scores near the majority baseline, and the real run is tested against it."""
+    result = audit(tmp_path / "null", "--seeds", "1", "--null", *SUM, "train.max_steps=4")
+    direct = row(result, "direct-label-inference", "passive party passive-1")
+    assert direct["mean"] > 0.99 and direct["verdict"] == "leaks"
+    assert abs(direct["null_mean"] - direct["baseline"]) < 0.06  # the secret removed: a trivial attacker's
+    assert direct["test"].startswith("Fisher") and direct["p_value"] < 1e-6 and direct["p_holm"] < 0.05
+    assert direct["p_holm"] >= direct["p_value"]
+    runs = [r["name"] for r in result["runs"]]
+    assert any("-null-taps-" in n for n in runs)
+
+
+def test_the_low_fpr_and_epsilon_figures_of_a_row() -> None:
+    from vflnet.tools.audit.execute import auditing_figures
+
+    rng = np.random.default_rng(0)
+    positive = rng.random(400) < 0.3
+    scores = positive * 2.0 + rng.normal(0, 1, 400)
+    seeds = [
+        {"scores": scores[:200].tolist(), "positive": positive[:200].tolist(), "confusion": [0, 100, 0, 100]},
+        {"scores": scores[200:].tolist(), "positive": positive[200:].tolist(), "confusion": [0, 100, 0, 100]},
+    ]
+    figures = auditing_figures(seeds)
+    assert figures["roc"]["positives"] == int(positive.sum()) and figures["roc"]["fpr"][0] == 0.0
+    at1 = figures["tpr_at_fpr"]["0.01"]
+    assert at1["low"] <= at1["tpr"] <= at1["high"] and 0 < at1["tpr"] < 1
+    assert figures["tpr_at_fpr"]["0.001"]["tpr"] <= at1["tpr"]
+    # no error on 200 positives and 200 negatives, pooled over the seeds
+    bound = 1 - 0.025 ** (1 / 200)
+    assert figures["epsilon_lower_bound"]["epsilon"] == pytest.approx(np.log((1 - bound) / bound))
+    assert auditing_figures([{}]) == {}

@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma list of defense names, or a YAML file of defense settings: each setting reruns the "
         "attacks and measures the main task (utility-leakage trade-off, defense capability score)",
     )
+    p.add_argument(
+        "--null",
+        action="store_true",
+        help="also run each label attack's group with the labels permuted among the samples "
+        "(data.permute_labels: the secret removed) per seed: the empirical null its verdict is tested against",
+    )
     p.add_argument("--select-only", action="store_true", help="print the selection and exit (no runs)")
     p.add_argument("--start", choices=("warm", "cold"), default="warm", help="how role processes start")
     return p
@@ -108,7 +114,7 @@ def _main(args: argparse.Namespace) -> int:
     settings = [execute.Setting("none")] + execute.defense_settings(args.defenses, cfg, base, n_classes)
     out = args.out or Path("audits") / args.config.stem
     out.mkdir(parents=True, exist_ok=True)
-    runs = execute.plan_runs(base, cands, settings, seeds, budget)
+    runs = execute.plan_runs(base, cands, settings, seeds, budget, null=args.null)
     notes = []
     if budget == "quick":
         notes.append(

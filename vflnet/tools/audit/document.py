@@ -17,7 +17,7 @@ from typing import Any
 
 from vflnet.config import Config
 from vflnet.registry import ATTACKS
-from vflnet.tools.audit.execute import NEVER_ACTED, PlannedRun, Setting
+from vflnet.tools.audit.execute import NEVER_ACTED, NULL, PlannedRun, Setting
 from vflnet.tools.audit.selection import Candidate
 from vflnet.tools.experiments import capability
 from vflnet.tools.experiments.document import Block, Code, Heading, Table, Text, write
@@ -92,6 +92,20 @@ def fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
+def null_cell(row: dict[str, Any]) -> str:
+    """The null runs' mean of the row's metric (or why there is none)."""
+    if row.get("null_error"):
+        return f"failed: {row['null_error']}"
+    return fmt(row.get("null_mean")) if row.get("null_mean") is not None else "-"
+
+
+def p_cell(row: dict[str, Any]) -> str:
+    """The row's one-sided p-value and, in parentheses, Holm's over the audit's tested rows."""
+    if row.get("p_value") is None:
+        return "-"
+    return f"{row['p_value']:.2g} ({row.get('p_holm', row['p_value']):.2g})"
+
+
 def reproduce_command(cand: Candidate, row: dict[str, Any], out: Path) -> str:
     """The command that reproduces the row alone (its first seed)."""
     if not row.get("configs"):
@@ -136,6 +150,8 @@ def build(
                 row.get("metric_what", "-"),
                 interval,
                 f"{fmt(row.get('baseline'))} ({row['baseline_what']})" if "baseline_what" in row else "-",
+                null_cell(row),
+                p_cell(row),
                 verdict,
                 paper(cand.attack),
                 command,
@@ -177,7 +193,10 @@ def build(
             "the baseline of an attacker without the leak. The value is the mean over the seeds with a 95% "
             "interval: for a rate over samples (label accuracy, ASR) the Wilson interval of every seed's "
             "samples pooled, otherwise the t-interval over the seeds. 'leaks': the whole interval lies beyond "
-            "the baseline, and the mean by more than a practical margin."
+            "the baseline (or the null), the mean by more than a practical margin, and the p-value after "
+            "Holm's correction over every tested row of this audit is below 0.05. The null is the same runs "
+            "with the labels permuted among the samples (`--null`); p is one-sided (the test is named in "
+            "audit.json). Every verdict is defined in docs/audit.md."
         ),
         Table(
             [
@@ -187,6 +206,8 @@ def build(
                 "metric",
                 "value [95% interval]",
                 "baseline",
+                "null (labels permuted)",
+                "p (Holm)",
                 "verdict",
                 "paper",
                 "reproduce",
@@ -282,6 +303,17 @@ def build(
             for c in skipped
         ],
         "defense_capability_score": dcs_json,
+        "runs": [
+            {
+                "name": r.name,
+                "setting": r.setting,
+                "seed": r.seed,
+                "group": r.group,
+                "null": r.group.startswith(NULL),
+                "attacks": [c.key for c in r.candidates],
+            }
+            for r in runs
+        ],
         "report": {"markdown": str(md), "html": str(html)},
     }
     (out / "audit.json").write_text(json.dumps(result, indent=2, default=str))

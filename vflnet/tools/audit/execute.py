@@ -81,7 +81,7 @@ METRICS = (
     Metric(
         "label_accuracy",
         "label accuracy",
-        "always the majority class of the task, on the same samples (else chance, 1 / classes)",
+        "the better of always the majority class, on the same samples, and a uniform guess (1 / classes)",
         count="samples",
     ),
     Metric("cbr", "correct branching rate", "a U(0, 1) guess"),
@@ -110,7 +110,8 @@ def primary(scores: dict[str, Any], n_classes: int) -> tuple[Metric, float, floa
         elif m.key == "asr":
             baseline = float(s.get("asr_without_attack", 1.0 / n_classes))
         elif m.key == "label_accuracy":
-            baseline = float(s.get("majority_baseline", s.get("chance", 1.0 / n_classes)))
+            # the stronger trivial attacker: always the majority class, or a uniform guess
+            baseline = max(float(s.get("majority_baseline", 0.0)), float(s.get("chance", 1.0 / n_classes)))
         elif m.key == "auc":
             baseline = float(s.get("chance_auc", 0.5))
         elif m.key == "cbr":
@@ -127,7 +128,10 @@ def _baseline_what(metric: Metric, scores: list[dict[str, Any]]) -> str:
     """The baseline in words, as the scores found it (the label attacks' majority class, by name)."""
     majority = {s.get("majority_class") for s in scores} - {None}
     if metric.key == "label_accuracy" and len(majority) == 1:
-        return f"always the majority class ({majority.pop()}), on the same samples"
+        return (
+            f"the better of always the majority class ({majority.pop()}) on the same samples and a uniform "
+            "guess (1 / classes)"
+        )
     return metric.baseline
 
 
@@ -158,10 +162,20 @@ def blind(scores: list[dict[str, Any]]) -> bool:
     return bool(scores) and all(s.get("informed_fraction") == 0 for s in scores)
 
 
-def verdict(metric: Metric, low: float, high: float, mean: float, baseline: float | None) -> str:
-    """``leaks`` when the whole interval lies beyond the baseline and the mean beyond it by more than the
-    metric's margin, in the leaking direction; ``inconclusive`` when the mean does but a wide interval
-    (few seeds) still reaches the baseline; ``at baseline`` otherwise. (A blind row never gets here.)"""
+def verdict(
+    metric: Metric,
+    low: float,
+    high: float,
+    mean: float,
+    baseline: float | None,
+    p: float | None = None,
+    family: int = 1,
+) -> str:
+    """``leaks`` when the whole interval lies beyond the reference (the null's mean, else the baseline),
+    the mean beyond it by more than the metric's margin in the leaking direction, and the p-value (Holm's,
+    over the ``family`` rows of the audit) below ``ALPHA``; ``inconclusive`` when the mean is beyond but a
+    wide interval (few seeds) still reaches the reference, or the corrected p-value is not small enough;
+    ``at baseline`` otherwise. (A blind row never gets here.)"""
     if baseline is None:
         return "measured (no baseline)"
     margin = metric.margin if metric.higher_leaks else metric.margin * abs(baseline)
@@ -169,8 +183,11 @@ def verdict(metric: Metric, low: float, high: float, mean: float, baseline: floa
         beyond, clear = mean - baseline > margin, low > baseline
     else:
         beyond, clear = baseline - mean > margin, high < baseline
-    if beyond and clear:
+    if beyond and clear and (p is None or p < ALPHA):
         return "leaks"
+    if beyond and clear:
+        over = f" over the audit's {family} tested rows" if family > 1 else ""
+        return f"inconclusive (beyond the baseline, but p = {p:.3g} after Holm's correction{over})"
     if beyond and (high - low) / 2 > 5 * margin:
         return "inconclusive (a wide interval reaches the baseline: more seeds decide)"
     return "at baseline"
@@ -297,9 +314,25 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
 
 
+NULL = "null:"  # the group name's prefix of a null run (the same group, its labels permuted)
+
+
+def has_null(cand: Candidate) -> bool:
+    """Whether the attack's secret is the labels, which a null run removes (``data.permute_labels``)."""
+    return ATTACKS.get(cand.attack).truth_needed == "labels"
+
+
 def plan_runs(
-    base: dict[str, Any], cands: list[Candidate], settings: list[Setting], seeds: list[int], budget: str
+    base: dict[str, Any],
+    cands: list[Candidate],
+    settings: list[Setting],
+    seeds: list[int],
+    budget: str,
+    null: bool = False,
 ) -> list[PlannedRun]:
+    """The runs of the audit; with ``null``, each group whose attacks infer labels runs a second time per
+    seed with the labels permuted among the samples as the active party loads them (the secret removed:
+    ``data.permute_labels``, seeded with the run's seed), scored against the true labels."""
     # an attack whose class scores nothing against ground truth is listed, not run
     run = [c for c in cands if c.applies and c.scored]
     observing = [c for c in run if not c.rewrites and not c.mitm]
@@ -311,8 +344,17 @@ def plan_runs(
             continue
         for seed in seeds:
             groups = [("taps", observing, trace)] + [(c.key, [c], []) for c in rewriting]
+            if null:
+                mitm = [c for c in run if c.mitm]
+                groups += [
+                    (f"{NULL}{g}", m, t)
+                    for g, m, t in groups
+                    if any(has_null(c) for c in m + mitm * (g == "taps"))
+                ]
             for group, members, traced in groups:
                 config = run_config(base, members, setting, seed, budget, traced)
+                if group.startswith(NULL):
+                    config.setdefault("data", {})["permute_labels"] = seed
                 digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[
                     :8
                 ]
@@ -382,6 +424,116 @@ def _never_acted(summary: dict[str, Any]) -> dict[str, Any]:
         "attacks": {k: v for k, v in idle.items() if k not in defenses},
         "defenses": [v for k, v in idle.items() if k in defenses],
     }
+
+
+def per_sample(cand: Candidate, cfg: Config, run_dir: Path) -> dict[str, Any]:
+    """What the auditing figures need of a label attack's output, one entry per sample (its first
+    observation): an attack with per-sample scores, its informed ``scores`` and whether each sample is
+    ``positive``; on a binary task, the ``confusion`` counts [FP, negatives, FN, positives] of its labels."""
+    import numpy as np
+
+    from vflnet.config import PluginConfig
+    from vflnet.runner.scoring import ground_truth
+    from vflnet.threat.interception import attack_output_path
+
+    path = attack_output_path(
+        run_dir, PluginConfig(name=cand.attack, party=cand.party, params=dict(cand.params))
+    )
+    if not has_null(cand) or not path.exists():
+        return {}
+    with np.load(path) as f:
+        output = {k: f[k] for k in f.files}
+    if "sample_ids" not in output or "labels" not in output or len(output["sample_ids"]) == 0:
+        return {}
+    truth = ground_truth(cfg, "labels")
+    _, first = np.unique(output["sample_ids"], return_index=True)
+    ids = output["sample_ids"][first]
+    true = np.array([truth[int(i)] for i in ids])
+    labels = output["labels"][first]
+    positive_label = int(output["positive_label"]) if "positive_label" in output else 1
+    out: dict[str, Any] = {}
+    if "scores" in output:
+        informed = output["informed"][first] if "informed" in output else np.ones(len(ids), dtype=bool)
+        out["scores"] = output["scores"][first][informed].astype(float).tolist()
+        out["positive"] = (true == positive_label)[informed].tolist()
+    if len(set(truth.values())) == 2:
+        said, pos = labels == positive_label, true == positive_label
+        out["confusion"] = [
+            int((said & ~pos).sum()),
+            int((~pos).sum()),
+            int((~said & pos).sum()),
+            int(pos.sum()),
+        ]
+    return out
+
+
+LOW_FPR = (0.01, 0.001)
+
+
+def auditing_figures(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The low-FPR and epsilon figures of a row, its seeds' samples pooled: the ROC of its per-sample
+    scores, TPR at 1% and 0.1% FPR with 95% bootstrap intervals, and from its labels on a binary task
+    the empirical epsilon lower bound (Clopper-Pearson, 95%, delta 0) of label differential privacy."""
+    import numpy as np
+
+    from vflnet.metrics.auditing import auc, bootstrap, epsilon_lower_bound, roc, tpr_at_fpr
+
+    out: dict[str, Any] = {}
+    scores = [v for s in samples for v in s.get("scores", [])]
+    positive = np.array([v for s in samples for v in s.get("positive", [])], dtype=bool)
+    if scores and positive.any() and not positive.all():
+        x = np.array(scores)
+        fpr, tpr = roc(x, positive)
+        keep = np.unique(np.linspace(0, len(fpr) - 1, min(len(fpr), 200)).astype(int))
+        out["roc"] = {
+            "fpr": fpr[keep].tolist(),
+            "tpr": tpr[keep].tolist(),
+            "auc": auc(x, positive),
+            "positives": int(positive.sum()),
+            "negatives": int((~positive).sum()),
+        }
+        out["tpr_at_fpr"] = {}
+        for target in LOW_FPR:
+            low, high = bootstrap(lambda a, b, t=target: tpr_at_fpr(a, b, t), x, positive, resamples=300)
+            out["tpr_at_fpr"][f"{target:g}"] = {
+                "tpr": tpr_at_fpr(x, positive, target),
+                "low": low,
+                "high": high,
+            }
+    confusion = [s["confusion"] for s in samples if s.get("confusion")]
+    if confusion:
+        fp, neg, fn, pos = (sum(c[i] for c in confusion) for i in range(4))
+        if neg and pos:
+            out["epsilon_lower_bound"] = {
+                "epsilon": epsilon_lower_bound(fp, neg, fn, pos),
+                "false_positives": fp,
+                "negatives": neg,
+                "false_negatives": fn,
+                "positives": pos,
+                "level": 0.95,
+                "delta": 0.0,
+            }
+    return out
+
+
+def _collect_null(
+    run: PlannedRun, st: dict[str, Any], members: list[Candidate], per: dict[tuple[str, str], dict[str, Any]]
+) -> None:
+    """A null run's scores of the label attacks, as each row's ``null_scores`` (errors: ``null_errors``)."""
+    cfg = config_from_dict(run.config, run.name) if st.get("status") == "completed" else None
+    run_dir = Path(st.get("dir", ""))
+    for cand in members:
+        if not has_null(cand) or (cand.mitm and run.group != f"{NULL}taps"):
+            continue
+        row = per.setdefault((cand.key, run.setting), {"seeds": [], "scores": [], "errors": []})
+        if cfg is None:
+            row.setdefault("null_errors", []).append(st.get("error", "not run"))
+            continue
+        s = mitm_scores(run, cand, cfg, run_dir) if cand.mitm else attack_scores(cand, cfg, run_dir)
+        if isinstance(s.get("error"), str) or isinstance(s.get("never_acted"), str):
+            row.setdefault("null_errors", []).append(s.get("error") or s["never_acted"])
+        else:
+            row.setdefault("null_scores", []).append(s)
 
 
 def attack_scores(cand: Candidate, cfg: Config, run_dir: Path, clean: Path | None = None) -> dict[str, Any]:
@@ -459,6 +611,9 @@ def collect(
         st = status.get(run.name, {})
         run_dir = Path(st.get("dir", ""))
         members = list(run.candidates)
+        if run.group.startswith(NULL):
+            _collect_null(run, st, members + [c for c in cands if c.applies and c.scored and c.mitm], per)
+            continue
         if run.group == "taps":
             members += [c for c in cands if c.applies and c.scored and c.mitm]
             u = utility.setdefault(run.setting, {"test_accuracy": [], "wall_time_s": [], "errors": []})
@@ -497,6 +652,8 @@ def collect(
                 continue
             row["seeds"].append(run.seed)
             row["scores"].append(s)
+            if not cand.mitm:
+                row.setdefault("per_sample", []).append(per_sample(cand, cfg, run_dir))
             row.setdefault("run_dirs", []).append(str(run_dir))
             row.setdefault("configs", []).append(run.name)
     for cand in cands:
@@ -510,6 +667,7 @@ def collect(
                 }
     for row in per.values():
         judge(row, n_classes)
+    correct(list(per.values()))
     for u in utility.values():
         u["mean_test_accuracy"] = statistics.fmean(u["test_accuracy"]) if u["test_accuracy"] else None
         u["mean_wall_time_s"] = statistics.fmean(u["wall_time_s"]) if u["wall_time_s"] else None
@@ -518,6 +676,7 @@ def collect(
 
 def judge(row: dict[str, Any], n_classes: int) -> None:
     """A row's metric, mean, interval, baseline and verdict, from its per-seed scores and errors (in place)."""
+    samples = row.pop("per_sample", [])  # for the figures only: never in audit.json
     if row.get("never_acted"):  # in any seed: what it scored elsewhere is not its leak
         row["verdict"] = f"{NEVER_ACTED} ({row['never_acted'][0]})"
         return
@@ -559,9 +718,92 @@ def judge(row: dict[str, Any], n_classes: int) -> None:
         low=low,
         high=high,
         baseline=baseline,
-        verdict=(
-            f"{BLIND} (informed fraction 0 in every seed: it could only guess)"
-            if blind(scored)
-            else verdict(metric, low, high, mean, baseline)
-        ),
     )
+    row.update(_null(metric, row, n_classes))
+    row.update(auditing_figures(samples))
+    row["p_value"], row["test"] = p_value(metric, values, counts if pooled else [], row)
+    row["verdict"] = (
+        f"{BLIND} (informed fraction 0 in every seed: it could only guess)"
+        if blind(scored)
+        else verdict(metric, low, high, mean, _reference(row), row["p_value"])
+    )
+
+
+def _reference(row: dict[str, Any]) -> float | None:
+    """What the row is compared with: the null's mean where it has a null, else the baseline."""
+    return row["null_mean"] if row.get("null_mean") is not None else row.get("baseline")
+
+
+def _null(metric: Metric, row: dict[str, Any], n_classes: int) -> dict[str, Any]:
+    """The null runs' figures of the row's metric: per-seed values, their pooled mean and counts."""
+    if row.get("null_errors"):
+        return {"null_error": row["null_errors"][0]}
+    found = [(primary(s, n_classes), s) for s in row.get("null_scores", [])]
+    pairs = [(f[1], s.get(metric.count)) for f, s in found if f is not None and f[0] == metric]
+    if not pairs:
+        return {}
+    values = [v for v, _ in pairs]
+    counts = [c for _, c in pairs]
+    if metric.count and all(isinstance(c, int | float) and c > 0 for c in counts):
+        mean = sum(v * c for v, c in pairs) / sum(counts)
+        return {"null_values": values, "null_mean": mean, "null_samples": sum(counts)}
+    return {"null_values": values, "null_mean": statistics.fmean(values)}
+
+
+def p_value(
+    metric: Metric, values: list[float], counts: list[float], row: dict[str, Any]
+) -> tuple[float | None, str]:
+    """The one-sided p-value that the row leaks no more than its reference, and the test that gave it:
+    against its null runs (Fisher's exact test of the pooled counts; else the empirical p over the null's
+    seeds), else against the baseline (an exact binomial test of the pooled counts; else a one-sample t-test
+    over the seeds). None where there is nothing to test with."""
+    from scipy.stats import binomtest, fisher_exact, ttest_1samp
+
+    from vflnet.metrics.auditing import empirical_p
+
+    side = "greater" if metric.higher_leaks else "less"
+    hits = round(sum(v * c for v, c in zip(values, counts, strict=True))) if counts else 0
+    if row.get("null_values"):
+        if counts and row.get("null_samples"):
+            n0 = int(row["null_samples"])
+            k0 = round(row["null_mean"] * n0)
+            table = [[hits, int(sum(counts)) - hits], [k0, n0 - k0]]
+            return float(
+                fisher_exact(table, alternative=side).pvalue
+            ), "Fisher's exact test against the null runs"
+        mean = statistics.fmean(values)
+        return empirical_p(
+            mean, row["null_values"], metric.higher_leaks
+        ), "empirical, over the null runs' seeds"
+    baseline = row.get("baseline")
+    if baseline is None:
+        return None, ""
+    if counts:
+        n = int(sum(counts))
+        p = float(binomtest(hits, n, min(max(baseline, 0.0), 1.0), alternative=side).pvalue)
+        return p, "exact binomial test against the baseline"
+    if len(values) < 2:
+        return None, ""
+    if statistics.pstdev(values) == 0:  # the same value in every seed: a t-test has no variance to use
+        beyond = values[0] > baseline if metric.higher_leaks else values[0] < baseline
+        return (0.0 if beyond else 1.0), "every seed on the same side of the baseline (no variance)"
+    return float(
+        ttest_1samp(values, baseline, alternative=side).pvalue
+    ), "one-sample t-test against the baseline"
+
+
+ALPHA = 0.05  # the family-wise error rate of one audit's "leaks" verdicts (Holm)
+
+
+def correct(rows: list[dict[str, Any]]) -> None:
+    """Holm's correction over every row of one audit that has a p-value: ``p_holm``, and the verdicts
+    again with it (a row that leaks by its own test but not after the correction is inconclusive)."""
+    from vflnet.metrics.auditing import holm
+
+    tested = [r for r in rows if r.get("p_value") is not None and "metric" in r]
+    for r, adjusted in zip(tested, holm([r["p_value"] for r in tested]), strict=True):
+        r["p_holm"] = adjusted
+        if r["verdict"].startswith(BLIND):
+            continue
+        metric = next(m for m in METRICS if m.key == r["metric"])
+        r["verdict"] = verdict(metric, r["low"], r["high"], r["mean"], _reference(r), adjusted, len(tested))
