@@ -182,3 +182,41 @@ def test_the_low_fpr_and_epsilon_figures_of_a_row() -> None:
     bound = 1 - 0.025 ** (1 / 200)
     assert figures["epsilon_lower_bound"]["epsilon"] == pytest.approx(np.log((1 - bound) / bound))
     assert auditing_figures([{}]) == {}
+
+
+def test_vary_values_are_parsed_and_refused_by_name() -> None:
+    assert cli.parse_vary(["train.batch_size=32,64", "parties[2].bottom.hidden=[8, 4],[16]"]) == [
+        ("train.batch_size", ["32", "64"]),
+        ("parties[2].bottom.hidden", ["[8, 4]", "[16]"]),
+    ]
+    for bad in (["train.batch_size=32"], ["=1,2"], ["x=1,2", "x=3,4"]):
+        with pytest.raises(ConfigError):
+            cli.parse_vary(bad)
+
+
+@pytest.mark.slow  # five tiny audits over the loopback bridge: about a minute on a loaded 2-core machine
+def test_vary_on_two_axes(tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "vary"
+    args = [str(ROOT / "configs" / "scoring-cancer.yaml"), "attacks=[]", "transport.bridge=loopback"]
+    args += ["train.max_steps=3", "--quick", "--seeds", "1", "--out", str(out)]
+    args += ["--vary", "train.batch_size=32,64", "--vary", "parties[2].bottom.hidden=[8],[16]"]
+    assert cli.main(args) == 0
+    result = json.loads((out / "audit.json").read_text())
+    assert list(result["vary"]) == ["train.batch_size", "parties[2].bottom.hidden"]
+    for key, values in (("train.batch_size", ["32", "64"]), ("parties[2].bottom.hidden", ["[8]", "[16]"])):
+        axis = result["vary"][key]
+        assert axis["values"] == values and not any(axis["refused"])
+        assert all(isinstance(a, float) for a in axis["test_accuracy"])
+        direct = axis["rows"]["direct-label-inference @ passive party passive-1"]
+        assert direct["metric"] == "label_accuracy" and all(m is not None for m in direct["means"])
+        for audit_dir in axis["audits"]:  # each value is a whole audit of its own
+            assert (Path(audit_dir) / "audit.json").exists()
+    # each value's audit ran its own setting: the batch size of its runs' configs
+    for value, audit_dir in zip(["32", "64"], result["vary"]["train.batch_size"]["audits"], strict=True):
+        configs = list((Path(audit_dir) / "configs").glob("*.yaml"))
+        assert configs and all(f"batch_size: {value}" in c.read_text() for c in configs)
+    md = (out / "audit.md").read_text()
+    assert "## Along train.batch_size" in md and "## Along parties[2].bottom.hidden" in md
+    assert (out / "audit_files" / "vary-train.batch_size.png").stat().st_size > 0

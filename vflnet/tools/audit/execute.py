@@ -154,6 +154,7 @@ def pooled_interval(values: list[float], counts: list[float]) -> tuple[float, fl
 
 
 BLIND = "blind: no informed sample"
+UNTESTED = "inconclusive"  # a figure with neither an interval nor a test (one seed of a mean)
 
 
 def blind(scores: list[dict[str, Any]]) -> bool:
@@ -652,8 +653,9 @@ def collect(
                 continue
             row["seeds"].append(run.seed)
             row["scores"].append(s)
-            if not cand.mitm:
-                row.setdefault("per_sample", []).append(per_sample(cand, cfg, run_dir))
+            # a man in the middle's samples: the same attack's output at the party whose channel it reads (the
+            # same traffic, run online in the same run)
+            row.setdefault("per_sample", []).append(per_sample(cand, cfg, run_dir))
             row.setdefault("run_dirs", []).append(str(run_dir))
             row.setdefault("configs", []).append(run.name)
     for cand in cands:
@@ -721,12 +723,13 @@ def judge(row: dict[str, Any], n_classes: int) -> None:
     )
     row.update(_null(metric, row, n_classes))
     row.update(auditing_figures(samples))
-    row["p_value"], row["test"] = p_value(metric, values, counts if pooled else [], row)
-    row["verdict"] = (
-        f"{BLIND} (informed fraction 0 in every seed: it could only guess)"
-        if blind(scored)
-        else verdict(metric, low, high, mean, _reference(row), row["p_value"])
-    )
+    row["p_value"], row["test"] = p_value(metric, values, counts if pooled else [], row, samples)
+    if blind(scored):
+        row["verdict"] = f"{BLIND} (informed fraction 0 in every seed: it could only guess)"
+    elif row["p_value"] is None and len(values) < 2 and not pooled:
+        row["verdict"] = f"{UNTESTED} (one seed, and no test of its samples: more seeds decide)"
+    else:
+        row["verdict"] = verdict(metric, low, high, mean, _reference(row), row["p_value"])
 
 
 def _reference(row: dict[str, Any]) -> float | None:
@@ -751,13 +754,18 @@ def _null(metric: Metric, row: dict[str, Any], n_classes: int) -> dict[str, Any]
 
 
 def p_value(
-    metric: Metric, values: list[float], counts: list[float], row: dict[str, Any]
+    metric: Metric,
+    values: list[float],
+    counts: list[float],
+    row: dict[str, Any],
+    samples: list[dict[str, Any]] = (),  # type: ignore[assignment]
 ) -> tuple[float | None, str]:
     """The one-sided p-value that the row leaks no more than its reference, and the test that gave it:
     against its null runs (Fisher's exact test of the pooled counts; else the empirical p over the null's
     seeds), else against the baseline (an exact binomial test of the pooled counts; else a one-sample t-test
-    over the seeds). None where there is nothing to test with."""
-    from scipy.stats import binomtest, fisher_exact, ttest_1samp
+    over the seeds; for a leak AUC with per-sample scores, the Mann-Whitney test that the scores of its
+    positives exceed its negatives', the seeds' samples pooled). None where there is nothing to test with."""
+    from scipy.stats import binomtest, fisher_exact, mannwhitneyu, ttest_1samp
 
     from vflnet.metrics.auditing import empirical_p
 
@@ -778,6 +786,15 @@ def p_value(
     baseline = row.get("baseline")
     if baseline is None:
         return None, ""
+    scores = [
+        (v, p) for s in samples for v, p in zip(s.get("scores", []), s.get("positive", []), strict=True)
+    ]
+    if metric.key == "auc" and baseline == 0.5 and scores and 0 < sum(p for _, p in scores) < len(scores):
+        pos = [v for v, p in scores if p]
+        neg = [v for v, p in scores if not p]
+        return float(
+            mannwhitneyu(pos, neg, alternative="greater").pvalue
+        ), "Mann-Whitney U, the samples pooled"
     if counts:
         n = int(sum(counts))
         p = float(binomtest(hits, n, min(max(baseline, 0.0), 1.0), alternative=side).pvalue)
