@@ -63,6 +63,8 @@ class PredictionAttack(Attack):
             "mse": mse_per_feature(est, x),
             "mse_uniform": mse_per_feature(random_guess(x.shape, "uniform"), x),
             "mse_gaussian": mse_per_feature(random_guess(x.shape, "gaussian"), x),
+            # the best constant guess, each feature's mean over these samples: no access beyond the marginal
+            "mse_constant": mse_per_feature(np.broadcast_to(x.mean(0), x.shape), x),
             "n": float(len(x)),
             "d_target": float(x.shape[1]),
         }

@@ -84,9 +84,19 @@ METRICS = (
         "the better of always the majority class, on the same samples, and a uniform guess (1 / classes)",
         count="samples",
     ),
-    Metric("cbr", "correct branching rate", "a U(0, 1) guess"),
     Metric(
-        "mse", "feature MSE per feature", "a U(0, 1) guess", higher_leaks=False, margin=0.1, bounded=False
+        "cbr",
+        "correct branching rate",
+        "the best of a U(0, 1) guess, a random path, each split's majority side and draws from each feature's "
+        "marginal",
+    ),
+    Metric(
+        "mse",
+        "feature MSE per feature",
+        "the better of a U(0, 1) guess and the best constant (each feature's mean)",
+        higher_leaks=False,
+        margin=0.1,
+        bounded=False,
     ),
     Metric("column_accuracy", "binary feature column accuracy", "the majority value of each column"),
 )
@@ -115,9 +125,11 @@ def primary(scores: dict[str, Any], n_classes: int) -> tuple[Metric, float, floa
         elif m.key == "auc":
             baseline = float(s.get("chance_auc", 0.5))
         elif m.key == "cbr":
-            baseline = s.get("cbr_uniform", s.get("cbr_random"))
+            found = [s[k] for k in ("cbr_uniform", "cbr_random", "cbr_constant", "cbr_marginal") if k in s]
+            baseline = max(found) if found else None  # the strongest trivial attacker
         elif m.key == "mse":
-            baseline = s.get("mse_uniform")
+            found = [s[k] for k in ("mse_uniform", "mse_constant") if k in s]
+            baseline = min(found) if found else None  # the strongest trivial attacker (lower leaks)
         else:
             baseline = 0.0
         return m, value, None if baseline is None else float(baseline)
