@@ -220,3 +220,14 @@ def test_vary_on_two_axes(tmp_path: Path) -> None:
     md = (out / "audit.md").read_text()
     assert "## Along train.batch_size" in md and "## Along parties[2].bottom.hidden" in md
     assert (out / "audit_files" / "vary-train.batch_size.png").stat().st_size > 0
+
+
+def test_vflnet_config_check_refuses_a_batch_label_attack_behind_a_top_model(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from vflnet.cli import main as vflnet_main
+
+    attack = "attacks=[{name: analytic-label-recovery, party: passive-1}]"
+    assert vflnet_main(["config", "check", str(DIGITS), attack]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "protocol.aggregation" in err and "summed at the active party" in err, err
