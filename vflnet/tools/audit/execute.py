@@ -547,6 +547,7 @@ def _collect_null(
             row.setdefault("null_errors", []).append(s.get("error") or s["never_acted"])
         else:
             row.setdefault("null_scores", []).append(s)
+            row.setdefault("null_per_sample", []).append(per_sample(cand, cfg, run_dir))
 
 
 def attack_scores(cand: Candidate, cfg: Config, run_dir: Path, clean: Path | None = None) -> dict[str, Any]:
@@ -690,7 +691,8 @@ def collect(
 
 def judge(row: dict[str, Any], n_classes: int) -> None:
     """A row's metric, mean, interval, baseline and verdict, from its per-seed scores and errors (in place)."""
-    samples = row.pop("per_sample", [])  # for the figures only: never in audit.json
+    samples = row.pop("per_sample", [])  # for the figures and tests only: never in audit.json
+    null_samples = row.pop("null_per_sample", [])
     if row.get("never_acted"):  # in any seed: what it scored elsewhere is not its leak
         row["verdict"] = f"{NEVER_ACTED} ({row['never_acted'][0]})"
         return
@@ -735,7 +737,9 @@ def judge(row: dict[str, Any], n_classes: int) -> None:
     )
     row.update(_null(metric, row, n_classes))
     row.update(auditing_figures(samples))
-    row["p_value"], row["test"] = p_value(metric, values, counts if pooled else [], row, samples)
+    row["p_value"], row["test"] = p_value(
+        metric, values, counts if pooled else [], row, samples, null_samples
+    )
     if blind(scored):
         row["verdict"] = f"{BLIND} (informed fraction 0 in every seed: it could only guess)"
     elif row["p_value"] is None and len(values) < 2 and not pooled:
@@ -771,37 +775,36 @@ def p_value(
     counts: list[float],
     row: dict[str, Any],
     samples: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    null_samples: list[dict[str, Any]] = (),  # type: ignore[assignment]
 ) -> tuple[float | None, str]:
-    """The one-sided p-value that the row leaks no more than its reference, and the test that gave it:
-    against its null runs (Fisher's exact test of the pooled counts; else the empirical p over the null's
-    seeds), else against the baseline (an exact binomial test of the pooled counts; else a one-sample t-test
-    over the seeds; for a leak AUC with per-sample scores, the Mann-Whitney test that the scores of its
-    positives exceed its negatives', the seeds' samples pooled). None where there is nothing to test with."""
+    """The one-sided p-value that the row leaks no more than its reference, and the test that gave it.
+    Against its null runs: Fisher's exact test of the pooled counts (a rate), a bootstrap of the pooled AUC
+    against the null's (a leak AUC with per-sample scores), else the empirical p over the null's seeds.
+    Against the baseline: an exact binomial test of the pooled counts, the Mann-Whitney test that the
+    positives' per-sample scores exceed the negatives' (a leak AUC), else a one-sample t-test over the
+    seeds. None where there is nothing to test with."""
     from scipy.stats import binomtest, fisher_exact, mannwhitneyu, ttest_1samp
 
     from vflnet.metrics.auditing import empirical_p
 
     side = "greater" if metric.higher_leaks else "less"
     hits = round(sum(v * c for v, c in zip(values, counts, strict=True))) if counts else 0
+    scores, null_scores = _pooled_scores(samples), _pooled_scores(null_samples)
     if row.get("null_values"):
         if counts and row.get("null_samples"):
             n0 = int(row["null_samples"])
             k0 = round(row["null_mean"] * n0)
             table = [[hits, int(sum(counts)) - hits], [k0, n0 - k0]]
-            return float(
-                fisher_exact(table, alternative=side).pvalue
-            ), "Fisher's exact test against the null runs"
-        mean = statistics.fmean(values)
-        return empirical_p(
-            mean, row["null_values"], metric.higher_leaks
-        ), "empirical, over the null runs' seeds"
+            found = float(fisher_exact(table, alternative=side).pvalue)
+            return found, "Fisher's exact test against the null runs"
+        if metric.key == "auc" and scores and null_scores:
+            return auc_difference_p(scores, null_scores), "bootstrap of the pooled AUC against the null runs'"
+        found = empirical_p(statistics.fmean(values), row["null_values"], metric.higher_leaks)
+        return found, "empirical, over the null runs' seeds"
     baseline = row.get("baseline")
     if baseline is None:
         return None, ""
-    scores = [
-        (v, p) for s in samples for v, p in zip(s.get("scores", []), s.get("positive", []), strict=True)
-    ]
-    if metric.key == "auc" and baseline == 0.5 and scores and 0 < sum(p for _, p in scores) < len(scores):
+    if metric.key == "auc" and baseline == 0.5 and scores:
         pos = [v for v, p in scores if p]
         neg = [v for v, p in scores if not p]
         return float(
@@ -809,16 +812,43 @@ def p_value(
         ), "Mann-Whitney U, the samples pooled"
     if counts:
         n = int(sum(counts))
-        p = float(binomtest(hits, n, min(max(baseline, 0.0), 1.0), alternative=side).pvalue)
-        return p, "exact binomial test against the baseline"
+        found = float(binomtest(hits, n, min(max(baseline, 0.0), 1.0), alternative=side).pvalue)
+        return found, "exact binomial test against the baseline"
     if len(values) < 2:
         return None, ""
     if statistics.pstdev(values) == 0:  # the same value in every seed: a t-test has no variance to use
         beyond = values[0] > baseline if metric.higher_leaks else values[0] < baseline
         return (0.0 if beyond else 1.0), "every seed on the same side of the baseline (no variance)"
-    return float(
-        ttest_1samp(values, baseline, alternative=side).pvalue
-    ), "one-sample t-test against the baseline"
+    found = float(ttest_1samp(values, baseline, alternative=side).pvalue)
+    return found, "one-sample t-test against the baseline"
+
+
+def _pooled_scores(samples: list[dict[str, Any]]) -> list[tuple[float, bool]]:
+    """The seeds' per-sample (score, positive) pooled; empty unless both classes are there."""
+    pairs = [(v, p) for s in samples for v, p in zip(s.get("scores", []), s.get("positive", []), strict=True)]
+    return pairs if 0 < sum(p for _, p in pairs) < len(pairs) else []
+
+
+def auc_difference_p(
+    scores: list[tuple[float, bool]], null: list[tuple[float, bool]], resamples: int = 1000
+) -> float:
+    """One-sided bootstrap p-value that the pooled AUC of ``scores`` is no higher than that of ``null``:
+    (1 + resamples whose difference is <= 0) / (1 + resamples), both sets resampled (seeded)."""
+    import numpy as np
+
+    from vflnet.metrics.auditing import auc
+
+    rng = np.random.default_rng(0)
+    x, px = np.array([v for v, _ in scores]), np.array([p for _, p in scores])
+    y, py = np.array([v for v, _ in null]), np.array([p for _, p in null])
+    below = done = 0
+    while done < resamples:
+        i, j = rng.integers(0, len(x), len(x)), rng.integers(0, len(y), len(y))
+        if px[i].all() or not px[i].any() or py[j].all() or not py[j].any():
+            continue
+        below += int(auc(x[i], px[i]) - auc(y[j], py[j]) <= 0)
+        done += 1
+    return (1 + below) / (1 + resamples)
 
 
 ALPHA = 0.05  # the family-wise error rate of one audit's "leaks" verdicts (Holm)
