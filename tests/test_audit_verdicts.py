@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import base_config
+from tests.headless import assert_not_blank, render
 from vflnet.config import ConfigError
 from vflnet.threat.attack import LabelAttack, label_scores
 from vflnet.tools.audit import cli
@@ -194,7 +195,7 @@ def test_vary_values_are_parsed_and_refused_by_name() -> None:
             cli.parse_vary(bad)
 
 
-@pytest.mark.slow  # five tiny audits over the loopback bridge: about a minute on a loaded 2-core machine
+@pytest.mark.slow  # five tiny audits over the loopback bridge and Chromium: about two minutes here
 def test_vary_on_two_axes(tmp_path: Path) -> None:
     import json
 
@@ -220,6 +221,13 @@ def test_vary_on_two_axes(tmp_path: Path) -> None:
     md = (out / "audit.md").read_text()
     assert "## Along train.batch_size" in md and "## Along parties[2].bottom.hidden" in md
     assert (out / "audit_files" / "vary-train.batch_size.png").stat().st_size > 0
+    # the self-contained page, as Chromium draws it: the axes' sections, the ROC and the curves
+    shown = render(out / "audit.html", tmp_path)
+    assert_not_blank(shown.screenshot)
+    for heading in ("Verdicts", "Low-FPR and epsilon figures", "Along train.batch_size"):
+        assert f"<h2>{heading}</h2>" in shown.dom
+    images = shown.sizes("img")
+    assert len(images) >= 3 and all(w > 0 and h > 0 for w, h in images)  # a ROC and two axes' plots
 
 
 def test_vflnet_config_check_refuses_a_batch_label_attack_behind_a_top_model(

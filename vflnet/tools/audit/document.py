@@ -114,7 +114,7 @@ def low_fpr_blocks(
     applicable: list[Candidate], settings: list[Setting], per: dict[tuple[str, str], dict[str, Any]]
 ) -> list[Block]:
     """The privacy-auditing figures of the rows that have them: per row and setting the pooled ROC's
-    AUC, TPR at 1% and 0.1% FPR with bootstrap intervals, the epsilon lower bound; one ROC plot per row."""
+    AUC, TPR at 1%, 0.1% and 0% FPR with bootstrap intervals, the epsilon lower bound; one ROC plot per row."""
     from vflnet.tools.experiments import figures
 
     lines: list[list[str]] = []
@@ -133,6 +133,7 @@ def low_fpr_blocks(
                     fmt(roc["auc"]) if roc else "-",
                     _ci(at["0.01"]) if "0.01" in at else "-",
                     _ci(at["0.001"]) if "0.001" in at else "-",
+                    _ci(at["0"]) if "0" in at else "-",
                     f"{roc['positives']} / {roc['negatives']}" if roc else "-",
                     f"{eps['epsilon']:.2f} ({eps['false_positives']}/{eps['negatives']} FP, "
                     f"{eps['false_negatives']}/{eps['positives']} FN)"
@@ -154,7 +155,7 @@ def low_fpr_blocks(
         Heading("Low-FPR and epsilon figures"),
         Text(
             "For the label attacks with per-sample scores: the ROC of the seeds' samples pooled (each sample "
-            "once, its informed scores), TPR at 1% and 0.1% FPR with 95% bootstrap intervals (with fewer than "
+            "once, its informed scores), TPR at 1%, 0.1% and 0% FPR with 95% bootstrap intervals (with fewer than "
             "1,000 negatives TPR at 0.1% FPR is TPR at no false positive). On a binary task, from the attack's "
             "own labels: the empirical epsilon lower bound of label differential privacy (Clopper-Pearson at "
             "95%, delta 0; its assumptions in docs/audit.md)."
@@ -166,6 +167,7 @@ def low_fpr_blocks(
                 "AUC (pooled)",
                 "TPR at 1% FPR [95%]",
                 "TPR at 0.1% FPR [95%]",
+                "TPR at 0% FPR [95%]",
                 "positives / negatives",
                 "epsilon lower bound",
             ],

@@ -16,7 +16,11 @@ works in ``<name>.partial`` and is renamed once its summary says completed; a fi
 run again.
 
 Every attack is scored with its own ``score`` against ground truth, and its leakage metric against
-the metric's baseline (``METRICS``): the mean over seeds with a 95% t-interval.
+the metric's baseline (``METRICS``: the strongest trivial attacker) and, with ``--null``, against the
+same runs with the labels permuted (``data.permute_labels``): the mean over seeds with a 95% interval, a
+one-sided p-value, Holm's correction over the audit's rows (``correct``), and for label attacks the
+low-FPR and epsilon figures of their per-sample output (``auditing_figures``). docs/audit.md defines
+every verdict.
 """
 
 from __future__ import annotations
@@ -480,12 +484,12 @@ def per_sample(cand: Candidate, cfg: Config, run_dir: Path) -> dict[str, Any]:
     return out
 
 
-LOW_FPR = (0.01, 0.001)
+LOW_FPR = (0.01, 0.001, 0.0)  # ML Privacy Meter's: TPR at 1%, 0.1% and no false positive
 
 
 def auditing_figures(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """The low-FPR and epsilon figures of a row, its seeds' samples pooled: the ROC of its per-sample
-    scores, TPR at 1% and 0.1% FPR with 95% bootstrap intervals, and from its labels on a binary task
+    scores, TPR at 1%, 0.1% and 0% FPR with 95% bootstrap intervals, and from its labels on a binary task
     the empirical epsilon lower bound (Clopper-Pearson, 95%, delta 0) of label differential privacy."""
     import numpy as np
 
