@@ -161,7 +161,7 @@ def test_the_null_run_moves_with_the_secret_removed(tmp_path: Path) -> None:
     assert direct["test"].startswith("Fisher") and direct["p_value"] < 1e-6 and direct["p_holm"] < 0.05
     assert direct["p_holm"] >= direct["p_value"]
     runs = [r["name"] for r in result["runs"]]
-    assert any("-null-taps-" in n for n in runs)
+    assert any("-null-labels-taps-" in n for n in runs)
 
 
 def test_the_low_fpr_and_epsilon_figures_of_a_row() -> None:
@@ -239,3 +239,41 @@ def test_vflnet_config_check_refuses_a_batch_label_attack_behind_a_top_model(
     assert vflnet_main(["config", "check", str(DIGITS), attack]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "protocol.aggregation" in err and "summed at the active party" in err, err
+
+
+def test_resample_features_draws_each_passive_column_from_its_marginal_and_scoring_keeps_the_truth() -> None:
+    from vflnet.data.partition import party_view
+    from vflnet.runner.scoring import ground_truth
+
+    data = base_config(n_passive=2, aggregation="sum")
+    plain_cfg = config_from_dict(data)
+    data["data"]["resample_features"] = 5
+    cfg = config_from_dict(data)
+    plain, drawn = party_view(plain_cfg, "passive-1"), party_view(cfg, "passive-1")
+    assert drawn.x is not None and plain.x is not None and (drawn.ids == plain.ids).all()
+    assert (drawn.x == party_view(cfg, "passive-1").x).all()  # seeded: the same in every process
+    flat, flat0 = drawn.x.reshape(len(drawn.x), -1), plain.x.reshape(len(plain.x), -1)
+    assert (np.sort(flat, axis=0) == np.sort(flat0, axis=0)).all()  # each column: the same marginal
+    assert (flat != flat0).any(axis=1).mean() > 0.9  # but hardly a row as it was
+    assert (party_view(cfg, "active").y == party_view(plain_cfg, "active").y).all()  # labels untouched
+    truth = ground_truth(cfg, "features")  # scoring compares with the true features
+    assert (truth["passive-1"][1] == party_view(cfg, "passive-1", as_trained=False).x).all()
+
+
+@pytest.mark.slow  # one small audit over the loopback bridge: about a minute here
+def test_the_feature_null_tests_esa_against_marginal_draws(tmp_path: Path) -> None:
+    """ESA solves logistic regression's equations exactly; on features drawn from their marginals it
+    recovers the draws, not the truth: its null is the marginal's error, and the row leaks against it."""
+    import json
+
+    out = tmp_path / "esa"
+    args = [str(ROOT / "configs" / "esa-synthetic.yaml"), "attacks=[]", "model_release=[]"]
+    args += ["transport.bridge=loopback", "--quick", "--seeds", "1", "--null", "--out", str(out)]
+    assert cli.main(args) == 0
+    result = json.loads((out / "audit.json").read_text())
+    esa = row(result, "esa", "active party active")
+    assert esa["metric"] == "mse" and esa["mean"] < 1e-6 and esa["verdict"] == "leaks"
+    assert esa["null_mean"] > esa["baseline"]  # marginal draws: about twice the best constant's error
+    assert esa["test"].startswith("Mann-Whitney") and esa["p_holm"] < 0.05
+    groups = {r["group"] for r in result["runs"]}
+    assert {"taps", "null:labels:taps", "null:features:taps"} <= groups

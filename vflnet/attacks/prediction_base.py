@@ -69,6 +69,14 @@ class PredictionAttack(Attack):
             "d_target": float(x.shape[1]),
         }
 
+    @classmethod
+    def sample_errors(cls, output: dict[str, np.ndarray], truth: Any) -> np.ndarray | None:
+        """Each sample's squared error, averaged over the target features (Eq. 10 before its mean)."""
+        x = target_truth(truth, output["sample_ids"])
+        if "x_target" not in output or len(x) == 0:
+            return None
+        return np.mean((np.asarray(output["x_target"], np.float64) - x) ** 2, axis=1)
+
 
 def target_truth(truth: dict[str, tuple[np.ndarray, np.ndarray]], ids: np.ndarray) -> np.ndarray:
     """The passive parties' features of ``ids``, concatenated in party-name order (the attack's order)."""

@@ -196,6 +196,12 @@ class Attack(ABC):
         """Metrics of an output against ground truth; called by the runner, never by the attack."""
         return {}
 
+    @classmethod
+    def sample_errors(cls, output: dict[str, np.ndarray], truth: Any) -> np.ndarray | None:
+        """Per-sample values of its error metric (lower: closer to the truth; the audit tests them pooled
+        against its null runs'), or None where its metric is no mean over samples."""
+        return None
+
     # what the runner loads for `score`: "labels", "images" / "features" (each passive party's raw
     # region or columns), "normalized-features" (as its model takes them), "labels+predictions", ""
     truth_needed: ClassVar[str] = ""

@@ -331,12 +331,21 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
 
 
-NULL = "null:"  # the group name's prefix of a null run (the same group, its labels permuted)
+NULL = "null:"  # the group name's prefix of a null run: "null:FAMILY:GROUP"
+# how a null run removes each family's secret at the data level: the config key it sets to the run's seed
+NULLS = {"labels": "permute_labels", "features": "resample_features"}
+# the secret an attack infers, by what its score is compared with (``Attack.truth_needed``)
+FAMILIES = {
+    "labels": "labels",
+    "images": "features",
+    "features": "features",
+    "normalized-features": "features",
+}
 
 
-def has_null(cand: Candidate) -> bool:
-    """Whether the attack's secret is the labels, which a null run removes (``data.permute_labels``)."""
-    return ATTACKS.get(cand.attack).truth_needed == "labels"
+def null_family(cand: Candidate) -> str | None:
+    """The secret a null run removes for this attack ("labels", "features"), or None (the backdoor's)."""
+    return FAMILIES.get(ATTACKS.get(cand.attack).truth_needed)
 
 
 def plan_runs(
@@ -347,9 +356,10 @@ def plan_runs(
     budget: str,
     null: bool = False,
 ) -> list[PlannedRun]:
-    """The runs of the audit; with ``null``, each group whose attacks infer labels runs a second time per
-    seed with the labels permuted among the samples as the active party loads them (the secret removed:
-    ``data.permute_labels``, seeded with the run's seed), scored against the true labels."""
+    """The runs of the audit; with ``null``, each group runs again per seed and per family of the secrets
+    its attacks infer, with that secret removed as the parties load their data (``NULLS``: the labels
+    permuted among the samples; each passive feature column permuted among the samples, i.e. drawn from
+    its marginal; seeded with the run's seed), and is scored against the true data."""
     # an attack whose class scores nothing against ground truth is listed, not run
     run = [c for c in cands if c.applies and c.scored]
     observing = [c for c in run if not c.rewrites and not c.mitm]
@@ -364,14 +374,15 @@ def plan_runs(
             if null:
                 mitm = [c for c in run if c.mitm]
                 groups += [
-                    (f"{NULL}{g}", m, t)
+                    (f"{NULL}{family}:{g}", m, t)
                     for g, m, t in groups
-                    if any(has_null(c) for c in m + mitm * (g == "taps"))
+                    for family in NULLS
+                    if any(null_family(c) == family for c in m + mitm * (g == "taps"))
                 ]
             for group, members, traced in groups:
                 config = run_config(base, members, setting, seed, budget, traced)
                 if group.startswith(NULL):
-                    config.setdefault("data", {})["permute_labels"] = seed
+                    config.setdefault("data", {})[NULLS[group.split(":")[1]]] = seed
                 digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[
                     :8
                 ]
@@ -446,7 +457,8 @@ def _never_acted(summary: dict[str, Any]) -> dict[str, Any]:
 def per_sample(cand: Candidate, cfg: Config, run_dir: Path) -> dict[str, Any]:
     """What the auditing figures need of a label attack's output, one entry per sample (its first
     observation): an attack with per-sample scores, its informed ``scores`` and whether each sample is
-    ``positive``; on a binary task, the ``confusion`` counts [FP, negatives, FN, positives] of its labels."""
+    ``positive``; on a binary task, the ``confusion`` counts [FP, negatives, FN, positives] of its labels.
+    A feature attack's per-sample ``errors`` (``Attack.sample_errors``)."""
     import numpy as np
 
     from vflnet.config import PluginConfig
@@ -456,10 +468,14 @@ def per_sample(cand: Candidate, cfg: Config, run_dir: Path) -> dict[str, Any]:
     path = attack_output_path(
         run_dir, PluginConfig(name=cand.attack, party=cand.party, params=dict(cand.params))
     )
-    if not has_null(cand) or not path.exists():
+    if null_family(cand) is None or not path.exists():
         return {}
     with np.load(path) as f:
         output = {k: f[k] for k in f.files}
+    cls = ATTACKS.get(cand.attack)
+    if null_family(cand) == "features":
+        errors = cls.sample_errors(output, ground_truth(cfg, cls.truth_needed, run_dir))
+        return {} if errors is None else {"errors": np.asarray(errors, dtype=float).tolist()}
     if "sample_ids" not in output or "labels" not in output or len(output["sample_ids"]) == 0:
         return {}
     truth = ground_truth(cfg, "labels")
@@ -536,11 +552,13 @@ def auditing_figures(samples: list[dict[str, Any]]) -> dict[str, Any]:
 def _collect_null(
     run: PlannedRun, st: dict[str, Any], members: list[Candidate], per: dict[tuple[str, str], dict[str, Any]]
 ) -> None:
-    """A null run's scores of the label attacks, as each row's ``null_scores`` (errors: ``null_errors``)."""
+    """A null run's scores of the attacks whose secret it removed, as each row's ``null_scores`` (errors:
+    ``null_errors``)."""
     cfg = config_from_dict(run.config, run.name) if st.get("status") == "completed" else None
     run_dir = Path(st.get("dir", ""))
+    _, family, group = run.group.split(":", 2)
     for cand in members:
-        if not has_null(cand) or (cand.mitm and run.group != f"{NULL}taps"):
+        if null_family(cand) != family or (cand.mitm and group != "taps"):
             continue
         row = per.setdefault((cand.key, run.setting), {"seeds": [], "scores": [], "errors": []})
         if cfg is None:
@@ -783,7 +801,8 @@ def p_value(
 ) -> tuple[float | None, str]:
     """The one-sided p-value that the row leaks no more than its reference, and the test that gave it.
     Against its null runs: Fisher's exact test of the pooled counts (a rate), a bootstrap of the pooled AUC
-    against the null's (a leak AUC with per-sample scores), else the empirical p over the null's seeds.
+    against the null's (a leak AUC with per-sample scores), the Mann-Whitney test of the per-sample errors
+    against the null's (a feature MSE), else the empirical p over the null's seeds.
     Against the baseline: an exact binomial test of the pooled counts, the Mann-Whitney test that the
     positives' per-sample scores exceed the negatives' (a leak AUC), else a one-sample t-test over the
     seeds. None where there is nothing to test with."""
@@ -803,6 +822,11 @@ def p_value(
             return found, "Fisher's exact test against the null runs"
         if metric.key == "auc" and scores and null_scores:
             return auc_difference_p(scores, null_scores), "bootstrap of the pooled AUC against the null runs'"
+        errors = [v for s in samples for v in s.get("errors", [])]
+        null_errors = [v for s in null_samples for v in s.get("errors", [])]
+        if metric.key == "mse" and errors and null_errors:
+            found = float(mannwhitneyu(errors, null_errors, alternative="less").pvalue)
+            return found, "Mann-Whitney U of the per-sample errors against the null runs'"
         found = empirical_p(statistics.fmean(values), row["null_values"], metric.higher_leaks)
         return found, "empirical, over the null runs' seeds"
     baseline = row.get("baseline")
