@@ -47,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--null",
         action="store_true",
-        help="also run each label attack's group with the labels permuted among the samples "
-        "(data.permute_labels: the secret removed) per seed: the empirical null its verdict is tested against",
+        help="also run each group again per seed with its attacks' secret removed (data.permute_labels: the "
+        "labels permuted among the samples; data.resample_features: each passive feature column drawn from "
+        "its marginal): the empirical null the verdicts are tested against",
     )
     p.add_argument(
         "--vary",
@@ -138,8 +139,9 @@ def _main(args: argparse.Namespace) -> int:
             print(f"--vary {key}={value}: auditing into {where}", file=sys.stderr, flush=True)
             try:
                 result = run_audit(args, kept + [f"{key}={value}"], where)
-            except ConfigError as exc:
+            except ConfigError as exc:  # this value's audit is refused by name; the others run
                 result = {"refused": f"config error: {exc}"}
+                print(f"--vary {key}={value}: refused: {exc}", file=sys.stderr, flush=True)
             points.append((value, result))
         varied.append((key, points))
     return run_audit(args, args.overrides, out, varied)
