@@ -204,7 +204,7 @@ def verdict(
         return "leaks"
     if beyond and clear:
         over = f" over the audit's {family} tested rows" if family > 1 else ""
-        return f"inconclusive (beyond the baseline, but p = {p:.3g} after Holm's correction{over})"
+        return f"inconclusive (beyond its reference, but p = {p:.3g} after Holm's correction{over})"
     if beyond and (high - low) / 2 > 5 * margin:
         return "inconclusive (a wide interval reaches the baseline: more seeds decide)"
     return "at baseline"
