@@ -120,6 +120,8 @@ def low_fpr_blocks(
     lines: list[list[str]] = []
     plots: list[Block] = []
     for c in applicable:
+        if c.mitm:
+            continue  # the figures of the same attack at its party (audit.json has them in its row too)
         curves = {}
         for s in settings:
             r = per.get((c.key, s.name), {})
@@ -249,6 +251,32 @@ def vary_blocks(vary: dict[str, Any]) -> list[Block]:
             ),
         ]
     return blocks
+
+
+def tradeoff_figure(
+    applicable: list[Candidate],
+    settings: list[Setting],
+    per: dict[tuple[str, str], dict[str, Any]],
+    mtas: list[float | None],
+) -> list[Block]:
+    """The trade-off plot: per attack position with a metric under two or more settings, each setting's
+    (metric, main-task accuracy)."""
+    from vflnet.tools.experiments import figures
+
+    points: dict[str, list[tuple[str, float, float]]] = {}
+    for c in applicable:
+        if c.mitm:
+            continue  # the same figures as the attack at its party
+        got = [
+            (s.name, per[(c.key, s.name)]["mean"], mp)
+            for s, mp in zip(settings, mtas, strict=True)
+            if mp is not None and "mean" in per.get((c.key, s.name), {})
+        ]
+        if len(got) > 1:
+            points[f"{c.attack}@{c.party} ({per[(c.key, got[0][0])]['metric']})"] = got
+    if not points:
+        return []
+    return [Figure("defense-tradeoff", figures.defense_tradeoff(points), "defenses: utility against leakage")]
 
 
 def noise_line(s: Setting) -> str:
@@ -433,6 +461,7 @@ def build(
                 "rate in [0, 1]."
             ),
             Table(header, table),
+            *tradeoff_figure(applicable, settings, per, mtas),
         ]
     vary_json = {key: along(points) for key, points in varied}
     blocks += vary_blocks(vary_json)

@@ -226,3 +226,22 @@ def along_axis(
     _legend(leak, len(series))
     fig.suptitle(f"leakage along {axis}", fontsize=9)
     return _png(fig)
+
+
+@plot
+def defense_tradeoff(points: dict[str, list[tuple[str, float, float]]]) -> bytes:
+    """Per attack, each defense setting as a point (attack metric, main-task accuracy), labelled by name."""
+    cols = min(3, len(points))
+    rows = -(-len(points) // cols)
+    fig = _figure(figsize=(5 * cols, 3.6 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False).flatten()
+    for ax in axes[len(points) :]:
+        ax.set_visible(False)
+    for ax, (attack, settings) in zip(axes, points.items(), strict=False):
+        ax.plot([p[1] for p in settings], [p[2] for p in settings], marker="o", linestyle="")
+        for name, x, y in settings:
+            ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_xlabel(f"leakage: {attack}", fontsize=8)
+        ax.set_ylabel("main-task test accuracy")
+    fig.suptitle("defenses: utility against leakage (one point per setting)", fontsize=9)
+    return _png(fig)
