@@ -459,17 +459,6 @@ def _defense_blocks(
     return blocks, dcs_json
 
 
-def _skipped_json(c: Candidate) -> dict[str, Any]:
-    """An attack position that does not apply, as audit.json lists it."""
-    return {
-        "attack": c.attack,
-        "party": c.party,
-        "position": c.position,
-        "man_in_the_middle": c.mitm,
-        "reason": c.reason,
-    }
-
-
 def _run_json(r: PlannedRun) -> dict[str, Any]:
     """A run of the audit, as audit.json lists it."""
     return {
@@ -545,7 +534,16 @@ def build(
         "settings": [{"name": s.name, "defenses": s.defenses, "not_applicable": s.reason} for s in settings],
         "utility": utility,
         "applicable": rows_json,
-        "skipped": [_skipped_json(c) for c in skipped],
+        "skipped": [
+            {
+                "attack": c.attack,
+                "party": c.party,
+                "position": c.position,
+                "man_in_the_middle": c.mitm,
+                "reason": c.reason,
+            }
+            for c in skipped
+        ],
         "defense_capability_score": dcs_json,
         "vary": vary_json,
         "runs": [_run_json(r) for r in runs],
