@@ -98,6 +98,10 @@ class Attack(ABC):
     params: ClassVar[dict[str, Param]] = {}
     # the view-level algorithm this attack runs, if it is one of vflnet.attacks.label_inference's
     algorithm: ClassVar[type | None] = None
+    # whether its output, truth and knowledge hold where the steps carry row indices (an alignment phase:
+    # alignment.method hashed or psi, or the parties' own files); the others are keyed by the dataset's
+    # sample IDs, and config check refuses them there
+    on_row_indices: ClassVar[bool] = False
 
     def __init__(self, context: AttackContext, **params: Any) -> None:
         if context.role not in self.roles:
