@@ -27,7 +27,7 @@ import hashlib
 import json
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -84,8 +84,19 @@ def _invalid(message: str) -> RpcFailure:
 class PartyAlignment:
     """A party's side of the phase: its offer, re-blinding others' offers, and its aligned rows."""
 
-    def __init__(self, cfg: Config, name: str, data: PartyData, run_dir: Path) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        name: str,
+        data: PartyData,
+        run_dir: Path,
+        probes: Sequence[str] = (),
+        on_aligned: Callable[[list[str]], None] | None = None,
+    ) -> None:
         assert data.keys is not None
+        if probes:
+            data = padded(data, probes)
+        self.on_aligned = on_aligned
         self.cfg, self.name, self.data, self.path = cfg, name, data, run_dir / f"alignment-{name}.npy"
         self.method = cfg.alignment.method
         self.order = np.random.default_rng(secrets.randbits(128)).permutation(len(data.keys))
@@ -133,6 +144,8 @@ class PartyAlignment:
                 raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, "the samples are aligned already")
             self.aligned = aligned_view(self.data, rows)
         np.save(self.path, rows)
+        if self.on_aligned is not None:
+            self.on_aligned([str(k) for k in self.data.keys[rows]])  # type: ignore[index]
         return len(rows)
 
     def resumed(self, n_common: int) -> PartyData:
@@ -145,6 +158,24 @@ class PartyAlignment:
                 f"{self.name}: cannot resume: {self.path.name} holds {len(rows)} rows, not {n_common}"
             )
         return aligned_view(self.data, rows)
+
+
+def padded(data: PartyData, probes: Sequence[str]) -> PartyData:
+    """A probing party's data: its rows and, for each probe ID it does not hold, a row of zeros (no
+    label: only a passive party probes), sorted by ID again. The IDs are ``keys`` where alignment is a
+    phase, else ``ids`` (the dataset's, sent in Join)."""
+    own = data.keys if data.keys is not None else data.ids
+    new = np.array(sorted(set(np.array(probes, dtype=object).astype(own.dtype).tolist()) - set(own.tolist())))
+    if not len(new):
+        return data
+    keys = np.concatenate([own, new.astype(own.dtype)])
+    order = np.argsort(keys, kind="stable")
+    x = data.x
+    if x is not None:
+        x = np.concatenate([x, np.zeros((len(new), *x.shape[1:]), x.dtype)])[order]
+    if data.keys is None:
+        return replace(data, ids=keys[order], x=x)
+    return replace(data, ids=np.arange(len(keys), dtype=np.int64), keys=keys[order], x=x)
 
 
 def aligned_view(data: PartyData, rows: np.ndarray) -> PartyData:

@@ -27,7 +27,7 @@ from vflnet.data.sources import SourceError, load_source
 from vflnet.models.device import resolve_device
 from vflnet.models.zoo import build_party_modules
 from vflnet.roles import checkpoints
-from vflnet.roles.alignment import ALIGN, PartyAlignment
+from vflnet.roles.alignment import ALIGN, PartyAlignment, padded
 from vflnet.roles.common import Liveness
 from vflnet.roles.heartbeat import watch_coordinator
 from vflnet.roles.step_order import STEPS_IN_FLIGHT, StepTurns
@@ -68,8 +68,6 @@ class PartyHost:
         # messages before it is ready, at most one per step in flight from each sender
         self.waitroom = JoinWaitroom(self.ready, name, per_sender=STEPS_IN_FLIGHT)
         self.data: PartyData = self.load_data()
-        # the alignment phase's side (vflnet/roles/alignment.py); None: the IDs go in the Join
-        self.alignment = PartyAlignment(cfg, name, self.data, run_dir) if cfg.alignment_phase else None
         self.join_reply: messages_pb2.JoinReply = messages_pb2.JoinReply()
         self.step_lock = threading.Lock()  # one step at a time per party
         self.turns = StepTurns()  # steps in order, also when the next command arrives early
@@ -77,6 +75,21 @@ class PartyHost:
         self.saved_steps: list[int] = []  # this party's coordinated checkpoints, oldest first
         self.current: messages_pb2.Header = messages_pb2.Header()
         self.interception = party_interception(cfg, name, run_dir)
+        if not cfg.alignment_phase and self.interception.probe_ids():  # membership probing, IDs in Join
+            self.data = padded(self.data, self.interception.probe_ids())
+        # the alignment phase's side (vflnet/roles/alignment.py); None: the IDs go in the Join
+        self.alignment = (
+            PartyAlignment(
+                cfg,
+                name,
+                self.data,
+                run_dir,
+                self.interception.probe_ids(),
+                self.interception.deliver_aligned,
+            )
+            if cfg.alignment_phase
+            else None
+        )
         self.coordinator_channel: grpc.Channel | None = None
         self.side: PartySide = PROTOCOLS.get(cfg.protocol.kind).side(self.role)(self)
         input_shape = tuple(self.data.x.shape[1:]) if self.data.x is not None else None
@@ -177,6 +190,8 @@ class PartyHost:
                 raise RuntimeError(f"{self.name}: admitted without the alignment phase")
             else:
                 self.data = self.alignment.aligned
+        else:  # the intersection, as the IDs of the schedule
+            self.interception.deliver_aligned([str(i) for i in [*reply.train_ids, *reply.test_ids]])
         self.check_labels(reply)
         self.prepare(reply)
         log.info(

@@ -95,6 +95,9 @@ class Attack(ABC):
         False  # receive an OwnStepView of the host party after each training step
     )
     changes_own_data: ClassVar[bool] = False  # rewrites the host party's own feature rows (`own_data`)
+    # adds IDs (`probe_ids`) to the set its party offers in the alignment phase, and is told which of
+    # the party's IDs are in the intersection (`observe_aligned`): membership probing
+    pads_own_ids: ClassVar[bool] = False
     params: ClassVar[dict[str, Param]] = {}
     # the view-level algorithm this attack runs, if it is one of vflnet.attacks.label_inference's
     algorithm: ClassVar[type | None] = None
@@ -148,6 +151,13 @@ class Attack(ABC):
         """The host party's own feature rows as its (malicious) training procedure uses them, from
         the time it has joined (only if `changes_own_data`; paper 004's backdoor trigger)."""
         return x
+
+    def probe_ids(self) -> list[str]:
+        """The IDs (as text) its party adds to the set it offers (only if `pads_own_ids`)."""
+        return []
+
+    def observe_aligned(self, keys: list[str]) -> None:  # noqa: B027 - optional hook
+        """The party's IDs in the intersection, as text (only if `pads_own_ids`)."""
 
     def state(self) -> dict[str, Any]:
         """What a coordinated checkpoint keeps of this attack (a resumed run continues it): by default

@@ -63,6 +63,16 @@ class PartyInterception:
                 x = attack.own_data(ids, x)
         return x
 
+    def probe_ids(self) -> list[str]:
+        """IDs that attacks pad the party's offered ID set with (membership probing), as text."""
+        return [k for _, a in self.attacks if a.pads_own_ids for k in a.probe_ids()]
+
+    def deliver_aligned(self, keys: list[str]) -> None:
+        """The party's IDs in the intersection, to the attacks that padded its set."""
+        for _, attack in self.attacks:
+            if attack.pads_own_ids:
+                attack.observe_aligned(keys)
+
     def state(self) -> dict[str, Any]:
         """For a coordinated checkpoint: each attack's state, the released models received, and the
         trace's length (a resumed run cuts the trace back to it, so no message appears twice)."""

@@ -82,6 +82,19 @@ METRICS = (
     Metric(
         "mse", "feature MSE per feature", "a U(0, 1) guess", higher_leaks=False, margin=0.1, bounded=False
     ),
+    Metric(
+        "id_recovery",
+        "share of the IDs outside the intersection recovered",
+        "0 (nothing beyond the set sizes)",
+        count="non_intersection",
+    ),
+    Metric(
+        "membership_accuracy",
+        "accuracy of the probed IDs' membership in the other parties' sets",
+        "the majority guess over the probes",
+        count="probed",
+    ),
+    # last: the `/alg1` columns of binary-feature attacks are scored with it (`primary`)
     Metric("column_accuracy", "binary feature column accuracy", "the majority value of each column"),
 )
 
@@ -111,6 +124,8 @@ def primary(scores: dict[str, Any], n_classes: int) -> tuple[Metric, float, floa
             baseline = s.get("cbr_uniform", s.get("cbr_random"))
         elif m.key == "mse":
             baseline = s.get("mse_uniform")
+        elif m.key == "membership_accuracy":
+            baseline = s.get("membership_baseline")
         else:
             baseline = 0.0
         return m, value, None if baseline is None else float(baseline)
