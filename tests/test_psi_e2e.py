@@ -133,3 +133,32 @@ def _without_times(line: str) -> str:
     for key in ("step_time_s", "time_s"):
         record.pop(key, None)
     return json.dumps(record, sort_keys=True)
+
+
+@pytest.mark.parametrize(("method", "recovered"), [("plain", 1.0), ("hashed", 1.0), ("psi", 0.0)])
+def test_the_coordinator_recovers_every_id_under_plain_and_hashed_none_under_psi_and_probes_leak_under_all(
+    tmp_path, method, recovered
+):
+    """The ID-recovery attack reads plain IDs, matches a dictionary against hashed ones and matches none
+    under psi; the membership probe learns exactly which of its probes every other party holds."""
+    import json
+
+    from tests.conftest import write_config
+    from vflnet.runner.local import run_local
+
+    data = base_config(n_passive=2)
+    data["parties"][3]["sample_fraction"] = 0.8  # IDs outside the intersection
+    data["alignment"] = {"method": method}
+    data["attacks"] = [
+        {"name": "alignment-id-recovery", "party": "coordinator"},
+        {"name": "alignment-membership-probe", "party": "passive-1", "params": {"probes": 40}},
+    ]
+    path = write_config(tmp_path, data)
+    assert run_local(path, run_dir=tmp_path / "run", progress=False) == 0
+    scores = json.loads((tmp_path / "run" / "attacks" / "scores.json").read_text())
+    recovery = scores["alignment-id-recovery@coordinator"]
+    assert recovery["id_recovery"] == recovered and recovery["non_intersection"] > 300, recovery
+    probe = scores["alignment-membership-probe@passive-1"]  # passive-2 lacks some: a guess cannot be right
+    assert (
+        probe["membership_accuracy"] == 1.0 and probe["probed"] == 40 and probe["membership_baseline"] < 0.95
+    ), probe
