@@ -253,9 +253,9 @@ def test_interrupt_tears_down_every_process(tmp_path, repo):
         proc.kill()
     assert proc.returncode == 130 and "interrupted" in err
     _wait_exited([p["pid"] for p in pids.values()], 15)
-    # the coordinator, stopped with SIGTERM, said so itself
+    # the coordinator, stopped with the SIGINT the launcher got and passed on, said so itself
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and "SIGTERM" in summary["error"]
+    assert summary["status"] == "interrupted" and "SIGINT" in summary["error"]
 
 
 def test_a_second_run_in_the_same_run_directory_does_not_dial_the_first_runs_coordinator(tmp_path):

@@ -51,7 +51,7 @@ def test_parse_netem_reads_delay_and_loss_and_rejects_what_it_cannot_emulate() -
     assert parse_netem("delay 100ms loss 1%") == Impairment(delay_s=0.1, loss=0.01)
     assert parse_netem("loss 0.5% delay 2s") == Impairment(delay_s=2.0, loss=0.005)
     assert parse_netem("") == Impairment()
-    for bad in ("rate 1mbit", "delay", "delay 100", "loss 1", "loss 150%", "delay -1ms"):
+    for bad in ("duplicate 1%", "delay", "delay 100", "loss 1", "loss 150%", "delay -1ms"):
         with pytest.raises(ValueError):
             parse_netem(bad)
 

@@ -127,8 +127,17 @@ def main(argv: list[str] | None = None) -> int:
         code = run_in_resident_server(sys.argv[1:])
         if code is not None:
             return code
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        return _main(sys.argv[1:] if argv is None else argv)
+        return _main(argv)
+    except KeyboardInterrupt as exc:  # a command that says nothing of it: one line, not a traceback
+        import signal
+
+        from vflnet.runner.interrupt import INTERRUPTED_EXIT, signal_of
+
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # ending now: a second Ctrl-C ends it at once, silently
+        print(f"\n{' '.join(['vflnet', *argv[:1]])}: interrupted ({signal_of(exc).name})", file=sys.stderr)
+        return INTERRUPTED_EXIT
     except Exception as exc:
         message = _error_message(exc)
         if message is None:

@@ -236,6 +236,13 @@ def _heartbeats_on(j: Judged) -> str | None:
     )
 
 
+@condition("when `train.eval_every` > 0")
+def _evaluated(j: Judged) -> str | None:
+    if j.cfg.train.eval_every > 0:
+        return None
+    return "train.eval_every is 0 (the run never evaluates); read when it is > 0"
+
+
 @condition("when `trace.parties` names a party")
 def _traced(j: Judged) -> str | None:
     if j.cfg.trace.parties:
@@ -644,13 +651,14 @@ class TrainConfig:
     )
     eval_every: int = setting(
         1,
-        "evaluate on the test split every N epochs (and after the last)",
+        "evaluate on the test split every N epochs (and after the last); 0: never (a run that only "
+        "trains, e.g. a benchmark's: its test split may then be empty)",
         reads=Reads("the coordinator's evaluation steps", by_protocol("train_reads")),
     )
     eval_batch_size: int = setting(
         512,
         "samples per evaluation step",
-        reads=Reads("the coordinator's evaluation steps", by_protocol("train_reads")),
+        reads=Reads("the coordinator's evaluation steps", all_of(by_protocol("train_reads"), _evaluated)),
     )
     checkpoint_every: int = setting(
         1,
@@ -1254,12 +1262,12 @@ def validate(cfg: Config) -> None:
     for key, value in [
         ("train.epochs", t.epochs),
         ("train.batch_size", t.batch_size),
-        ("train.eval_every", t.eval_every),
         ("train.eval_batch_size", t.eval_batch_size),
         ("train.checkpoint_every", t.checkpoint_every),
     ]:
         _positive(value, key, src)
     _positive(t.max_steps, "train.max_steps", src, allow_zero=True)
+    _positive(t.eval_every, "train.eval_every", src, allow_zero=True)
     _positive(t.checkpoint_every_steps, "train.checkpoint_every_steps", src, allow_zero=True)
     _positive(t.optimizer.lr, "train.optimizer.lr", src)
     _positive(t.optimizer.weight_decay, "train.optimizer.weight_decay", src, allow_zero=True)

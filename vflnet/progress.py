@@ -1,8 +1,9 @@
-"""Progress bars of the long commands (`vflnet reproduce`, `vflnet bench`): tqdm on stderr.
+"""Progress bars of the long commands (`vflnet run`, `sweep`, `reproduce`, `bench`): tqdm on stderr.
 
-A bar shows on a terminal only (tqdm's ``disable=None``), so logs and pipes stay clean; ``VFLNET_QUIET=1``
-turns every bar off, on a terminal too (CI, the test suite). A command opens one bar with `runs` and the
-code below it reports each finished unit of work with `advance`, without knowing whether a bar is open.
+Every bar is made by `bar`, under one rule: it shows on a terminal only (tqdm's ``disable=None``), so
+logs and pipes stay clean; ``VFLNET_QUIET=1`` turns every bar off, on a terminal too (CI, the test
+suite). A command opens one bar with `runs` and the code below it reports each finished unit of work
+with `advance`, without knowing whether a bar is open.
 """
 
 from __future__ import annotations
@@ -23,25 +24,33 @@ def quiet() -> bool:
     return os.environ.get("VFLNET_QUIET", "") not in ("", "0")
 
 
-@contextmanager
-def runs(desc: str, total: int | None = None, unit: str = "run") -> Iterator[Any]:
-    """A bar that `advance` moves while the block runs; a bar opened inside it shows below it."""
-    bar = tqdm(
+def bar(desc: str, total: int | None = None, unit: str = "run", *, shown: bool = True, **options: Any) -> Any:
+    """A bar on stderr, drawn on a terminal only, never under VFLNET_QUIET, nor when the command was
+    asked for none (``shown``: a --quiet or --no-progress flag). ``options``: more of tqdm's."""
+    return tqdm(
         total=total,
         desc=desc,
         unit=unit,
         file=sys.stderr,
         dynamic_ncols=True,
-        position=len(_bars),
-        leave=not _bars,
-        disable=True if quiet() else None,
+        disable=True if quiet() or not shown else None,
+        **options,
     )
-    _bars.append(bar)
+
+
+@contextmanager
+def runs(
+    desc: str, total: int | None = None, unit: str = "run", *, initial: int = 0, shown: bool = True
+) -> Iterator[Any]:
+    """A bar that `advance` moves while the block runs (from ``initial``: units done before); a bar
+    opened inside it shows below it."""
+    opened = bar(desc, total, unit, shown=shown, initial=initial, position=len(_bars), leave=not _bars)
+    _bars.append(opened)
     try:
-        yield bar
+        yield opened
     finally:
         _bars.pop()
-        bar.close()
+        opened.close()
 
 
 def advance(label: str) -> None:

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from vflnet import docs_config
 from vflnet.commands.arguments import add_overrides, parse_with_overrides
-from vflnet.validation import load_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +27,8 @@ def main(argv: list[str]) -> int:
     args = parse_with_overrides(build_parser(), argv)
     if args.config_command == "docs":
         return docs_config.main(argv[1:])
+    from vflnet.validation import load_config  # imports torch: not for `--help`
+
     cfg = load_config(args.file, overrides=args.overrides)
     print(
         f"{args.file}: OK ({len(cfg.parties)} parties, protocol {cfg.protocol.kind}, dataset {cfg.data.dataset})"

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vflnet.config import Config, ConfigError, PartyConfig
-from vflnet.roles.common import setup_logging, setup_torch
-from vflnet.roles.run_lock import role_lock
-from vflnet.sdk.bridge import GrpcBridge
-from vflnet.validation import load_config
+from vflnet.config import ConfigError
+
+if TYPE_CHECKING:
+    from vflnet.config import Config, PartyConfig
 
 ROLES = ("coordinator", "active", "passive")
 
@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    from vflnet.roles.run_lock import role_lock  # after parsing: `--help` imports no torch
+    from vflnet.validation import load_config
+
     cfg = load_config(args.config, here=[args.name])  # the other parties' devices are on their machines
     try:
         me = cfg.party(args.name)
@@ -69,6 +72,9 @@ def main(argv: list[str]) -> int:
 
 
 def _run_role(args: argparse.Namespace, cfg: Config, me: PartyConfig, run_dir: Path) -> int:
+    from vflnet.roles.common import setup_logging, setup_torch
+    from vflnet.sdk.bridge import GrpcBridge
+
     setup_logging(args.name, cfg.runtime.log_level)
     setup_torch(cfg)
     listen = args.listen or me.address or "127.0.0.1:0"

@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="limit on the whole run: past it every process is stopped and the exit code is 124",
+        help="limit on the whole command, counted from its start (start-up included): past it every "
+        "process is stopped and the exit code is 124",
     )
     add_start_argument(parser)
     return parser
@@ -77,14 +78,19 @@ def main(argv: list[str]) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from vflnet.runner.local import resume_local, run_local  # after parsing: `--help` needs no torch
+    from vflnet.runner.local import (
+        process_started,
+        resume_local,
+        run_local,
+    )  # after parsing: no torch for --help
 
+    since = process_started()  # --timeout counts from the command's start, its imports included
     if args.resume is not None:
         if args.overrides:
             print("vflnet run --resume: a resumed run keeps its config (no KEY=VALUE)", file=sys.stderr)
             return 2
         return resume_local(
-            args.resume, progress=not args.no_progress, timeout_s=args.timeout, start=args.start
+            args.resume, progress=not args.no_progress, timeout_s=args.timeout, start=args.start, since=since
         )
     return run_local(
         args.config,
@@ -93,4 +99,5 @@ def _run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         overrides=args.overrides,
         start=args.start,
+        since=since,
     )

@@ -107,7 +107,7 @@ def degenerate(cfg: Config, facts: PlanFacts) -> list[Degenerate]:
                 "training samples and train.drop_last is true, so the only batch of each epoch is dropped",
             )
         )
-    if facts.n_test == 0:
+    if facts.n_test == 0 and (t.eval_every > 0 or cfg.predict.set == "test"):  # a run that uses it
         found.append(Degenerate(("data.test_fraction", *samples), f"an empty test split: {split}"))
     if facts.train_classes is not None and facts.n_train and len(facts.train_classes) < 2:
         found.append(

@@ -18,7 +18,6 @@ from google.protobuf import message_factory
 from google.protobuf.message import Message
 
 from vflnet.v1 import messages_pb2, services_pb2, tensor_pb2
-from vflnet.wire import tensors as tensor_codec
 
 Direction = Literal["request", "response"]
 Side = Literal["client", "server", "proxy"]
@@ -226,6 +225,8 @@ class WireEvent:
     def tensors(self) -> dict[str, np.ndarray]:
         """Every plaintext ``Tensor`` decoded to numpy. NaN/Inf are kept (a tap records what was sent);
         a malformed tensor raises ``vflnet.wire.tensors.PayloadError``."""
+        from vflnet.wire import tensors as tensor_codec  # imports torch: not for `vflnet trace --help`
+
         return {
             path: tensor_codec.from_proto(t, require_finite=False, what=f"{self.short_method} {path}")
             for path, t in self.tensor_protos().items()

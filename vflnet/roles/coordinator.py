@@ -32,6 +32,7 @@ from vflnet.sdk import deadlines
 from vflnet.sdk.bridge import Bridge, add_handlers, allow_step_deadline
 from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, RunFailed
 from vflnet.shared_config import config_mismatch
+from vflnet.threat.effects import merge_effects
 from vflnet.threat.interception import party_interception
 from vflnet.threat.knowledge import deliver_server_knowledge
 from vflnet.threat.release import accept_release
@@ -351,7 +352,8 @@ class Schedule:
         )
 
     def _evaluates(self, epoch: int, last_epoch: bool) -> bool:
-        return last_epoch or (epoch + 1) % self.cfg.train.eval_every == 0
+        every = self.cfg.train.eval_every  # 0: never
+        return every > 0 and (last_epoch or (epoch + 1) % every == 0)
 
     def _predicts(self, last_epoch: bool) -> bool:
         return last_epoch or self.cfg.predict.when == "every_epoch"
@@ -569,8 +571,15 @@ class Schedule:
 
 
 def shutdown_all(
-    cfg: Config, stubs: dict[str, services_pb2_grpc.PartyStub], reason: str, save: bool, timeout: float = 30
+    cfg: Config,
+    stubs: dict[str, services_pb2_grpc.PartyStub],
+    reason: str,
+    save: bool,
+    timeout: float = 30,
+    effects: dict[str, Any] | None = None,
 ) -> dict[str, str]:
+    """Tell every party to stop; its checkpoint's path by name (and, into ``effects``, what its
+    attacks and defenses did)."""
     paths = {}
     for name, stub in stubs.items():
         try:
@@ -581,6 +590,8 @@ def shutdown_all(
                 timeout=timeout,
             )
             paths[name] = reply.checkpoint
+            if effects is not None and reply.effects:
+                effects[name] = json.loads(reply.effects)
         except grpc.RpcError as exc:
             log.warning("shutdown of %s failed: %s", name, describe_rpc_error(exc))
     return paths
@@ -653,6 +664,10 @@ class Interrupted(Exception):
 
 
 def _interrupt(signum: int, frame: Any) -> None:
+    # the first signal is the one recorded: a second (Ctrl-C reaches the process group, then the
+    # launcher passes it on) must not cut the unwinding or summary.json short
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     raise Interrupted(f"stopped by signal {signal.Signals(signum).name}")
 
 
@@ -676,6 +691,26 @@ def resume_point(cfg: Config, run_dir: Path, name: str) -> tuple[checkpoints.Man
     checkpoints.drop_after(run_dir, manifest.step)
     log.info("resuming run %s after step %d (epoch %d)", cfg.run.id, manifest.step, manifest.epoch)
     return manifest, state
+
+
+def _effects_into(
+    summary: dict[str, Any], host: CoordinatorHost, run_dir: Path, reports: dict[str, Any], check: bool
+) -> int:
+    """Every role's counts of what its attacks and defenses did into ``summary["effects"]``; with
+    ``check``, a run in which one acted zero times fails (exit code 1) naming each."""
+    host.interception.finish(run_dir)  # its own attacks' outputs: their samples count
+    effects = merge_effects({host.name: host.interception.effects_report(), **reports})
+    for entry in [*host.cfg.attacks, *host.cfg.defenses]:
+        if entry.party != host.name and entry.party not in reports:
+            key = f"{entry.name}@{entry.party}"
+            effects["never_acted"].setdefault(key, f"{key}: {entry.party} sent no counts at Shutdown")
+    summary["effects"] = effects
+    if not check or not effects["never_acted"]:
+        return 0
+    error = "never acted: " + "; ".join(effects["never_acted"].values())
+    log.error("run failed: %s", error)
+    summary.update(status="failed", error=error)
+    return 1
 
 
 def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool = False) -> int:
@@ -747,18 +782,20 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
             result = schedule.run()
         summary.update(result, status="completed")
         summary.update(host.side.finish())
-        summary["checkpoints"] = shutdown_all(cfg, stubs, "run completed", save=True)
-        return 0
+        reports: dict[str, Any] = {}
+        summary["checkpoints"] = shutdown_all(cfg, stubs, "run completed", save=True, effects=reports)
+        return _effects_into(summary, host, run_dir, reports, check=True)
     except RunFailed as exc:
         log.error("run failed: %s", exc)
         summary["error"] = str(exc)
-        summary["checkpoints"] = shutdown_all(cfg, watch.alive(stubs), f"run failed: {exc}", save=True)
+        reports = {}
+        alive = watch.alive(stubs)
+        summary["checkpoints"] = shutdown_all(cfg, alive, f"run failed: {exc}", save=True, effects=reports)
+        _effects_into(summary, host, run_dir, reports, check=False)
         return 1
     except Interrupted as exc:
         log.error("run interrupted: %s", exc)
         summary.update(status="interrupted", error=str(exc))
-        for sig in previous:  # a second signal must not cut summary.json short
-            signal.signal(sig, signal.SIG_IGN)
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))  # before anything can hang
         # brief: parties being stopped beside it (vflnet run, docker stop) must not hold it up
         shutdown_all(cfg, stubs, f"run interrupted: {exc}", save=False, timeout=2)

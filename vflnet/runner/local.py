@@ -14,6 +14,7 @@ Role processes start warm by default: forked from a fork server that has torch a
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -26,8 +27,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from vflnet.config import Config, ConfigError, dump
+from vflnet.progress import bar as progress_bar
 from vflnet.progress import quiet
 from vflnet.roles.run_lock import role_lock
+from vflnet.runner.interrupt import INTERRUPTED_EXIT, SIGNALS, raise_interrupted, signal_of
 from vflnet.runner.report import print_summary
 from vflnet.runner.scoring import score_run
 from vflnet.runner.warm import (
@@ -101,6 +104,7 @@ class LocalCluster:
         return child
 
     def start(self) -> None:
+        self.deadline.check()  # the command's start-up may have used it all: then no process starts
         coord = self.cfg.coordinator
         addr_file = self.run_dir / "coordinator.addr"
         # an earlier run in this folder left its coordinator's address: parties must not dial it
@@ -239,17 +243,18 @@ class LocalCluster:
             )
         return 0
 
-    def teardown(self) -> None:
-        stop_processes([c.proc for c in self.children.values()])
+    def teardown(self, sig: int = signal.SIGTERM) -> None:
+        stop_processes([c.proc for c in self.children.values()], sig=sig)
         for c in self.children.values():
             c.log_file.close()
 
 
-def stop_processes(procs: Sequence[Process], grace_s: float = 5.0) -> None:
-    """SIGTERM every process still running, SIGKILL those still alive ``grace_s`` later."""
+def stop_processes(procs: Sequence[Process], grace_s: float = 5.0, sig: int = signal.SIGTERM) -> None:
+    """``sig`` (SIGTERM, or the signal that stopped the caller) to every process still running, SIGKILL
+    to those still alive ``grace_s`` later."""
     live = [p for p in procs if p.poll() is None]
     for p in live:
-        p.terminate()
+        p.send_signal(sig)
     deadline = time.monotonic() + grace_s
     for p in live:
         try:
@@ -276,15 +281,25 @@ TIMEOUT_EXIT = 124
 
 
 class Deadline:
-    """``vflnet run --timeout``: the whole run's limit in seconds from now (None: no limit)."""
+    """``vflnet run --timeout``: the whole run's limit in seconds from ``since`` (a time.monotonic();
+    default now; the command gives its process's start, `process_started`); None: no limit."""
 
-    def __init__(self, seconds: float | None) -> None:
+    def __init__(self, seconds: float | None, since: float | None = None) -> None:
         self.seconds = seconds
-        self.at = None if seconds is None else time.monotonic() + seconds
+        self.at = None if seconds is None else (time.monotonic() if since is None else since) + seconds
 
     def check(self) -> None:
         if self.at is not None and time.monotonic() > self.at:
             raise RunTimeout
+
+
+def process_started() -> float:
+    """When this process started (a fork server's child: when it was forked), on time.monotonic()'s
+    clock: its start time in /proc/self/stat, in clock ticks since boot."""
+    with open("/proc/self/stat") as stat:  # the name (field 2) may hold spaces: count after its ")"
+        ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    return time.monotonic() - age
 
 
 def free_port() -> int:
@@ -310,13 +325,8 @@ class _Progress:
         if not self.enabled or not self.plan.exists() or not self.path.exists():
             return
         if self.bar is None:
-            from tqdm import tqdm
-
             total = json.loads(self.plan.read_text())["total_steps"]
-            # disable=None: a bar on a terminal, nothing when output goes to a file or CI log
-            self.bar = tqdm(
-                total=total, unit="step", desc="training", file=sys.stderr, dynamic_ncols=True, disable=None
-            )
+            self.bar = progress_bar("training", total, unit="step")
         with self.path.open() as fh:
             fh.seek(self.offset)
             for line in iter(fh.readline, ""):
@@ -399,12 +409,14 @@ def run_local(
     timeout_s: float | None = None,
     overrides: Sequence[str] = (),
     start: str = "warm",
+    since: float | None = None,
 ) -> int:
     """Run ``config_path``'s cluster, with the command line's ``KEY=VALUE`` ``overrides`` (the run
     directory's config.yaml holds the result); ``timeout_s`` (``--timeout``) limits the whole run: past
     it every process is stopped and the exit code is 124. ``start``: how role processes start (warm:
-    forked from a fork server; cold: each a new interpreter)."""
-    deadline = Deadline(timeout_s)  # counted from the command's start, set-up included
+    forked from a fork server; cold: each a new interpreter). ``since``: when the timeout starts (a
+    time.monotonic(); default now; `vflnet run` gives its process's start)."""
+    deadline = Deadline(timeout_s, since)
     config_path = Path(config_path)
     cfg = load_config(config_path, overrides=overrides, launcher="run")
     run_dir = choose_run_dir(cfg, config_path, run_dir)
@@ -420,7 +432,12 @@ def run_local(
 
 
 def resume_local(
-    run_dir: Path, *, progress: bool = True, timeout_s: float | None = None, start: str = "warm"
+    run_dir: Path,
+    *,
+    progress: bool = True,
+    timeout_s: float | None = None,
+    start: str = "warm",
+    since: float | None = None,
 ) -> int:
     """`vflnet run --resume RUN_DIR`: the same run (its resolved config.yaml) restarted in every
     process with --resume; the coordinator continues from the newest valid checkpoint."""
@@ -432,7 +449,7 @@ def resume_local(
     if cfg.transport.bridge == "loopback":
         print("vflnet run --resume: a loopback run cannot resume; run it again", file=sys.stderr)
         return 2
-    deadline = Deadline(timeout_s)
+    deadline = Deadline(timeout_s, since)
     with role_lock(run_dir, "launcher"):
         try:
             return _run_resuming(cfg, run_dir, resolved, progress, deadline, start, resume=True)
@@ -553,7 +570,8 @@ def _run(
     cluster = LocalCluster(cfg, run_dir, resolved, deadline, resume, server)
     # Ctrl-C and SIGTERM stop the run; set explicitly: a process started with SIGINT ignored (a
     # nohup, a CI runner, a pytest-xdist worker) would otherwise inherit the ignoring
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, raise_interrupted) for sig in SIGNALS}
+    stop_with = signal.SIGTERM  # the signal that stopped the launcher, passed on (the run records it)
     ended: tuple[str, str] | None = None  # (status, error) if the run did not complete
     party_cause = False  # the error is a party's death or error, which summary.json must name first
     try:
@@ -567,12 +585,13 @@ def _run(
         ended = ("failed", str(exc))
         party_cause = exc.party is not None
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        stop_with = signal_of(exc)
         print(f"\nrun {cfg.run.id} interrupted; stopping all processes", file=sys.stderr)
-        ended = ("interrupted", "vflnet run was interrupted")
-        return 130
+        ended = ("interrupted", f"vflnet run was stopped by signal {stop_with.name}")
+        return INTERRUPTED_EXIT
     finally:
-        cluster.teardown()  # a coordinator still running writes summary.json on its SIGTERM
+        cluster.teardown(stop_with)  # a coordinator still running writes summary.json on that signal
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if ended is not None:
@@ -637,7 +656,3 @@ def _run_in_process(cfg: Config, run_dir: Path, progress: bool, deadline: Deadli
     score_run(cfg, run_dir)
     print_summary(run_dir)
     return 0
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt

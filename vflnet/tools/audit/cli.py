@@ -6,16 +6,18 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from vflnet.config import Config, ConfigError, read_yaml
+from vflnet.config import ConfigError, read_yaml
 from vflnet.overrides import apply_overrides, blame, parse_overrides
-from vflnet.tools.audit import document, execute
-from vflnet.tools.audit.selection import Candidate, select
+from vflnet.tools.audit.budget import QUICK_TRAIN, SEEDS
 from vflnet.tools.experiments.results import write_atomic
-from vflnet.validation import config_from_dict
+
+if TYPE_CHECKING:  # these import torch: imported where used, so `vflnet audit --help` does not
+    from vflnet.config import Config
+    from vflnet.tools.audit.selection import Candidate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quick",
         action="store_true",
-        help=f"{execute.SEEDS['quick']} seeds, training capped at {execute.QUICK_TRAIN['epochs']} epoch and "
-        f"{execute.QUICK_TRAIN['max_steps']} steps (default: {execute.SEEDS['default']} seeds, the config's training)",
+        help=f"{SEEDS['quick']} seeds, training capped at {QUICK_TRAIN['epochs']} epoch and "
+        f"{QUICK_TRAIN['max_steps']} steps (default: {SEEDS['default']} seeds, the config's training)",
     )
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (run.seed, run.seed + 1, ...)")
     p.add_argument(
@@ -63,6 +65,9 @@ def prepare(
 ) -> tuple[dict[str, Any], Config, list[Candidate]]:
     """The audited config (as a mapping with no attacks, and checked) and every attack position with
     its verdict of applicability."""
+    from vflnet.tools.audit.selection import select
+    from vflnet.validation import config_from_dict
+
     parsed = parse_overrides(overrides)
     data = apply_overrides(read_yaml(config), parsed)
     source = str(config)
@@ -81,6 +86,8 @@ def prepare(
 
 
 def _main(args: argparse.Namespace) -> int:
+    from vflnet.tools.audit import document, execute
+
     budget = "quick" if args.quick else "default"
     source = str(args.config)
     base, cfg, cands = prepare(args.config, args.overrides, budget)
@@ -91,7 +98,7 @@ def _main(args: argparse.Namespace) -> int:
                 + ("" if c.applies else f": {c.reason}")
             )
         return 0
-    n = args.seeds if args.seeds is not None else execute.SEEDS[budget]
+    n = args.seeds if args.seeds is not None else SEEDS[budget]
     if n < 1:
         raise ConfigError("--seeds", "", f"expected at least 1 seed, got {n}")
     seeds = [cfg.run.seed + i for i in range(n)]
@@ -105,8 +112,8 @@ def _main(args: argparse.Namespace) -> int:
     notes = []
     if budget == "quick":
         notes.append(
-            f"Quick budget: training capped at {execute.QUICK_TRAIN['epochs']} epoch and "
-            f"{execute.QUICK_TRAIN['max_steps']} steps; the main task is not trained to convergence."
+            f"Quick budget: training capped at {QUICK_TRAIN['epochs']} epoch and "
+            f"{QUICK_TRAIN['max_steps']} steps; the main task is not trained to convergence."
         )
     for s in settings:
         if s.reason:

@@ -45,6 +45,7 @@ BENCHMARKS = {
     ),
     "goals": (
         "vflnet.tools.bench.goals",
-        "issue 40's goals in one run: start-up, sweep overhead, netem steps, vflnet vs its floor, the tap",
+        "start-up, sweep overhead, netem steps, vflnet vs its floor and the trace tap against their goals, "
+        "in one run",
     ),
 }

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import torch
 from vflnet.attacks.cafe import CafeAttack, ServerObservation, table9_params
 from vflnet.models.cafe_net import CafeNetConfig, CafeVFL, grid_for, party_gradients, party_parameters
 from vflnet.runner.loopback import run_loopback
-from vflnet.tools.bench.common import Row, markdown_table, parse_args, write_json
+from vflnet.tools.bench.common import Row, markdown_table, parse_args, scratch, write_json
 from vflnet.tools.reproduce.cafe import (
     IMAGE_SIDE,
     RunSettings,
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     size = (args.n, args.k, args.m, tuple(args.conv_channels), args.fc1_out)
     rows: list[Row] = []
-    with tempfile.TemporaryDirectory(prefix="vflnet-bench-cafe-") as tmp:
+    with scratch("vflnet-bench-cafe-") as tmp:
         for attack in (False, True):  # one-off costs (the data, torch.func's first use) out of the way
             run_s(*size, "cpu", 1, attack, Path(tmp) / "warm-up")
         # no attack: the device plays no part (the parties train on the CPU)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
+from vflnet.runner.interrupt import INTERRUPTED_EXIT, interruptible
 from vflnet.tools.bench import BENCHMARKS
 
 
@@ -30,4 +32,11 @@ def main(argv: list[str]) -> int:
         argv = ["all", *argv]  # `vflnet bench --smoke`: flags of `all`, not a benchmark's name
     args = build_parser().parse_args(argv)
     module = "vflnet.tools.bench.suite" if args.what == "all" else BENCHMARKS[args.what][0]
-    return int(importlib.import_module(module).main(args.args) or 0)
+    # Ctrl-C and SIGTERM stop every benchmark alike: a run it started stops its processes (the signal
+    # passed on), its scratch folder is removed, and `vflnet bench` all stops too, with one line
+    try:
+        with interruptible():
+            return int(importlib.import_module(module).main(args.args) or 0)
+    except KeyboardInterrupt:  # which signal: a run stopped by it reports only its exit code, 130
+        print(f"\nbench {args.what} interrupted: no figures", file=sys.stderr)
+        return INTERRUPTED_EXIT

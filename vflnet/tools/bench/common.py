@@ -1,13 +1,22 @@
 """What every `vflnet bench` benchmark shares: `--smoke` (tiny sizes, seconds) and `--json` (its figures
-as rows, which `vflnet bench all` gathers into one JSON and one Markdown table per benchmark)."""
+as rows, which `vflnet bench all` gathers into one JSON and one Markdown table per benchmark); the
+scratch folder of its runs, and how it runs a local cluster."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from vflnet import progress
+from vflnet.runner.interrupt import INTERRUPTED_EXIT
 
 Row = dict[str, str | int | float | bool | None]
 
@@ -26,6 +35,49 @@ def parse_args(
             if getattr(args, key) == parser.get_default(key):
                 setattr(args, key, value)
     return args
+
+
+@contextlib.contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """A temporary folder for a benchmark's runs, removed when the block ends, except when an error
+    ends it: then it is kept, and said so, because the error names files in it (a failed run's logs).
+    So a path a benchmark prints exists after the command, or is said to be removed (`run_cluster`)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    except Exception:
+        progress.note(f"kept {folder}: the files of the failed benchmark")
+        raise
+    except BaseException:  # Ctrl-C, SIGTERM: nothing to look at
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+class RunFailed(RuntimeError):
+    """A benchmark's run failed; the message holds its launcher's lines."""
+
+
+def run_cluster(config: Path, run_dir: Path, *, shown: bool = False) -> None:
+    """`vflnet run` of ``config`` into ``run_dir``, for a benchmark: the launcher's lines (its banner,
+    its summary table) are kept back and shown only if the run fails, as RunFailed's message, unless
+    ``shown``: then they are followed by a line saying the run directory they name is removed (it is a
+    `scratch` folder's); a run stopped by Ctrl-C or SIGTERM stops the benchmark (KeyboardInterrupt;
+    `vflnet bench` says so)."""
+    from vflnet.runner.local import run_local  # imports torch
+
+    lines = io.StringIO()
+    with contextlib.ExitStack() as kept_back:
+        if not shown:
+            kept_back.enter_context(contextlib.redirect_stdout(lines))
+            kept_back.enter_context(contextlib.redirect_stderr(lines))
+        rc = run_local(config, run_dir=run_dir, progress=False)
+    if rc == INTERRUPTED_EXIT:  # the launcher stopped the run's processes
+        raise KeyboardInterrupt
+    if rc != 0:
+        raise RunFailed(f"run {run_dir} failed (exit code {rc}):\n{lines.getvalue()}")
+    if shown:
+        print(f"(run directory {run_dir}: a benchmark's scratch, removed after its measurement)", flush=True)
 
 
 def _flag_value(value: Any) -> str:

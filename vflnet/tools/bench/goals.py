@@ -1,4 +1,4 @@
-"""`vflnet bench goals`: issue 40's figures against their goals, side by side, in one invocation.
+"""`vflnet bench goals`: the performance figures against their goals, side by side, in one invocation.
 
 It calls the other benchmarks' own measuring functions, one after another on the same machine, and
 prints one table: a row per figure, its measured value, its goal, whether the goal is met, and the
@@ -24,7 +24,7 @@ machine's load average (1 min, before -> after the measurement the row comes fro
   messages on before building an event, as a party without a tap does), the median step of the tapped
   blocks minus the untapped blocks'. Runs with and without a tap, compared, moved by +-0.5 ms.
 
-Issue 40's two other goals (the MNIST CNN >= 1.0 of its reference, no regression in `vflnet bench
+Two other goals (the MNIST CNN >= 1.0 of its reference, no regression in `vflnet bench
 he-step`) take minutes each on two cores: their rows name the command that measures them.
 """
 
@@ -34,7 +34,6 @@ import argparse
 import copy
 import os
 import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -44,7 +43,7 @@ from typing import Any
 from vflnet import progress
 from vflnet.threat.interception import TAP_BLOCKS_ENV
 from vflnet.tools.bench import grpc_floor, netem, startup, transport
-from vflnet.tools.bench.common import Row, markdown_table, parse_args, write_json
+from vflnet.tools.bench.common import Row, markdown_table, parse_args, scratch, write_json
 from vflnet.tools.lab.netlab import tcp_cc_refusal, unavailable_reason
 
 WARM_PARTY_S = 0.5
@@ -279,8 +278,8 @@ def _vflnet_run(name: str, epochs: int) -> dict[str, Any]:
     only at the end, where `transport.distributed` times it apart."""
     case = copy.deepcopy(transport.CASES[name])
     case["train"].update(epochs=epochs, checkpoint_every=epochs)
-    with tempfile.TemporaryDirectory(prefix="vflnet-bench-goals-") as tmp:
-        case["run"]["dir"] = tmp
+    with scratch("vflnet-bench-goals-") as tmp:
+        case["run"]["dir"] = str(tmp)
         return transport.distributed(case, Path(tmp), "grpc")
 
 
@@ -300,8 +299,8 @@ def _vflnet_tap_ms(epochs: int) -> float:
 
 def _floor_tap_ms(steps: int) -> float:
     """The ms the floor's bare tap adds per step, timed inside one run (TAP_BLOCKS)."""
-    with tempfile.TemporaryDirectory(prefix="vflnet-floor-") as tap_dir:
-        return tap_ms(grpc_floor.tap_ab(max(steps, TAP_MIN_STEPS), FLOOR_MODE, tap_dir, TAP_BLOCKS))
+    with scratch("vflnet-floor-") as tap_dir:
+        return tap_ms(grpc_floor.tap_ab(max(steps, TAP_MIN_STEPS), FLOOR_MODE, str(tap_dir), TAP_BLOCKS))
 
 
 def tap_ms(step_times: list[tuple[int, float]]) -> float:

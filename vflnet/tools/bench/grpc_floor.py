@@ -34,7 +34,6 @@ import os
 import queue
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -48,7 +47,7 @@ import torch
 from torch import nn
 
 from vflnet import progress
-from vflnet.tools.bench.common import Row, markdown_table, parse_args, write_json
+from vflnet.tools.bench.common import Row, markdown_table, parse_args, scratch, write_json
 
 BATCH, FEATURES, EMBEDDING, CLASSES, SAMPLES = 256, 32, 32, 10, 1797
 SERVICE = "vflnetfloor.Active"
@@ -459,8 +458,8 @@ def main(argv: list[str] | None = None) -> int:
                 if mode == "reference":
                     rate = reference(args.steps)
                 else:
-                    with tempfile.TemporaryDirectory(prefix="vflnet-floor-") as directory:
-                        tap_dir = directory if mode.endswith(TAP) else None
+                    with scratch("vflnet-floor-") as directory:
+                        tap_dir = str(directory) if mode.endswith(TAP) else None
                         rate = distributed(args.steps, mode.removesuffix(TAP), tap_dir)
                 best[mode] = max(best.get(mode, 0.0), rate)
                 progress.advance(f"run {i + 1} {mode}")

@@ -37,12 +37,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import io
 import json
 import os
 import secrets
 import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -61,9 +59,8 @@ from vflnet.crypto.opcount import OpCounts
 from vflnet.crypto.parallel import shutdown_pools
 from vflnet.protocols.he_backprop import MULTIPLIER_BITS
 from vflnet.protocols.he_settings import HE_PARAMS
-from vflnet.runner.local import run_local
 from vflnet.runner.loopback import run_loopback
-from vflnet.tools.bench.common import parse_args, write_json
+from vflnet.tools.bench.common import parse_args, run_cluster, scratch, write_json
 from vflnet.validation import config_from_dict
 
 FRAC_BITS = HE_PARAMS["frac_bits"].default  # fixed-point scale of the encrypted logits and of [[g]]
@@ -73,7 +70,8 @@ STAGES = ("encrypt logits", "aggregate", "encrypt g", "backprop", "gradient")
 PASSIVES = ("passive-1", "passive-2")
 
 # The paper 004 digits MLP as a run config; the benchmark fills in protocol, key size, batch and steps.
-# No test set: the run ends with the training steps (no untimed evaluation, nothing but steps counted).
+# No evaluation and so no test set (`eval_every: 0`): the run ends with the training steps, nothing but
+# steps counted.
 PAPER_004_DIGITS: dict[str, Any] = {
     "run": {"id": "bench-he-step", "seed": 0},
     "protocol": {"kind": "split-he", "aggregation": "sum"},
@@ -99,7 +97,7 @@ PAPER_004_DIGITS: dict[str, Any] = {
         "epochs": 100,
         "batch_size": 32,
         "max_steps": 3,
-        "eval_every": 1000,
+        "eval_every": 0,
         "optimizer": {"kind": "sgd", "lr": 0.1},
     },
     "transport": {"rpc_timeout_s": 600, "join_timeout_s": 300},
@@ -149,18 +147,12 @@ def step_times(run_dir: Path, steps: int) -> StepTimes:
 def run_distributed(kind: str, bits: int, batch: int, steps: int, seed: int = 0) -> StepTimes:
     """Train `steps` steps on a local cluster of real processes and read the coordinator's metrics."""
     cfg = bench_config(kind, bits, batch, steps, seed)
-    with tempfile.TemporaryDirectory(prefix="vflnet-he-step-") as tmp:
-        cfg["run"]["dir"] = tmp
+    with scratch("vflnet-he-step-") as tmp:
+        cfg["run"]["dir"] = str(tmp)
         path = Path(tmp) / "config.yaml"
         path.write_text(yaml.safe_dump(cfg))
         run_dir = Path(tmp) / "run"
-        chatter = io.StringIO()  # the launcher's banner and run summary; shown only if the run fails
-        with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
-            status = run_local(path, run_dir=run_dir, progress=False)
-        if status != 0:
-            raise RuntimeError(
-                f"distributed {kind} run failed ({bits} bits, batch {batch}):\n{chatter.getvalue()}"
-            )
+        run_cluster(path, run_dir)
         return step_times(run_dir, steps)
 
 
@@ -214,7 +206,7 @@ def run_engine(
     data = bench_config(kind, bits, batch, steps, seed, workers, bridge="loopback")
     with contextlib.ExitStack() as stack:
         if run_dir is None:
-            run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vflnet-he-step-"))) / "run"
+            run_dir = Path(stack.enter_context(scratch("vflnet-he-step-"))) / "run"
         data["run"].update(dir=str(run_dir.parent), id=run_dir.name)
         cfg = config_from_dict(data)
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ D"`, 0 ms too, so that every row goes through the same emulator), the lab is bro
   the step before it completing if that was later, to its reports being in), with p10 and p90;
 - 2 x delay: one passive-active round trip of the link alone (embeddings up, gradients down), the
   step's critical path without compute (docs/architecture.md, "Pipelined steps");
-- excess: step - 2 x delay; goal: 2 x delay + the step at 0 ms + 3 ms (issue 40), where the step at
+- excess: step - 2 x delay; goal: 2 x delay + the step at 0 ms + 3 ms, where the step at
   0 ms (same lab, same invocation) stands for the compute;
 - wire: the median round trip of plain TCP between the first passive party's and the active party's
   namespaces with the step's message sizes (its embeddings up, its gradients down, from the run's
@@ -29,7 +29,6 @@ import os
 import socket
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ from pathlib import Path
 import yaml
 
 from vflnet.example_configs import EXAMPLES
-from vflnet.tools.bench.common import Row, parse_args, write_json
+from vflnet.tools.bench.common import Row, parse_args, scratch, write_json
 from vflnet.tools.lab.netlab import Lab, LabError, down, in_netns, tcp_cc_refusal, unavailable_reason, up
 
 ECHO_PORT = 7099  # the wire probe's port inside the active party's namespace
@@ -210,7 +209,7 @@ def measure_delays(args: argparse.Namespace) -> list[Row]:
     """A row per delay of ``args`` (this module's flags, build_parser()), each lab up and down in turn;
     with a 0 ms row, each row's goal (``goal_ms``) and whether its step met it (``met``)."""
     rows: list[Row] = []
-    with tempfile.TemporaryDirectory(prefix="vflnet-bench-netem-") as tmp:
+    with scratch("vflnet-bench-netem-") as tmp:
         folder = Path(tmp)
         config = _config(folder, args.epochs)
         for delay in args.delays:
@@ -245,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json,
         rows,
         cores=os.cpu_count(),
-        goal=f"step <= 2 x delay + the step at 0 ms + {GOAL_MARGIN_MS:g} ms (issue 40)",
+        goal=f"step <= 2 x delay + the step at 0 ms + {GOAL_MARGIN_MS:g} ms",
     )
     return 0
 

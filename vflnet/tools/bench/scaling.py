@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import os
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +27,7 @@ from typing import Any
 import yaml
 
 from vflnet import progress
-from vflnet.runner.local import run_local
-from vflnet.tools.bench.common import Row, markdown_table, parse_args, write_json
+from vflnet.tools.bench.common import Row, markdown_table, parse_args, run_cluster, scratch, write_json
 from vflnet.tools.bench.he_step import step_times
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -131,23 +128,19 @@ class Sampler(threading.Thread):
 
 def measure(k: int, steps: int, batch: int) -> list[Row]:
     """One run with K passive parties: a row per role (the passive parties folded into one)."""
-    with tempfile.TemporaryDirectory(prefix="vflnet-bench-scaling-") as tmp:
+    with scratch("vflnet-bench-scaling-") as tmp:
         cfg = scaling_config(k, steps, batch)
-        cfg["run"]["dir"] = tmp
+        cfg["run"]["dir"] = str(tmp)
         path = Path(tmp) / "config.yaml"
         path.write_text(yaml.safe_dump(cfg))
         run_dir = Path(tmp) / "run"
         sampler = Sampler(run_dir, steps)
         sampler.start()
-        chatter = io.StringIO()  # the launcher's banner and summary; shown only if the run fails
         try:
-            with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
-                status = run_local(path, run_dir=run_dir, progress=False)
+            run_cluster(path, run_dir)
         finally:
             sampler.stop.set()
             sampler.join()
-        if status != 0:
-            raise RuntimeError(f"scaling run with K = {k} failed:\n{chatter.getvalue()}")
         times = step_times(run_dir, steps)
     step_ms = 1000 * times.step_s
     roles = {

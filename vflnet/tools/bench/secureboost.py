@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from vflnet.crypto import generate_keypair, opcount, shutdown_pools
 from vflnet.models.secureboost import TreeParams
 from vflnet.runner.loopback import LoopbackFailure, run_loopback
 from vflnet.runner.reference import tree_views
-from vflnet.tools.bench.common import parse_args, write_json
+from vflnet.tools.bench.common import parse_args, scratch, write_json
 from vflnet.tools.bench.secureboost_phe import phe_tree
 from vflnet.validation import config_from_dict
 
@@ -84,8 +83,8 @@ def bench_config(mode: str, bits: int, rows: int, features: int, depth: int, wor
 
 def run_tree(data: dict[str, Any]) -> tuple[float, int, dict[str, float]]:
     """(seconds, bytes sent by every party, per-value op counts) of the tree's training step."""
-    with tempfile.TemporaryDirectory(prefix="vflnet-bench-sb-") as tmp:
-        data["run"].update(dir=tmp, id="run")
+    with scratch("vflnet-bench-sb-") as tmp:
+        data["run"].update(dir=str(tmp), id="run")
         run_dir = Path(tmp) / "run"
         run_dir.mkdir()
         with opcount.counting() as counter:

@@ -25,7 +25,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -38,7 +37,7 @@ from vflnet.example_configs import EXAMPLES
 from vflnet.runner import resident
 from vflnet.runner.local import START_MODES, free_port, stop_processes
 from vflnet.runner.warm import SOCKET_ENV, ForkServer, Process, fork_server, role_env, start_vflnet
-from vflnet.tools.bench.common import Row, parse_args, write_json
+from vflnet.tools.bench.common import Row, parse_args, scratch, write_json
 from vflnet.tools.experiments.results import collect, sweep_run_dirs
 from vflnet.wire.healthcheck import check
 
@@ -145,7 +144,7 @@ def measure(repeat: int, sweep_runs: int) -> tuple[list[Row], bool]:
     first ``sweep_runs`` runs, 0: all); and whether the sweep's results are the same under every start."""
     threads = Config().runtime.torch_threads
     rows: list[Row] = []
-    with tempfile.TemporaryDirectory(prefix="vflnet-bench-startup-") as tmp:
+    with scratch("vflnet-bench-startup-") as tmp:
         folder = Path(tmp)
         config = _config(folder)
         print(f"load average {os.getloadavg()[0]:.1f} at the start, {os.cpu_count()} cores", flush=True)

@@ -14,21 +14,15 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import signal
 import statistics
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from vflnet.runner.local import run_local
 from vflnet.runner.reference import train_reference
-from vflnet.tools.bench.common import parse_args, write_json
+from vflnet.tools.bench.common import parse_args, run_cluster, scratch, write_json
 from vflnet.validation import config_from_dict
-
-INTERRUPTED = 130  # the exit code of `vflnet run` interrupted, and of this benchmark
 
 DIGITS_MLP: dict[str, Any] = {
     "run": {"id": "bench-digits-mlp", "seed": 0},
@@ -127,11 +121,7 @@ def distributed(case: dict[str, Any], workdir: Path, bridge: str) -> dict[str, A
     path = workdir / f"{bridge}.yaml"
     path.write_text(yaml.safe_dump(case))
     run_dir = workdir / bridge
-    rc = run_local(path, run_dir=run_dir, progress=False)
-    if rc == INTERRUPTED:  # the launcher caught the SIGTERM or Ctrl-C and stopped the run's processes
-        raise KeyboardInterrupt
-    if rc != 0:
-        raise RuntimeError(f"{bridge} run failed; see {run_dir}/logs")
+    run_cluster(path, run_dir, shown=True)  # its readers follow each run
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if s["kind"] == "step"]
     warm = steps[2:] if len(steps) > 4 else steps  # first steps include connection set-up
@@ -160,21 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", choices=sorted(CASES), action="append", help="default: all")
     parser.add_argument("--repeat", type=int, default=1, help="runs per side; the best is reported")
     args = parse_args(parser, argv, smoke={"case": ["digits-mlp-b256"]})
-    # SIGTERM stops the benchmark as Ctrl-C does: between runs (here) and within one (run_local's own)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        rows = _measure(args)
-    except KeyboardInterrupt:
-        print("\nbench transport interrupted: no figures", file=sys.stderr)
-        return INTERRUPTED
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    _report(args, rows)
+    _report(args, _measure(args))  # Ctrl-C, SIGTERM: vflnet.tools.bench.cli stops every benchmark alike
     return 0
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def _measure(args: argparse.Namespace) -> list[tuple[str, dict[str, dict[str, float]], float]]:
@@ -186,8 +163,8 @@ def _measure(args: argparse.Namespace) -> list[tuple[str, dict[str, dict[str, fl
         best_r = 0.0
         for i in range(args.repeat):
             for bridge in BRIDGES:
-                with tempfile.TemporaryDirectory(prefix="vflnet-bench-") as tmp:
-                    case["run"]["dir"] = tmp
+                with scratch("vflnet-bench-") as tmp:
+                    case["run"]["dir"] = str(tmp)
                     d = distributed(case, Path(tmp), bridge)
                 if bridge not in best or d["steps_per_s"] > best[bridge]["steps_per_s"]:
                     best[bridge] = d

@@ -15,7 +15,7 @@ import yaml
 
 from vflnet.runner.report import summary_rows
 from vflnet.tools.experiments import figures
-from vflnet.tools.experiments.document import Block, Columns, Figure, Heading, Table, Text, write
+from vflnet.tools.experiments.document import Block, Columns, Figure, Heading, Table, Text, not_drawn, write
 from vflnet.tools.experiments.report import (
     RunData,
     SweepData,
@@ -134,4 +134,6 @@ def main(argv: list[str]) -> int:
     out = args.out or Path(f"compare-{args.a.resolve().name}-vs-{args.b.resolve().name}")
     md, page = write(out, title, blocks, stem="compare")
     print(f"wrote {md} and {page}")
+    for why in not_drawn(blocks):
+        print(f"figures left out: {why}", file=sys.stderr)
     return 0

@@ -34,9 +34,16 @@ class Table:
 
 
 @dataclass
+class NotDrawn:
+    """A figure that could not be drawn; ``why``: e.g. the plots extra is not installed."""
+
+    why: str
+
+
+@dataclass
 class Figure:
     name: str  # file name stem in the Markdown rendering; unique within a document
-    png: bytes
+    png: bytes | NotDrawn  # not drawn: left out of both renderings, which say why once, at the top
     caption: str
 
 
@@ -93,6 +100,7 @@ def _html_block(block: Block) -> str:
         )
         return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
     if isinstance(block, Figure):
+        assert isinstance(block.png, bytes)  # write() leaves out the figures not drawn
         data = base64.b64encode(block.png).decode()
         alt = html.escape(block.caption)
         return (
@@ -132,6 +140,7 @@ def _markdown_block(block: Block, files_dir: Path) -> list[str]:
         lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in block.rows]
         return [*lines, ""]
     if isinstance(block, Figure):
+        assert isinstance(block.png, bytes)  # write() leaves out the figures not drawn
         path = files_dir / f"{block.name}.png"
         path.write_bytes(block.png)
         return [f"![{block.caption}]({files_dir.name}/{path.name})", ""]
@@ -143,8 +152,33 @@ def _markdown_block(block: Block, files_dir: Path) -> list[str]:
     return lines
 
 
+def not_drawn(blocks: list[Block]) -> list[str]:
+    """Why figures of ``blocks`` are not drawn: each reason once, in order of first appearance."""
+    whys: list[str] = []
+    for b in blocks:
+        if isinstance(b, Columns):
+            found = not_drawn([*b.left, *b.right])
+        else:
+            found = [b.png.why] if isinstance(b, Figure) and isinstance(b.png, NotDrawn) else []
+        whys += [w for w in found if w not in whys]
+    return whys
+
+
+def _drawn(blocks: list[Block]) -> list[Block]:
+    """``blocks`` without the figures not drawn."""
+    kept: list[Block] = []
+    for b in blocks:
+        if isinstance(b, Columns):
+            kept.append(Columns(b.titles, _drawn(b.left), _drawn(b.right)))
+        elif not (isinstance(b, Figure) and isinstance(b.png, NotDrawn)):
+            kept.append(b)
+    return kept
+
+
 def write(out_dir: Path, title: str, blocks: list[Block], stem: str = "report") -> tuple[Path, Path]:
-    """``<stem>.md`` (figures in ``<stem>_files/``) and the self-contained ``<stem>.html``."""
+    """``<stem>.md`` (figures in ``<stem>_files/``) and the self-contained ``<stem>.html``; figures not
+    drawn are left out, and the top of each says why (once)."""
+    blocks = [Text(f"Figures are left out: {why}") for why in not_drawn(blocks)] + _drawn(blocks)
     out_dir.mkdir(parents=True, exist_ok=True)
     md_path, html_path = out_dir / f"{stem}.md", out_dir / f"{stem}.html"
     md_path.write_text(to_markdown(title, blocks, out_dir / f"{stem}_files"))

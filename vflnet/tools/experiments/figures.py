@@ -1,16 +1,20 @@
 """The report's plots, as PNG bytes (matplotlib's Agg canvas: no display, no pyplot global state).
 
 Each function takes one or more labelled series so a comparison draws two runs or sweeps on the same
-axes with the code that draws one."""
+axes with the code that draws one. Without matplotlib (the plots extra) each returns NotDrawn, saying
+so: a report's tables need no plotting."""
 
 from __future__ import annotations
 
+import functools
 import io
 import statistics
 from collections import defaultdict
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec
 
-from vflnet.extras import agg_figure
+from vflnet.extras import MissingExtra, agg_figure
+from vflnet.tools.experiments.document import NotDrawn
 from vflnet.tools.experiments.results import setting_label
 
 Records = list[dict[str, Any]]  # metrics.jsonl
@@ -18,8 +22,24 @@ Rows = list[dict[str, Any]]  # results table rows
 MAX_LEGEND = 12
 
 
+P = ParamSpec("P")
+
+
+def plot(draw: Callable[P, bytes]) -> Callable[P, bytes | NotDrawn]:
+    """A plot of the report: its PNG, or NotDrawn with the extra to install when matplotlib is missing."""
+
+    @functools.wraps(draw)
+    def drawn(*args: P.args, **kwargs: P.kwargs) -> bytes | NotDrawn:
+        try:
+            return draw(*args, **kwargs)
+        except MissingExtra as exc:
+            return NotDrawn(str(exc))
+
+    return drawn
+
+
 def _figure(**kwargs: Any) -> Any:
-    return agg_figure("the report's figures", **kwargs)
+    return agg_figure("drawing the report's figures", **kwargs)
 
 
 def _png(fig: Any) -> bytes:
@@ -29,6 +49,7 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
+@plot
 def training_curves(runs: dict[str, Records]) -> bytes:
     """Loss and accuracy per step (train batches), with the test figures at each evaluated epoch."""
     fig = _figure(figsize=(10, 3.6))
@@ -72,6 +93,7 @@ def _last_step(records: Records, epoch: int) -> int:
     return max((r["step"] for r in records if r["kind"] == "step" and r["epoch"] == epoch), default=0)
 
 
+@plot
 def bytes_per_type(runs: dict[str, dict[str, float]]) -> bytes:
     """Mean bytes per training step of each message type (sender/method), one bar group per run."""
     types = sorted({t for per_type in runs.values() for t in per_type})
@@ -91,6 +113,7 @@ def bytes_per_type(runs: dict[str, dict[str, float]]) -> bytes:
     return _png(fig)
 
 
+@plot
 def step_times(runs: dict[str, Records]) -> bytes:
     fig = _figure(figsize=(10, 3))
     ax = fig.subplots()
@@ -102,6 +125,7 @@ def step_times(runs: dict[str, Records]) -> bytes:
     return _png(fig)
 
 
+@plot
 def run_times(sweeps: dict[str, tuple[list[str], Rows]]) -> bytes:
     """Wall time of each run of each sweep (its varied keys, its rows), the run named by its settings."""
     named = {
@@ -120,6 +144,7 @@ def run_times(sweeps: dict[str, tuple[list[str], Rows]]) -> bytes:
     return _png(fig)
 
 
+@plot
 def tradeoff(sweeps: dict[str, Rows], keys: list[str], utility: str, leakage: list[str]) -> bytes:
     """Utility against leakage, one panel per leakage column: the mean over seeds of each setting
     (bars: one standard deviation), one curve per setting of the other keys along the first key."""

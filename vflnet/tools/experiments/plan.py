@@ -26,7 +26,6 @@ configs are the same.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import itertools
 import json
@@ -240,9 +239,9 @@ def _path(write: _Write) -> list[str | int]:
 
 
 def _fingerprint(cfg: Config) -> str:
-    """A checked run config as one string, without what names it (its id and source)."""
-    data = dataclasses.asdict(cfg)
-    data.pop("source", None)
+    """A checked run config as one string, without what names it (its id) and what it reads nothing of:
+    its resolved form (`Config.to_dict`: no source, no record of which keys were written)."""
+    data = cfg.to_dict()
     data["run"].pop("id", None)
     return _canonical(data)
 

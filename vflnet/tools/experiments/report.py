@@ -20,7 +20,7 @@ from typing import Any
 
 from vflnet.runner.report import read_metrics, summary_rows
 from vflnet.tools.experiments import capability, figures
-from vflnet.tools.experiments.document import Block, Code, Figure, Heading, Table, Text, write
+from vflnet.tools.experiments.document import Block, Code, Figure, Heading, Table, Text, not_drawn, write
 from vflnet.tools.experiments.results import (
     RUN_META,
     columns,
@@ -286,4 +286,6 @@ def main(argv: list[str]) -> int:
         return 2
     md, page = write(args.out or args.dir / "report", title, blocks)
     print(f"{md}\n{page}")
+    for why in not_drawn(blocks):
+        print(f"figures left out: {why}", file=sys.stderr)
     return 0

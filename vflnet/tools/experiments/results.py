@@ -13,6 +13,7 @@ import csv
 import io
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,30 @@ def is_completed(run_dir: Path) -> bool:
         return read_json(run_dir / "summary.json").get("status") == "completed"
     except (OSError, ValueError):
         return False
+
+
+def complete(partial: Path, dest: Path) -> None:
+    """Move a completed run from ``partial`` to ``dest``, making every path its JSON files name inside
+    ``partial`` (summary.json's checkpoints, processes.json's logs, ...) name ``dest`` first: they were
+    written while the run ran there. The rename is the commit: ``dest`` appears complete or not at all.
+    Its logs keep the paths they were written with (what happened, where)."""
+    moved = re.compile("|".join(re.escape(str(p)) + r"(?=$|[/\s'\"])" for p in {partial, partial.resolve()}))
+    final = {str(partial): str(dest), str(partial.resolve()): str(dest.resolve())}
+
+    def rewrite(value: Any) -> Any:
+        if isinstance(value, str):
+            return moved.sub(lambda m: final[m.group(0)], value)
+        if isinstance(value, list):
+            return [rewrite(v) for v in value]
+        if isinstance(value, dict):
+            return {k: rewrite(v) for k, v in value.items()}
+        return value
+
+    for path in sorted(partial.rglob("*.json")):
+        data = read_json(path)
+        if (new := rewrite(data)) != data:
+            write_atomic(path, json.dumps(new, indent=2))
+    partial.rename(dest)
 
 
 def result_row(run_dir: Path) -> dict[str, Any]:

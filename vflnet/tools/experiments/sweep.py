@@ -26,31 +26,39 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
+from vflnet import progress
 from vflnet.commands.arguments import add_start_argument
 from vflnet.config import ConfigError, RuntimeConfig
-from vflnet.runner.local import stop_processes
+from vflnet.runner.interrupt import INTERRUPTED_EXIT, interruptible, signal_of
 from vflnet.runner.warm import ForkServer, Process, fork_server, shared_server, start_vflnet
-from vflnet.tools.experiments.plan import PlannedRun, Sweep, load_sweep, plan_json, run_meta
 from vflnet.tools.experiments.results import (
     PARTIAL,
     RUN_META,
     collect,
+    complete,
     is_completed,
     write_atomic,
     write_table,
 )
 
+if TYPE_CHECKING:  # vflnet.tools.experiments.plan imports torch: imported where used, not for `--help`
+    from vflnet.tools.experiments.plan import PlannedRun, Sweep
+
 
 def write_run_files(sweep: Sweep, run: PlannedRun, configs_dir: Path) -> tuple[Path, Path]:
     """A run's config and sweep-run.json, as `vflnet sweep one` takes them."""
+    from vflnet.tools.experiments.plan import run_meta
+
     config_path, meta_path = configs_dir / f"{run.name}.yaml", configs_dir / f"{run.name}.json"
     write_atomic(config_path, yaml.safe_dump(run.config, sort_keys=False))
     write_atomic(meta_path, json.dumps(run_meta(sweep, run), indent=2))
@@ -70,47 +78,65 @@ def run_one(config_path: Path, meta_path: Path, dest: Path, start: str = "warm")
     if rc != 0 or not is_completed(partial):
         return rc or 1
     shutil.copyfile(meta_path, partial / RUN_META)
-    partial.rename(dest)
+    complete(partial, dest)
     return 0
 
 
 def run_sweep(sweep: Sweep, out: Path, jobs: int, quiet: bool, start: str = "warm") -> int:
-    """Run the runs not yet done, ``jobs`` at a time; write the table; 1 if any run failed."""
-    from tqdm import tqdm
+    """Run the runs not yet done, ``jobs`` at a time; write the table; 1 if any run failed. Ctrl-C or
+    SIGTERM stops every run it started (passing the signal on, which each run records) and ends the
+    sweep with one line and exit code 130; the same command resumes it."""
+    from vflnet.runner.local import stop_processes
+    from vflnet.tools.experiments.plan import plan_json
 
     configs_dir, runs_dir, logs_dir = out / "configs", out / "runs", out / "logs"
     for d in (configs_dir, runs_dir, logs_dir):
         d.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "sweep.json", json.dumps(plan_json(sweep), indent=2))
     pending = [r for r in sweep.runs if not is_completed(runs_dir / r.name)]
-    bar = tqdm(
-        total=len(sweep.runs),
-        initial=len(sweep.runs) - len(pending),
-        unit="run",
-        desc=f"sweep {sweep.name}",
-        file=sys.stderr,
-        disable=quiet,
-    )
     running: dict[str, Process] = {}
     failed: list[str] = []
-    with _sweep_server(sweep, start) as server:
-        try:
-            while pending or running:
-                while pending and len(running) < jobs:
-                    run = pending.pop(0)
-                    running[run.name] = _start(sweep, run, out, start, server)
-                time.sleep(0.2)
-                for name, proc in list(running.items()):
-                    if proc.poll() is None:
-                        continue
-                    del running[name]
-                    bar.update(1)
-                    if proc.returncode != 0:
-                        failed.append(name)
-                        bar.write(f"run {name} FAILED (exit {proc.returncode}); log: {logs_dir / name}.log")
-        finally:
-            stop_processes(list(running.values()))  # on Ctrl-C: no run goes on without the sweep
-            bar.close()
+    try:
+        with (
+            interruptible(),
+            progress.runs(
+                f"sweep {sweep.name}",
+                len(sweep.runs),
+                initial=len(sweep.runs) - len(pending),
+                shown=not quiet,
+            ),
+            _sweep_server(sweep, start) as server,
+        ):
+            stop_with = signal.SIGTERM
+            try:
+                while pending or running:
+                    while pending and len(running) < jobs:
+                        run = pending.pop(0)
+                        running[run.name] = _start(sweep, run, out, start, server)
+                    time.sleep(0.2)
+                    for name, proc in list(running.items()):
+                        if proc.poll() is None:
+                            continue
+                        del running[name]
+                        progress.advance(name)
+                        if proc.returncode != 0:
+                            failed.append(name)
+                            progress.note(
+                                f"run {name} FAILED (exit {proc.returncode}); log: {logs_dir / name}.log"
+                            )
+            except KeyboardInterrupt as exc:
+                stop_with = signal_of(exc)
+                raise
+            finally:  # no run goes on without the sweep
+                stop_processes(list(running.values()), sig=stop_with)
+    except KeyboardInterrupt as exc:
+        done = sum(is_completed(runs_dir / r.name) for r in sweep.runs)
+        print(
+            f"\nsweep {sweep.name} interrupted ({signal_of(exc).name}): {done}/{len(sweep.runs)} runs done; "
+            "the same command resumes it",
+            file=sys.stderr,
+        )
+        return INTERRUPTED_EXIT
     # this plan's runs only: runs of an earlier version of the sweep file may share the folder
     csv_path, _ = write_table(collect(runs_dir, {r.name for r in sweep.runs}), out)
     if not quiet:
@@ -237,6 +263,8 @@ def _main(argv: list[str]) -> int:
         args = _one_parser().parse_args(argv[1:])
         return run_one(args.config, args.meta, args.dest, args.start)
     args = build_parser().parse_intermixed_args(argv)
+    from vflnet.tools.experiments.plan import load_sweep
+
     sweep = load_sweep(args.sweep, args.overrides)
     out = args.out or Path("sweeps") / sweep.name
     if args.emit == "k8s":

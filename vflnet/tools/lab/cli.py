@@ -1,13 +1,30 @@
-"""`vflnet lab up|run|down`: a multi-host network lab from network namespaces (needs root)."""
+"""`vflnet lab up|run|impair|down`: a multi-host network lab from network namespaces (needs root)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vflnet.config import ConfigError
-from vflnet.tools.lab.netlab import Lab, LabError, down, up
+
+if TYPE_CHECKING:
+    from vflnet.tools.lab.netlab import Lab
+
+# `lab run` options a resumed run takes from its run directory instead
+RECORDED_RUN_OPTIONS = (
+    "tls",
+    "via_proxy",
+    "proxy_mode",
+    "tamper",
+    "proxy_arg",
+    "prefix",
+    "netem",
+    "emulator",
+    "proxy_host",
+    "tcp_cc",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
             "--emulator",
             choices=["auto", "netem", "userspace"],
             default="auto",
-            help="auto: kernel tc netem if the kernel has it, else the userspace hub (delay and loss only)",
+            help="auto: kernel tc netem if the kernel has it, else the userspace hub; userspace: the hub "
+            "always (delay, jitter, loss, rate; `lab impair` and --fault need it)",
         )
         p.add_argument("--proxy-host", action="store_true", help="add a host for `vflnet proxy`")
         p.add_argument(
@@ -50,8 +68,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "target",
         type=Path,
+        nargs="?",
         metavar="CONFIG|LABDIR",
         help="a lab directory from `lab up`, or a config: then the lab is brought up and down around the run",
+    )
+    p.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        default=None,
+        help="resume that lab run from its newest valid checkpoint, on its lab (brought up and down "
+        "around it if it is not up), with the options it was started with",
+    )
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="'step N: PARTY SETTING... [for DURATION]'",
+        help="once metrics.jsonl records step N, set PARTY's link (down, up) or impairment "
+        "(delay=, jitter=, loss=, rate=, clear) on the userspace hub, e.g. 'step 20: passive-1 down for 10s' "
+        "(repeat for several)",
     )
     p.add_argument(
         "--tls", action="store_true", help="mutual TLS with fresh certificates naming the hosts' addresses"
@@ -86,14 +122,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default="vfl", help="prefix for the lab made from a CONFIG (default vfl)")
     impairment_options(p)
 
+    p = sub.add_parser(
+        "impair", help="change a host's link or impairment now, on a running lab's userspace hub"
+    )
+    p.add_argument("party", help="a host of the lab (a party of the roster, or proxy)")
+    p.add_argument(
+        "settings",
+        nargs="+",
+        metavar="SETTING",
+        help="down | up | clear | KEY=VALUE... with delay=TIME jitter=TIME loss=PERCENT%% rate=RATE "
+        "(e.g. delay=20ms jitter=5ms loss=1%% rate=10mbit; the keys not given are none)",
+    )
+    p.add_argument("--prefix", default="vfl", help="the lab's prefix (default vfl)")
+
     p = sub.add_parser("down", help="stop the lab's processes and delete its namespaces (idempotent)")
     p.add_argument("--prefix", default="vfl")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from vflnet.tools.lab.run import run_lab
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.lab_command == "run" and (args.target is None) == (args.resume is None):
+        parser.error("lab run: give CONFIG|LABDIR, or --resume RUN_DIR (one of them)")
+    if args.lab_command == "run" and args.resume is not None:
+        # the resumed run keeps its own transport, proxy and lab: an option here would change nothing
+        defaults = vars(parser.parse_args(["run", "--resume", str(args.resume)]))
+        for dest in RECORDED_RUN_OPTIONS:
+            if getattr(args, dest) != defaults[dest]:
+                parser.error(
+                    f"lab run --resume: --{dest.replace('_', '-')} cannot be changed: the run resumes with "
+                    "the options and the lab it was started with (RUN_DIR/lab-run.json, RUN_DIR/lab.json)"
+                )
+    # imports torch: not for `--help`
+    from vflnet.roles.run_lock import RunDirInUse
+    from vflnet.tools.lab.netlab import Lab, LabError, down, impair, running_lab, up
+    from vflnet.tools.lab.run import resume_lab, run_lab
 
     def run(lab: Lab) -> int:
         return run_lab(
@@ -104,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             tamper=args.tamper,
             proxy_args=args.proxy_arg,
             timeout_s=args.timeout,
+            faults=args.fault,
         ).rc
 
     try:
@@ -119,17 +184,25 @@ def main(argv: list[str] | None = None) -> int:
             )
             _print_lab(lab)
             return 0
+        if args.lab_command == "impair":
+            lab = running_lab(args.prefix)
+            impair(lab, args.party, args.settings)
+            _print_impairments(lab)
+            return 0
         if args.lab_command == "down":
             deleted = down(args.prefix)
             print(f"deleted {', '.join(deleted)}" if deleted else f"no lab with prefix {args.prefix!r} is up")
             return 0
+        if args.resume is not None:
+            return resume_lab(args.resume, timeout_s=args.timeout, faults=args.fault).rc
         if args.target.is_dir():
             return run(Lab.open(args.target))
         lab = up(
             args.target,
             prefix=args.prefix,
             netem=args.netem,
-            emulator=args.emulator,
+            # a fault is set on the userspace hub: a lab made for the run has one
+            emulator="userspace" if args.fault and args.emulator == "auto" else args.emulator,
             proxy_host=args.proxy_host or args.via_proxy is not None,
             tcp_cc=args.tcp_cc,
         )
@@ -138,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             return run(lab)
         finally:
             down(lab.prefix)
-    except (LabError, ConfigError) as exc:
+    except (LabError, ConfigError, RunDirInUse) as exc:
         print(f"vflnet lab: {exc}", file=sys.stderr)
         return 2
 
@@ -152,3 +225,14 @@ def _print_lab(lab: Lab) -> None:
     print(
         f"config: {lab.config_path}\nrun it:  vflnet lab run {lab.lab_dir}\nremove:  vflnet lab down --prefix {lab.prefix}"
     )
+    if lab.control:
+        print(
+            f"impair:  vflnet lab impair --prefix {lab.prefix} HOST down|up|clear|delay=20ms jitter=5ms ..."
+        )
+
+
+def _print_impairments(lab: Lab) -> None:
+    from vflnet.tools.lab.netlab import impairments
+
+    for name, state in impairments(lab).items():
+        print(f"  {name:12s} {'up  ' if state['up'] else 'DOWN'} {state['impairment']}")

@@ -5,8 +5,10 @@ own address on ``10.213.0.0/24``. Its ``eth0`` is one end of a veth pair; the ot
 dedicated switch namespace, on a bridge. Nothing is added to the host's own namespace, so the
 host's interfaces and routes stay as they are, and a lab process can reach only the other lab
 hosts (no namespace has a route off the subnet). With ``--netem`` every host's egress is impaired
-by ``tc netem`` where the kernel has it. Otherwise the bridge is replaced by the userspace hub in
-:mod:`vflnet.tools.lab.switch`, which applies the same delay and loss.
+by ``tc netem`` where the kernel has it. Otherwise, or with ``--emulator userspace``, the bridge is
+replaced by the userspace hub in :mod:`vflnet.tools.lab.switch`, which applies delay, jitter, loss
+and rate per host, and changes them, or takes a host's link down and up, while a run goes on
+(:func:`impair`).
 
 What was created is recorded before it is created, in ``/run/vflnet-lab/<prefix>.json``. That way
 :func:`down` can also clean up after a lab that failed halfway through ``up``.
@@ -21,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -74,6 +77,7 @@ class Lab:
     netem: str = ""
     switch_pid: int = 0
     tcp_cc: str = ""  # the hosts' TCP congestion control ("": the machine's default, inherited)
+    control: str = ""  # the userspace hub's control socket ("": no hub)
     created: float = field(default_factory=time.time)
 
     @property
@@ -199,6 +203,10 @@ def in_netns(ns: str, fn: Callable[[], T], timeout: float = 30.0) -> T:
 
 def _registry(prefix: str) -> Path:
     return REGISTRY / f"{prefix}.json"
+
+
+def _control_path(prefix: str) -> Path:
+    return REGISTRY / f"{prefix}.hub"  # short: a Unix socket's path is at most 107 bytes
 
 
 def _ns_pids(ns: str) -> list[int]:
@@ -394,6 +402,8 @@ def up(
 def _build(lab: Lab, emulator: str, seed: int) -> None:
     sw = lab.switch_ns
     _new_namespace(sw)
+    if emulator == "userspace":  # the hub also without --netem: impairment can then change mid-run
+        lab.emulator = "userspace"
     if lab.netem:
         if emulator == "auto":
             emulator = "netem" if kernel_has_netem(sw) else "userspace"
@@ -445,6 +455,8 @@ def _start_hub(lab: Lab, seed: int) -> int:
         str(seed),
         "--ready-file",
         str(ready),
+        "--control",
+        str(_control_path(lab.prefix)),
     ]
     proc = subprocess.Popen(
         cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
@@ -459,7 +471,68 @@ def _start_hub(lab: Lab, seed: int) -> int:
         if time.monotonic() > deadline:
             raise LabError(f"the userspace switch did not start within 30 s; see {lab.dir / 'switch.log'}")
         time.sleep(0.05)
+    lab.control = str(_control_path(lab.prefix))
     return proc.pid
+
+
+# --------------------------------------------------------------------------------------- impair
+def require_hub(lab: Lab) -> None:
+    """LabError unless ``lab`` forwards through the userspace hub, which takes changes mid-run."""
+    if lab.emulator == "userspace" and not lab.control:
+        raise LabError(
+            f"the userspace hub of lab {lab.prefix!r} takes no changes (an older vflnet brought it up); "
+            f"bring the lab down and up again (`vflnet lab down --prefix {lab.prefix}`)"
+        )
+    if lab.emulator != "userspace":
+        kernel = "tc netem" if lab.emulator == "netem" else "a bridge"
+        raise LabError(
+            f"lab {lab.prefix!r} forwards with the kernel ({kernel}): impairment that changes while a run "
+            "goes on needs the userspace hub; bring the lab up with --emulator userspace"
+        )
+
+
+def hub_command(lab: Lab, line: str) -> dict[str, Any]:
+    """One line to the running hub (see switch.Hub.command); its reply, or LabError with its error."""
+    require_hub(lab)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(10.0)
+            conn.connect(lab.control)
+            conn.sendall(line.encode() + b"\n")
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        reply: dict[str, Any] = json.loads(data)
+    except (OSError, ValueError) as exc:
+        raise LabError(
+            f"the userspace hub of lab {lab.prefix!r} did not answer on {lab.control} ({exc}); is the lab up? "
+            f"see {lab.dir / 'switch.log'}"
+        ) from exc
+    if not reply.get("ok"):
+        raise LabError(f"the userspace hub refused {line!r}: {reply.get('error')}")
+    return reply
+
+
+def impair(lab: Lab, party: str, settings: list[str]) -> dict[str, Any]:
+    """Set host ``party``'s impairment (``KEY=VALUE`` with delay, jitter, loss, rate; ``clear``) or
+    take its link ``down`` / ``up``, now, on the running hub; returns the host's state after it."""
+    from vflnet.tools.lab.switch import parse_impair
+
+    host = lab.host(party)
+    try:
+        parse_impair(settings)
+    except ValueError as exc:
+        raise LabError(f"lab impair {party}: {exc}") from exc
+    return hub_command(lab, " ".join([host.switch_port, *settings]))["ports"][host.switch_port]  # type: ignore[no-any-return]
+
+
+def impairments(lab: Lab) -> dict[str, dict[str, Any]]:
+    """Every host's link state and impairment, by host name, from the running hub."""
+    ports = hub_command(lab, "show")["ports"]
+    return {h.name: ports[h.switch_port] for h in lab.hosts if h.switch_port in ports}
 
 
 # ----------------------------------------------------------------------------------------- down
@@ -479,8 +552,28 @@ def down(prefix: str = "vfl") -> list[str]:
         kill_namespace_processes(ns)
         sh("ip", "netns", "del", ns)
         deleted.append(ns)
+    _control_path(prefix).unlink(missing_ok=True)
     record.unlink(missing_ok=True)
     return deleted
+
+
+def running_lab(prefix: str) -> Lab:
+    """The lab that is up under ``prefix`` (its record names its directory)."""
+    try:
+        lab_dir = json.loads(_registry(prefix).read_text())["lab_dir"]
+    except (OSError, ValueError, KeyError):
+        raise LabError(
+            f"no lab with prefix {prefix!r} is up (`vflnet lab up CONFIG --prefix {prefix}`)"
+        ) from None
+    return Lab.open(lab_dir)
+
+
+def is_up(lab: Lab) -> bool:
+    """Whether ``lab``'s namespaces all exist (under its prefix's record)."""
+    if not _registry(lab.prefix).exists():
+        return False
+    existing = set(sh("ip", "netns", "list").stdout.split())
+    return all(ns in existing for ns in lab.namespaces)
 
 
 def lab_processes(lab: Lab) -> dict[str, list[int]]:

@@ -4,11 +4,16 @@ Each process is ``ip netns exec NS <this python> -m vflnet party ...``. ``ip net
 place, so the launcher's child is the party itself and gets SIGTERM if the launcher dies
 (PR_SET_PDEATHSIG). Every namespace shares this machine's filesystem, so the run directory, the
 logs and the proxy trace are all written under the lab directory.
+
+``--fault`` changes a host's link or impairment at a step of the run (:mod:`.faults`);
+``--resume RUN_DIR`` restarts a lab run's every process with ``--resume``, from its newest valid
+checkpoint, as ``vflnet run --resume`` does.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -16,15 +21,31 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from vflnet.interceptors.trace import trace_path
-from vflnet.runner.local import stop_processes
+from vflnet.roles.checkpoints import newest_valid
+from vflnet.roles.run_lock import role_lock
+from vflnet.runner.local import LAST_RUNS_FILES, _resumable_from_a_valid_checkpoint, stop_processes
 from vflnet.runner.parent_death import child_env
 from vflnet.runner.report import print_summary
-from vflnet.tools.lab.netlab import Host, Lab, LabError, in_netns, lab_config, lab_processes, write_yaml
+from vflnet.tools.lab.faults import Fault, FaultSchedule, parse_fault
+from vflnet.tools.lab.netlab import (
+    Host,
+    Lab,
+    LabError,
+    down,
+    in_netns,
+    is_up,
+    lab_config,
+    lab_processes,
+    running_lab,
+    up,
+    write_yaml,
+)
+from vflnet.validation import load_config
 from vflnet.wire import tls as tls_files
 
 START_TIMEOUT_S = 60.0  # the proxy must be listening by then
@@ -88,9 +109,24 @@ def make_certs(lab: Lab, out: Path, via: str | None) -> None:
         tls_files.issue_party_cert(out, h.name, h.role, hosts)
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a lab run was started, kept in its run directory (``lab-run.json``) for ``--resume``."""
+
+    tls: bool = False
+    via: str | None = None
+    proxy_mode: str = "grpc"
+    tamper: bool = False
+    proxy_args: tuple[str, ...] = ()
+
+
 class LabRun:
-    def __init__(self, lab: Lab, run_dir: Path, config_path: Path, timeout_s: float) -> None:
+    def __init__(
+        self, lab: Lab, run_dir: Path, config_path: Path, timeout_s: float, resume: bool = False
+    ) -> None:
         self.lab, self.run_dir, self.config_path, self.timeout_s = lab, run_dir, config_path, timeout_s
+        self.resume = resume
+        self.dead_after_s = load_config(config_path).transport.dead_after_s
         self.procs: dict[str, Proc] = {}
 
     def _spawn(self, host: Host, args: list[str]) -> Proc:
@@ -124,6 +160,7 @@ class LabRun:
     def start(self, via: str | None, proxy_mode: str, tamper: bool, proxy_args: Sequence[str]) -> None:
         lab = self.lab
         party = ["-m", "vflnet", "party", "--config", str(self.config_path), "--run-dir", str(self.run_dir)]
+        party += ["--resume"] if self.resume else []
         if via is not None:
             proxy = lab.proxy
             assert proxy is not None  # lab_config has refused a via without a proxy host
@@ -154,6 +191,12 @@ class LabRun:
                     and p.popen.poll() is not None
                     and (p.host.role == "proxy" or p.popen.returncode != 0)
                 ):
+                    # the coordinator fails the run itself (the step's call fails, or heartbeats
+                    # stop): let it write summary.json, naming the party, before tearing down
+                    try:
+                        coord.popen.wait(timeout=self.dead_after_s + 5)
+                    except subprocess.TimeoutExpired:
+                        pass
                     raise LabRunFailure(p.describe_exit())
             if time.monotonic() > deadline:
                 raise LabRunFailure(f"the run did not finish within {self.timeout_s:.0f} s (--timeout)")
@@ -203,14 +246,13 @@ def run_lab(
     tamper: bool = False,
     proxy_args: Sequence[str] = (),
     timeout_s: float = 600.0,
+    faults: Sequence[str] = (),
 ) -> LabRunResult:
     """One training run on the lab; the result's rc is 0 on success, 1 on failure, 130 on Ctrl-C."""
-    stray = lab_processes(lab)
-    if stray:
-        raise LabError(f"processes are still running in the lab: {stray}; stop them with `vflnet lab down`")
-    if via is not None and importlib.util.find_spec("vflnet.roles.proxy") is None:
-        raise LabError("--via-proxy needs vflnet.roles.proxy, which this installation does not have")
+    schedule = [parse_fault(f, lab) for f in faults]
+    _check_idle(lab, via)
     run_id, run_dir = new_run_dir(lab)
+    options = RunOptions(tls, via, proxy_mode, tamper, tuple(proxy_args))
     certs = run_dir / "certs" if tls else None
     config = lab_config(lab, run_id, run_dir.parent, certs, via)
     if certs is not None:
@@ -223,18 +265,101 @@ def run_lab(
             run_dir / "proxy-config.yaml", proxy_view, "What the proxy knows of the run: plaintext only."
         )
     shutil.copy(lab.dir / "lab.json", run_dir / "lab.json")
+    (run_dir / "lab-run.json").write_text(json.dumps(asdict(options), indent=2) + "\n")
+    return _execute(lab, run_dir, options, schedule, timeout_s, resume=False)
+
+
+def resume_lab(run_dir: Path, *, timeout_s: float = 600.0, faults: Sequence[str] = ()) -> LabRunResult:
+    """`vflnet lab run --resume RUN_DIR`: the lab run in RUN_DIR, every process restarted with
+    --resume (the coordinator continues from the newest valid checkpoint), on its lab: the one up
+    under its prefix, or one brought up and down again with the settings the run recorded."""
+    run_dir = run_dir.resolve()
+    for name in ("config.yaml", "lab.json", "lab-run.json"):
+        if not (run_dir / name).is_file():
+            raise LabError(f"--resume {run_dir}: it has no {name}: not a run directory of `vflnet lab run`")
+    recorded = json.loads((run_dir / "lab.json").read_text())
+    recorded["hosts"] = [Host(**h) for h in recorded["hosts"]]
+    lab = Lab(**recorded)
+    started = json.loads((run_dir / "lab-run.json").read_text())
+    options = RunOptions(**{**started, "proxy_args": tuple(started["proxy_args"])})
+    brought_up = not is_up(lab)
+    if brought_up:
+        lab = up(
+            lab.source_config,
+            prefix=lab.prefix,
+            lab_dir=lab.lab_dir,
+            netem=lab.netem,
+            proxy_host=lab.proxy is not None,
+            emulator=lab.emulator if lab.emulator != "none" else "auto",
+            tcp_cc=lab.tcp_cc,
+        )
+    else:
+        lab = running_lab(lab.prefix)
+    try:
+        cfg = load_config(run_dir / "config.yaml")
+        for party in cfg.parties:
+            if lab.host(party.name).endpoint != party.address:
+                raise LabError(
+                    f"--resume {run_dir}: lab {lab.prefix!r} has {party.name} at {lab.host(party.name).endpoint}, "
+                    f"the run at {party.address}"
+                )
+        schedule = [parse_fault(f, lab) for f in faults]
+        _check_idle(lab, options.via)
+        with role_lock(run_dir, "launcher"):
+            for stale in LAST_RUNS_FILES:
+                (run_dir / stale).unlink(missing_ok=True)
+            if not _resumable_from_a_valid_checkpoint(cfg, run_dir):
+                return LabRunResult(1, run_dir)
+            manifest, _ = newest_valid(run_dir, cfg.run.id, cfg.coordinator.name)
+            where = f"step {manifest.step}" if manifest is not None else "its first step (no checkpoint yet)"
+            print(f"lab run {run_dir.name}: resuming from {where}", file=sys.stderr)
+            return _execute(lab, run_dir, options, schedule, timeout_s, resume=True)
+    finally:
+        if brought_up:
+            down(lab.prefix)
+
+
+def _check_idle(lab: Lab, via: str | None) -> None:
+    stray = lab_processes(lab)
+    if stray:
+        raise LabError(f"processes are still running in the lab: {stray}; stop them with `vflnet lab down`")
+    if via is not None and importlib.util.find_spec("vflnet.roles.proxy") is None:
+        raise LabError("--via-proxy needs vflnet.roles.proxy, which this installation does not have")
+
+
+def _execute(
+    lab: Lab,
+    run_dir: Path,
+    options: RunOptions,
+    schedule: list[Fault],
+    timeout_s: float,
+    resume: bool,
+) -> LabRunResult:
+    run_id, via = run_dir.name, options.via
     impair = f"{lab.netem} ({lab.emulator})" if lab.netem else "none"
     print(
-        f"lab run {run_id}: transport {'mutual TLS' if tls else 'plaintext'}, impairment {impair}"
-        + (f", {via} reached via the {'tampering ' if tamper else ''}{proxy_mode} proxy" if via else "")
+        f"lab run {run_id}: transport {'mutual TLS' if options.tls else 'plaintext'}, impairment {impair}"
+        + (
+            f", {via} reached via the {'tampering ' if options.tamper else ''}{options.proxy_mode} proxy"
+            if via
+            else ""
+        )
+        + "".join(f", fault {f.text!r}" for f in schedule)
         + f"; run directory {run_dir}",
         file=sys.stderr,
     )
-    run = LabRun(lab, run_dir, config_path, timeout_s)
+    run = LabRun(lab, run_dir, run_dir / "config.yaml", timeout_s, resume)
+    faults = FaultSchedule(lab, schedule, run_dir)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        run.start(via, proxy_mode, tamper, proxy_args)
-        run.wait()
+        try:
+            run.start(via, options.proxy_mode, options.tamper, options.proxy_args)
+            faults.start()
+            run.wait()
+        finally:
+            problems = faults.stop()
+        if problems:  # a fault that did not happen leaves a run that did not test what it was for
+            raise LabRunFailure("; ".join(problems))
         print_summary(run_dir)
         return LabRunResult(0, run_dir)
     except LabRunFailure as exc:
