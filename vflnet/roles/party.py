@@ -75,18 +75,12 @@ class PartyHost:
         self.saved_steps: list[int] = []  # this party's coordinated checkpoints, oldest first
         self.current: messages_pb2.Header = messages_pb2.Header()
         self.interception = party_interception(cfg, name, run_dir)
-        if not cfg.alignment_phase and self.interception.probe_ids():  # membership probing, IDs in Join
-            self.data = padded(self.data, self.interception.probe_ids())
+        probes = self.interception.probe_ids()  # membership probing (vflnet/attacks/alignment.py)
+        if probes and not cfg.alignment_phase:  # the IDs go in Join
+            self.data = padded(self.data, probes)
         # the alignment phase's side (vflnet/roles/alignment.py); None: the IDs go in the Join
         self.alignment = (
-            PartyAlignment(
-                cfg,
-                name,
-                self.data,
-                run_dir,
-                self.interception.probe_ids(),
-                self.interception.deliver_aligned,
-            )
+            PartyAlignment(cfg, name, self.data, run_dir, probes, self.interception.deliver_aligned)
             if cfg.alignment_phase
             else None
         )

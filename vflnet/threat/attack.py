@@ -149,6 +149,9 @@ class Attack(ABC):
             out["prediction_views"] = "received the confidence vectors of 0 prediction steps"
         if self.changes_own_data:
             out["own_rows"] = "changed 0 rows of its party's own data"
+        if self.pads_own_ids:
+            out["own_ids"] = "padded 0 IDs into the set its party offers"
+            out["alignments"] = "was never told which of its party's IDs are in the intersection"
         return out
 
     @abstractmethod

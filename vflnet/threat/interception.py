@@ -75,13 +75,20 @@ class PartyInterception:
 
     def probe_ids(self) -> list[str]:
         """IDs that attacks pad the party's offered ID set with (membership probing), as text."""
-        return [k for _, a in self.attacks if a.pads_own_ids for k in a.probe_ids()]
+        out = []
+        for entry, attack in self.attacks:
+            if attack.pads_own_ids:
+                probes = attack.probe_ids()
+                self._count(entry, "own_ids", len(probes))
+                out += probes
+        return out
 
     def deliver_aligned(self, keys: list[str]) -> None:
         """The party's IDs in the intersection, to the attacks that padded its set."""
-        for _, attack in self.attacks:
+        for entry, attack in self.attacks:
             if attack.pads_own_ids:
                 attack.observe_aligned(keys)
+                self._count(entry, "alignments")
 
     def state(self) -> dict[str, Any]:
         """For a coordinated checkpoint: each attack's state, the released models received, and the
