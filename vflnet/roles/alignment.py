@@ -195,6 +195,7 @@ class Aligned:
     held: dict[str, int]  # party -> IDs it offered
     n_common: int
     wire_bytes: dict[str, int]  # party -> bytes of the alignment messages it sent (serialized)
+    seconds: float = 0.0  # wall time of the phase at the coordinator
 
 
 def _offer_values(reply: messages_pb2.AlignReply, method: str, party: str) -> list[Any]:
@@ -272,6 +273,7 @@ def save(run_dir: Path, aligned: Aligned, method: str) -> None:
         "n_common": aligned.n_common,
         "held": aligned.held,
         "wire_bytes": aligned.wire_bytes,
+        "seconds": aligned.seconds,
     }
     (run_dir / "alignment.json").write_text(json.dumps(record, indent=2))
 

@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -626,6 +626,7 @@ class CoordinatorHost:
         hdr = lambda: header(self.cfg, self.name, 0, 0, 0, messages_pb2.PHASE_UNSPECIFIED, 0)  # noqa: E731
         start = time.perf_counter()
         aligned = alignment.align(self.cfg, stubs, hdr, self.cfg.transport.join_timeout_s)
+        aligned = replace(aligned, seconds=time.perf_counter() - start)
         log.info(
             "aligned by %s in %.1f s: %d common of %s",
             method,
