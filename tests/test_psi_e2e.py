@@ -162,3 +162,45 @@ def test_the_coordinator_recovers_every_id_under_plain_and_hashed_none_under_psi
     assert (
         probe["membership_accuracy"] == 1.0 and probe["probed"] == 40 and probe["membership_baseline"] < 0.95
     ), probe
+
+
+def test_a_resumed_psi_run_does_not_align_again_and_ends_as_the_run_left_alone(tmp_path, files):
+    """The coordinator is killed mid-run; `vflnet run --resume` continues from the checkpoint with the
+    alignment both sides recorded: no Align message after the first session, the same losses."""
+    from collections import Counter
+
+    from tests.conftest import write_config
+    from tests.test_resume import _kill_at, _launch, _steps
+    from vflnet.runner.local import run_local
+
+    data, paths = files
+    data = {**data, "alignment": {"method": "psi"}, "trace": {"parties": ["all"]}}
+    data["parties"] = [
+        {**p, "source": {**p["source"], "path": str(paths[p["name"]])}} if "source" in p else p
+        for p in data["parties"]
+    ]
+    data["train"] = {**data["train"], "epochs": 4, "checkpoint_every_steps": 3}
+    path = write_config(tmp_path, data)
+    assert run_local(path, run_dir=tmp_path / "alone", progress=False) == 0
+    run_dir, log = tmp_path / "killed", tmp_path / "killed.log"
+    proc = _launch([str(path), "--run-dir", str(run_dir)], log)
+    _kill_at(proc, run_dir, "coordinator", 8, log)
+    record = (run_dir / "alignment.json").read_text()
+    proc = _launch(["--resume", str(run_dir)], log)
+    assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    summary = __import__("json").loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_from_step"] > 0
+    assert (run_dir / "alignment.json").read_text() == record
+    assert [(r["step"], r["loss"]) for r in _steps(run_dir)] == [
+        (r["step"], r["loss"]) for r in _steps(tmp_path / "alone")
+    ]
+
+    def aligns(folder: Path) -> Counter[str]:
+        return Counter(
+            f"{trace.stem} {e.side} {e.direction}"
+            for trace in (folder / "traces").glob("*.trace")
+            for e in read_trace(trace)
+            if e.short_method == "Align"
+        )
+
+    assert aligns(run_dir) == aligns(tmp_path / "alone") and aligns(run_dir)
