@@ -27,6 +27,7 @@ import hashlib
 import json
 import secrets
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -103,8 +104,17 @@ class PartyAlignment:
         self.blinder = Blinder() if self.method == "psi" else None
         self.aligned: PartyData | None = None
         self.lock = threading.Lock()
+        self.cpu_s = 0.0  # CPU seconds of the calls handled (`vflnet bench psi`)
 
     def handle(self, req: messages_pb2.AlignRequest) -> messages_pb2.AlignReply:
+        start = time.thread_time()
+        try:
+            return self._handle(req)
+        finally:
+            with self.lock:
+                self.cpu_s += time.thread_time() - start
+
+    def _handle(self, req: messages_pb2.AlignRequest) -> messages_pb2.AlignReply:
         keys = self.data.keys
         assert keys is not None
         if req.op == messages_pb2.ALIGN_OFFER:
@@ -144,6 +154,9 @@ class PartyAlignment:
                 raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, "the samples are aligned already")
             self.aligned = aligned_view(self.data, rows)
         np.save(self.path, rows)
+        with self.lock:
+            usage = {"offered": n, "aligned": len(rows), "cpu_s": self.cpu_s}
+        self.path.with_suffix(".json").write_text(json.dumps(usage))
         if self.on_aligned is not None:
             self.on_aligned([str(k) for k in self.data.keys[rows]])  # type: ignore[index]
         return len(rows)
@@ -196,6 +209,7 @@ class Aligned:
     n_common: int
     wire_bytes: dict[str, int]  # party -> bytes of the alignment messages it sent (serialized)
     seconds: float = 0.0  # wall time of the phase at the coordinator
+    cpu_s: float = 0.0  # the coordinator process's CPU seconds in it
 
 
 def _offer_values(reply: messages_pb2.AlignReply, method: str, party: str) -> list[Any]:
@@ -274,6 +288,7 @@ def save(run_dir: Path, aligned: Aligned, method: str) -> None:
         "held": aligned.held,
         "wire_bytes": aligned.wire_bytes,
         "seconds": aligned.seconds,
+        "coordinator_cpu_s": aligned.cpu_s,
     }
     (run_dir / "alignment.json").write_text(json.dumps(record, indent=2))
 
