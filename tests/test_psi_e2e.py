@@ -204,3 +204,26 @@ def test_a_resumed_psi_run_does_not_align_again_and_ends_as_the_run_left_alone(t
         )
 
     assert aligns(run_dir) == aligns(tmp_path / "alone") and aligns(run_dir)
+
+
+def test_a_party_whose_file_is_bad_fails_the_run_with_one_line_naming_party_file_and_column(
+    tmp_path, files, capsys
+):
+    from tests.conftest import write_config
+    from vflnet.runner.local import run_local
+
+    data, paths = files
+    bad = tmp_path / "passive-2.csv"
+    header, first, *rest = paths["passive-2"].read_text().splitlines()
+    bad.write_text("\n".join([header, first, *rest, first]) + "\n")  # its first ID twice
+    data = {**data, "trace": {"parties": []}}
+    data["parties"] = [
+        {**p, "source": {**p["source"], "path": str(bad if p["name"] == "passive-2" else paths[p["name"]])}}
+        if "source" in p
+        else p
+        for p in data["parties"]
+    ]
+    assert run_local(write_config(tmp_path, data), run_dir=tmp_path / "run", progress=False) != 0
+    err = capsys.readouterr().err
+    assert f"party 'passive-2', file {bad}, column 'id': duplicate ID {first.split(',')[0]!r}" in err, err
+    assert "Traceback" not in err

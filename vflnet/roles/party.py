@@ -23,7 +23,7 @@ from vflnet.config import Config
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import PartyData, normalize, party_view
 from vflnet.data.plan import plan_facts, refusal
-from vflnet.data.sources import SourceError, load_source
+from vflnet.data.sources import load_source
 from vflnet.models.device import resolve_device
 from vflnet.models.zoo import build_party_modules
 from vflnet.roles import checkpoints
@@ -99,10 +99,7 @@ class PartyHost:
         is a phase, ``keys`` holds the rows' IDs until it has run."""
         if self.me.source is not None:
             self.is_image = False
-            try:
-                return load_source(self.cfg, self.me)
-            except SourceError as exc:
-                raise RuntimeError(str(exc)) from exc
+            return load_source(self.cfg, self.me)  # SourceError: one line naming party, file and column
         dataset = load_dataset(self.cfg.data.dataset, self.cfg.data.params)
         self.is_image = dataset.is_image
         data = party_view(self.cfg, self.name, dataset)
