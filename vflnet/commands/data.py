@@ -19,8 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="action", required=True)
     split = sub.add_parser(
         "split",
-        help="write one CSV per party from the config's dataset (IDs as strings, rows shuffled per party, "
-        "only the active party's file holds labels) and DIR/config.yaml pointing each party at its file",
+        help="write one CSV per party from the config's dataset, DIR/NAME/NAME.csv (IDs as strings, rows "
+        "shuffled per party, only the active party's file holds labels), and DIR/config.yaml pointing each "
+        "party at its file",
     )
     split.add_argument("config", help="a run config over a built-in dataset")
     split.add_argument("--out", required=True, type=Path, help="folder of the files (created)")

@@ -107,7 +107,7 @@ def load_source(cfg: Config, party: PartyConfig) -> PartyData:
 
 # ------------------------------------------------------------------------------ vflnet data split
 def split_dataset(cfg: Config, out: Path, overlap: float, seed: int) -> dict[str, dict[str, Any]]:
-    """One CSV per party from the config's dataset: the party's columns (``f0``, ``f1``...), IDs as
+    """One CSV per party from the config's dataset, ``OUT/NAME/NAME.csv``: the party's columns (``f0``, ``f1``...), IDs as
     strings, rows shuffled per party, and only a share ``overlap`` of the samples held by every party
     (each other sample is held by a seeded subset of the parties, never all). The active party's file
     alone holds ``label``. Returns each party's ``source`` section."""
@@ -134,7 +134,8 @@ def split_dataset(cfg: Config, out: Path, overlap: float, seed: int) -> dict[str
             header += [f"{party.name}_f{j}" for j in range(x.shape[1])]
         if party.role == "active":
             header.append("label")
-        path = out / f"{party.name}.csv"
+        path = out / party.name / f"{party.name}.csv"  # a folder per party: what it alone mounts
+        path.parent.mkdir(exist_ok=True)
         with path.open("w", newline="") as fh:
             w = csv.writer(fh)
             w.writerow(header)
