@@ -155,6 +155,6 @@ def test_two_parties_align_to_the_same_rows_in_the_same_order(tmp_path, method):
         p.handle(messages_pb2.AlignRequest(op=messages_pb2.ALIGN_RESULT, positions=positions, n_common=3))
     assert list(mine.aligned.keys) == list(theirs.aligned.keys) == ["a", "c", "d"]
     assert list(mine.aligned.ids) == [0, 1, 2]
-    if method != "psi":
-        with pytest.raises(Exception, match="psi only"):
-            mine.handle(messages_pb2.AlignRequest(op=messages_pb2.ALIGN_REBLIND, items=b"\0" * POINT))
+    again = messages_pb2.AlignRequest(op=messages_pb2.ALIGN_REBLIND, items=b"\1" * POINT)
+    with pytest.raises(Exception, match="psi only" if method != "psi" else "re-blinds each once"):
+        mine.handle(again)  # no blinding oracle: one set per other party

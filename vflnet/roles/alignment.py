@@ -105,6 +105,8 @@ class PartyAlignment:
         self.aligned: PartyData | None = None
         self.lock = threading.Lock()
         self.cpu_s = 0.0  # CPU seconds of the calls handled (`vflnet bench psi`)
+        # psi: one re-blinding per other party's set, no more (the party is no unbounded blinding oracle)
+        self.reblinds_left = sum(1 for p in cfg.parties if p.role != "coordinator") - 1
 
     def handle(self, req: messages_pb2.AlignRequest) -> messages_pb2.AlignReply:
         start = time.thread_time()
@@ -128,6 +130,13 @@ class PartyAlignment:
         if req.op == messages_pb2.ALIGN_REBLIND:
             if self.blinder is None:
                 raise _invalid(f"alignment.method is {self.method!r}: nothing to re-blind (psi only)")
+            with self.lock:
+                if self.reblinds_left <= 0 or self.aligned is not None:
+                    raise RpcFailure(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        "every other party's set is re-blinded already: a party re-blinds each once",
+                    )
+                self.reblinds_left -= 1
             if len(req.items) % POINT:
                 raise _invalid(f"re-blinding takes {POINT}-byte elements; got {len(req.items)} bytes")
             try:

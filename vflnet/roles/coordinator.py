@@ -94,6 +94,11 @@ class Admission:
             raise invalid(
                 f"step_work_s of {req.name!r} must lie in [0, {deadlines.MAX_ESTIMATE_S:g}] s, got {req.step_work_s}"
             )
+        if self.align is not None and len(req.sample_ids):
+            raise invalid(
+                f"party {req.name!r} joined with sample IDs, but this run aligns them in the alignment phase "
+                "(docs/protocols.md, Alignment): its Join carries none"
+            )
         mismatch = config_mismatch(self.cfg, req.name, req.config)
         if mismatch is not None:
             raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, mismatch)
