@@ -38,7 +38,7 @@ KNOWLEDGE_STANDING = {
     "public_key": "public",
     "target_ids": "assumed by the threat model",
     "aux_labels": "assumed by the threat model",
-    "candidate_ids": "assumed by the threat model (the attacker's dictionary)",
+    "candidate_ids": "assumed by the threat model: the attacker's dictionary",
     "released_model": "granted: a model release to the attacker after training (model_release)",
 }
 
