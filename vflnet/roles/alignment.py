@@ -24,6 +24,7 @@ align again: the coordinator keeps ``alignment.json``, each party ``alignment-<n
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import secrets
 import threading
@@ -40,6 +41,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 
 from vflnet.config import Config
 from vflnet.data.partition import PartyData
+from vflnet.durable import write_durable
 from vflnet.sdk.contract import RunFailed
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.errors import RpcFailure, describe_rpc_error
@@ -162,10 +164,12 @@ class PartyAlignment:
             if self.aligned is not None:
                 raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, "the samples are aligned already")
             self.aligned = aligned_view(self.data, rows)
-        np.save(self.path, rows)
+        buffer = io.BytesIO()
+        np.save(buffer, rows)
+        write_durable(self.path, buffer.getvalue(), "this party's alignment")  # a resumed run reads it
         with self.lock:
             usage = {"offered": n, "aligned": len(rows), "cpu_s": self.cpu_s}
-        self.path.with_suffix(".json").write_text(json.dumps(usage))
+        write_durable(self.path.with_suffix(".json"), json.dumps(usage).encode(), "the alignment's usage")
         if self.on_aligned is not None:
             self.on_aligned([str(k) for k in self.data.keys[rows]])  # type: ignore[index]
         return len(rows)
@@ -299,7 +303,7 @@ def save(run_dir: Path, aligned: Aligned, method: str) -> None:
         "seconds": aligned.seconds,
         "coordinator_cpu_s": aligned.cpu_s,
     }
-    (run_dir / "alignment.json").write_text(json.dumps(record, indent=2))
+    write_durable(run_dir / "alignment.json", json.dumps(record, indent=2).encode(), "the run's alignment")
 
 
 def load(run_dir: Path, method: str) -> Aligned:

@@ -129,7 +129,7 @@ class Admission:
         else:
             try:
                 aligned = self.align(self.joined)
-            except RunFailed as exc:
+            except (RunFailed, WriteFailed) as exc:
                 raise self.fail(str(exc)) from exc
             # the run's samples are row indices 0..n-1 (the parties' common order)
             train, test = split_train_test(
