@@ -227,3 +227,24 @@ def test_a_party_whose_file_is_bad_fails_the_run_with_one_line_naming_party_file
     err = capsys.readouterr().err
     assert f"party 'passive-2', file {bad}, column 'id': duplicate ID {first.split(',')[0]!r}" in err, err
     assert "Traceback" not in err
+
+
+def test_an_empty_intersection_under_psi_fails_at_admission_naming_the_files(tmp_path):
+    import json
+
+    from tests.conftest import write_config
+    from vflnet.runner.local import run_local
+
+    data = base_config(n_passive=1)
+    data["data"] = {"test_fraction": 0.2}
+    data["alignment"] = {"method": "psi"}
+    active, passive = data["parties"][1], data["parties"][2]
+    passive.pop("features")
+    (tmp_path / "a.csv").write_text("id,label\n" + "".join(f"a{i},{i % 2}\n" for i in range(20)))
+    (tmp_path / "p.csv").write_text("id,x\n" + "".join(f"p{i},{i}\n" for i in range(20)))
+    active["source"] = {"path": str(tmp_path / "a.csv"), "label_column": "label"}
+    passive["source"] = {"path": str(tmp_path / "p.csv"), "features": ["x"]}
+    assert run_local(write_config(tmp_path, data), run_dir=tmp_path / "run", progress=False) != 0
+    error = json.loads((tmp_path / "run" / "summary.json").read_text())["error"]
+    assert "no sample id is common to all parties (active holds 20, passive-1 holds 20)" in error, error
+    assert "parties[1].source.path" in error and "parties[2].source.path" in error, error
