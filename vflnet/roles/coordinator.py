@@ -630,20 +630,23 @@ class CoordinatorHost:
         method = self.cfg.alignment.method
         if self.admission.resume_from is not None:
             return alignment.load(self.run_dir or Path("."), method)
-        stubs = {
-            n: services_pb2_grpc.PartyStub(
-                self.bridge.open_channel(r.address, self.name, self.interception.chain, n)
-            )
+        channels = {
+            n: self.bridge.open_channel(r.address, self.name, self.interception.chain, n)
             for n, r in joined.items()
         }
         hdr = lambda: header(self.cfg, self.name, 0, 0, 0, messages_pb2.PHASE_UNSPECIFIED, 0)  # noqa: E731
         start, cpu = time.perf_counter(), time.process_time()
-        aligned = alignment.align(self.cfg, stubs, hdr, self.cfg.transport.join_timeout_s)
+        try:
+            stubs = {n: services_pb2_grpc.PartyStub(c) for n, c in channels.items()}
+            aligned = alignment.align(self.cfg, stubs, hdr, self.cfg.transport.join_timeout_s)
+        finally:  # the schedule opens its own
+            for channel in channels.values():
+                channel.close()
         aligned = replace(aligned, seconds=time.perf_counter() - start, cpu_s=time.process_time() - cpu)
         log.info(
             "aligned by %s in %.1f s: %d common of %s",
             method,
-            time.perf_counter() - start,
+            aligned.seconds,
             aligned.n_common,
             aligned.held,
         )
