@@ -65,6 +65,9 @@ COMMANDS = {
             "vflnet.roles.proxy",
         ),
         Command("trace", "list, show and export wire traces", "vflnet.interceptors.trace_cli"),
+        Command(
+            "data", "a party's own data: `split` a dataset into one file per party", "vflnet.commands.data"
+        ),
         Command("attack", "run an attack offline over a recorded trace", "vflnet.runner.offline"),
         Command(
             "reproduce",

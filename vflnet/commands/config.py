@@ -31,6 +31,8 @@ def main(argv: list[str]) -> int:
 
     cfg = load_config(args.file, overrides=args.overrides)
     print(
-        f"{args.file}: OK ({len(cfg.parties)} parties, protocol {cfg.protocol.kind}, dataset {cfg.data.dataset})"
+        f"{args.file}: OK ({len(cfg.parties)} parties, protocol {cfg.protocol.kind}, "
+        + ("the parties' own files" if cfg.sources else f"dataset {cfg.data.dataset}")
+        + f", alignment {cfg.alignment.method})"
     )
     return 0
