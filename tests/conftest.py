@@ -166,6 +166,30 @@ def _vflnet_processes_need_the_e2e_mark(
     monkeypatch.setattr(subprocess.Popen, "__init__", checked)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _plugins_stay_in_their_test_file() -> Iterator[None]:
+    """What a test file registers (the test plug-ins its runs import: a loopback run imports a config's
+    `plugins:` in this process) is gone after it: a pytest worker runs several files, and a later
+    file would otherwise see another file's protocols in its registries (their names, the generated
+    config docs). Its plug-in modules are forgotten too, so a later file that lists one imports and
+    registers it again."""
+    import sys
+
+    from vflnet import registry
+
+    registries = [r for r in vars(registry).values() if isinstance(r, registry.Registry)]
+    for r in registries:
+        r.names()  # the built-ins, before the snapshot
+    entries = {r: dict(r._entries) for r in registries}
+    imported = set(sys.modules)
+    yield
+    for r, before in entries.items():
+        r._entries = before
+    for name in set(sys.modules) - imported:  # the plug-in modules, not their generated messages
+        if name.startswith("tests.plugins.") and name.count(".") == 2 and not name.endswith("_test"):
+            del sys.modules[name]
+
+
 @contextlib.contextmanager
 def served_coordinator(cfg: Any, run_dir: Path) -> Iterator[tuple[Any, Any, str]]:
     """A coordinator host of ``cfg`` behind a real gRPC server on loopback (no schedule runs):

@@ -77,7 +77,6 @@ def test_a_split_he_step_longer_than_rpc_timeout_completes_under_its_scaled_dead
     the config alone every step would fail with DEADLINE_EXCEEDED; scaled with the work, the run ends."""
     data = he_config(2048, 128)
     data["train"].update(epochs=1, max_steps=2, eval_batch_size=128)
-    data["predict"] = {"batch_size": 128}
     data["transport"] = {"rpc_timeout_s": 1, "join_timeout_s": 300}
     run_dir = tmp_path / "run"
     assert run_local(write_config(tmp_path, data), run_dir=run_dir, progress=False) == 0

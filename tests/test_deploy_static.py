@@ -24,6 +24,7 @@ from vflnet.config import Config
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "docker-compose.yml"
 TLS_OVERLAY = REPO / "deploy" / "compose.tls.yml"
+FILES_OVERLAY = REPO / "deploy" / "compose.files.yml"
 ATTACKER_OVERLAY = REPO / "deploy" / "compose.attacker.yml"
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
 K8S = REPO / "deploy" / "k8s"
@@ -228,6 +229,40 @@ def test_deployment_configs_run_the_default_job() -> None:
         )
         assert cfg.run.id, f"{path.relative_to(REPO)}: processes started one by one must agree on run.id"
         assert [p.name for p in cfg.parties] == list(PARTIES)
+
+
+def test_compose_files_overlay_mounts_each_party_its_own_file_only(tmp_path: Path) -> None:
+    """deploy/compose.files.yml: the one-shot split writes each party's file into that party's volume;
+    each party mounts only its own at /data (no passive container holds a label), the coordinator none;
+    configs/compose-files.yaml is compose.yaml's job over those files."""
+    from vflnet.data.sources import split_dataset
+
+    services = compose_files(False, FILES_OVERLAY)["services"]
+    split = services["split"]
+    assert split["profiles"] == ["split"]  # started by `run split`, never by `up`
+    argv = split["command"]
+    parsed = parse_vflnet(argv)  # a valid `vflnet data split`
+    assert parsed.action == "split" and str(parsed.out) == "/split"
+    base = load_config(host_path(split, parsed.config))
+    files = load_config(REPO / "configs" / "compose-files.yaml")
+    for name in PARTIES:
+        service = services[name]
+        assert parse_vflnet(service["command"]).config == Path("/configs/compose-files.yaml")
+        data = {target: source for target, source in mounts(service).items() if source.startswith("data-")}
+        own = f"data-{name}"
+        assert data == ({} if name == "coordinator" else {"/data": own}), (name, mounts(service))
+        if name != "coordinator":
+            assert mounts(split)[f"/split/{name}"] == own
+            assert files.party(name).source.path == f"/data/{name}.csv"  # type: ignore[union-attr]
+    sections = split_dataset(base, tmp_path, 0.7, 0)  # the columns the split writes
+    for name, section in sections.items():
+        source = files.party(name).source
+        assert source is not None and source.features == section["features"], name
+        assert source.label_column == section.get("label_column", "")
+    assert files.alignment.method == "psi"
+    mine, theirs = files.to_dict(), base.to_dict()
+    for key in ("model", "train", "protocol", "predict"):
+        assert mine[key] == theirs[key], key
 
 
 # ------------------------------------------------------------------------------------------ Dockerfile

@@ -132,6 +132,12 @@ ATTACK_RUNS = {
     ),
     "pgd-code-rewrite": lambda: _hash([_attack("pgd-code-rewrite", "passive-2", omega=2, eta=1)]),
     "hamming-detector": lambda: _hash([_attack("hamming-detector", "active")]),
+    "alignment-id-recovery": lambda: _digits(
+        [_attack("alignment-id-recovery", "coordinator")], alignment={"method": "hashed"}
+    ),
+    "alignment-membership-probe": lambda: _digits(
+        [_attack("alignment-membership-probe", probes=20)], alignment={"method": "psi"}
+    ),
 }
 
 LABEL_DEFENSE_PARAMS = {"cae": {"ae_steps": 5}, "dcae": {"ae_steps": 5}}

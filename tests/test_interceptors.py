@@ -162,6 +162,7 @@ def test_method_table_covers_every_service() -> None:
         "/vflnet.v1.Coordinator/Join",
         "/vflnet.v1.Coordinator/Decrypt",
         "/vflnet.v1.Coordinator/ReceiveModel",
+        "/vflnet.v1.Party/Align",
         RUN_STEP,
         "/vflnet.v1.Party/Shutdown",
         "/vflnet.v1.Party/ReleaseModel",

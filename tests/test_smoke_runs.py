@@ -91,6 +91,7 @@ POSITIVE = {
     "startup": [],  # a row has warm_s or resident_s, or both (below)
     "netem": ["step_ms"],
     "goals": [],  # a row may have no measured value, only the reason (tests/test_bench_goals.py)
+    "psi": ["align_s", "common", "party_bytes_per_id", "peak_rss_mib"],
 }
 
 

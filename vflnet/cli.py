@@ -24,6 +24,9 @@ GROUPS: dict[str, dict[str, Command]] = {
             "start one role's process (how docker-compose and lab machines start parties)",
         ),
         "config": Command("vflnet.commands.config", "config tools"),
+        "data": Command(
+            "vflnet.commands.data", "a party's own data: `split` a dataset into one file per party"
+        ),
         "datasets": Command(
             "vflnet.commands.datasets", "list the registered datasets (no downloads) and their parameters"
         ),

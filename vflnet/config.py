@@ -257,6 +257,13 @@ def _not_coordinator(j: Judged) -> str | None:
     return "the coordinator loads no data; read on the active and passive parties"
 
 
+@condition("unless every party reads its own file (`source`)")
+def _dataset_loaded(j: Judged) -> str | None:
+    if not j.cfg.sources:
+        return None
+    return "every party reads its own file (`parties[].source`); read when the parties load the dataset"
+
+
 def setting(
     default: Any = dataclasses.MISSING,
     help: str = "",
@@ -331,12 +338,14 @@ class DataConfig:
     """The dataset every party loads its own columns and IDs of (only the active party keeps labels)."""
 
     dataset: str = setting(
-        "digits", "a registered dataset (table below; `vflnet datasets`)", reads="every party's data loader"
+        "digits",
+        "a registered dataset (table below; `vflnet datasets`)",
+        reads=Reads("every party's data loader", _dataset_loaded),
     )
     params: dict[str, Any] = setting(
         factory=dict,
         help="the dataset's parameters (table below)",
-        reads="every party's data loader (the dataset's contract)",
+        reads=Reads("every party's data loader (the dataset's contract)", _dataset_loaded),
     )
     test_fraction: float = setting(
         0.2, "held-out share of the aligned IDs", reads="the coordinator's train/test split"
@@ -444,6 +453,61 @@ class ModelConfig:
     )
 
 
+@condition("on a party without a `source` (the built-in dataset's rows)")
+def _no_source(j: Judged) -> str | None:
+    if j.section.source is None:
+        return None
+    return "the party reads its own rows from its `source`; read on a party without one"
+
+
+@condition("on the active party")
+def _active_source(j: Judged) -> str | None:
+    party = next((p for p in j.cfg.parties if p.source is j.section), None)
+    if party is not None and party.role == "active":
+        return None
+    return "only the active party holds labels; a passive party's file has no label column"
+
+
+@dataclass
+class SourceConfig:
+    """A party's own table: a CSV (or Parquet, with pyarrow) file that only this party's process opens."""
+
+    path: str = setting(
+        "",
+        "the party's file (`.csv`, or `.parquet` with pyarrow installed)",
+        shown="required",
+        reads="the party's data loader",
+    )
+    id_column: str = setting(
+        "id",
+        "the column of sample IDs (strings or integers, compared as text); alignment matches them across parties",
+        reads="the party's data loader",
+    )
+    features: list[str] = setting(
+        factory=list,
+        help="the feature columns (numbers, no NaN), in this order; empty: a featureless active party",
+        reads="the party's data loader",
+    )
+    label_column: str = setting(
+        "",
+        "the column of labels (active party only; required there)",
+        reads=Reads("the active party's data loader", _active_source),
+    )
+
+
+@dataclass
+class AlignmentConfig:
+    """How the parties find their common samples before training (docs/protocols.md, Alignment)."""
+
+    method: Literal["plain", "hashed", "psi"] = setting(
+        "plain",
+        "`plain`: IDs in the clear (the coordinator sees every ID set); `hashed`: SHA-256 of each ID (a "
+        "dictionary attack recovers them); `psi`: ECDH private set intersection (the coordinator learns "
+        "sizes only). After `hashed` or `psi`, and with parties' own files, steps carry row indices only",
+        reads="every process (the alignment phase)",
+    )
+
+
 @dataclass
 class PartyConfig:
     """One party of the roster: exactly one `coordinator`, one `active` (it holds the labels), one or
@@ -487,6 +551,12 @@ class PartyConfig:
     sample_fraction: float = setting(
         1.0,
         "keep a seeded subset of the IDs (exercises alignment)",
+        reads=Reads("the party's data loader", all_of(_not_coordinator, _no_source)),
+    )
+    source: SourceConfig | None = setting(
+        None,
+        "the party's own file (instead of the dataset's columns): every party with data names one, or none "
+        "does (`vflnet data split` writes them from a dataset)",
         reads=Reads("the party's data loader", _not_coordinator),
     )
     device: str = setting(
@@ -495,6 +565,11 @@ class PartyConfig:
         shown="`train.device`",
         reads=Reads("the party's models", _on_device),
     )
+
+    @property
+    def holds_features(self) -> bool:
+        """Whether the party holds feature columns (its ``features``, or its own file's)."""
+        return self.features is not None or (self.source is not None and bool(self.source.features))
 
 
 @dataclass
@@ -826,6 +901,9 @@ class Config:
         factory=ProtocolConfig, help="the training protocol", reads="every process"
     )
     data: DataConfig = setting(factory=DataConfig, help="the dataset", reads="every process")
+    alignment: AlignmentConfig = setting(
+        factory=AlignmentConfig, help="sample alignment before training", reads="every process"
+    )
     parties: list[PartyConfig] = setting(
         factory=list, help="the roster: a list of parties", reads="every process"
     )
@@ -887,8 +965,20 @@ class Config:
     def feature_parties(self) -> list[PartyConfig]:
         """Parties holding features, in aggregation order: the active party first (if it has
         features), then the passive parties in roster order."""
-        own = [self.active] if self.active.features is not None else []
+        own = [self.active] if self.active.holds_features else []
         return own + self.passives
+
+    @property
+    def sources(self) -> bool:
+        """Whether the parties read their own files (`source`) instead of the dataset."""
+        return any(p.source is not None for p in self.parties)
+
+    @property
+    def alignment_phase(self) -> bool:
+        """Whether alignment runs as its own phase on the wire (and steps carry row indices): under
+        `hashed` and `psi`, and with the parties' own files (their IDs are text); `plain` over the
+        dataset's integer IDs joins with the IDs in `Join`, as the steps name them."""
+        return self.alignment.method != "plain" or self.sources
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a plain mapping, less the keys this config does not read (`unread_keys`): what
@@ -1087,6 +1177,33 @@ def _positive(cfg_value: float, key: str, source: str, *, allow_zero: bool = Fal
         )
 
 
+def _check_source(src: str, key: str, p: PartyConfig) -> None:
+    """A party's own file, as far as the config tells (its process checks the file itself)."""
+    assert p.source is not None
+    if p.role == "coordinator":
+        raise ConfigError(src, f"{key}.source", "the coordinator holds no data")
+    if not p.source.path:
+        raise ConfigError(src, f"{key}.source.path", f"party {p.name!r}: expected the path of its file")
+    if p.features is not None:
+        raise ConfigError(
+            src,
+            f"{key}.features",
+            f"party {p.name!r} reads its columns from source.features; remove features",
+        )
+    if p.role == "passive" and not p.source.features:
+        raise ConfigError(src, f"{key}.source.features", f"passive party {p.name!r} needs feature columns")
+    if p.role == "active" and not p.source.label_column:
+        raise ConfigError(
+            src, f"{key}.source.label_column", f"active party {p.name!r}: name its label column"
+        )
+    named = [p.source.id_column, *p.source.features, p.source.label_column]
+    twice = sorted({c for c in named if c and named.count(c) > 1})
+    if twice:
+        raise ConfigError(src, f"{key}.source.features", f"a column is named twice: {', '.join(twice)}")
+    if p.source.features and p.bottom is None:
+        raise ConfigError(src, f"{key}.bottom", f"party {p.name!r} holds features and needs a bottom model")
+
+
 def validate(cfg: Config) -> None:
     """Checks that need nothing but the config: roster shape, model/aggregation consistency, value
     ranges, predict and model_release. Names resolved through the registries and the dataset's shape
@@ -1117,7 +1234,14 @@ def validate(cfg: Config) -> None:
         key = f"parties[{i}]"
         if p.role == "coordinator" and (p.features is not None or p.bottom is not None):
             raise ConfigError(src, f"{key}.features", "the coordinator holds no features or model")
-        if p.role == "passive" and p.features is None:
+        if p.source is not None:
+            _check_source(src, key, p)
+        elif cfg.sources and p.role != "coordinator":
+            named = next(q.name for q in cfg.parties if q.source is not None)
+            raise ConfigError(
+                src, f"{key}.source", f"party {named!r} reads its own file: every party with data names one"
+            )
+        if p.role == "passive" and p.features is None and p.source is None:
             raise ConfigError(
                 src, f"{key}.features", f"passive party {p.name!r} needs features (columns or region)"
             )
@@ -1142,7 +1266,7 @@ def validate(cfg: Config) -> None:
             raise ConfigError(
                 src, f"{key}.sample_fraction", f"expected a value in (0, 1], got {p.sample_fraction}"
             )
-    if cfg.active.features is None and cfg.active.bottom is not None:
+    if not cfg.active.holds_features and cfg.active.bottom is not None:
         raise ConfigError(src, "parties", "the active party has a bottom model but no features")
     outs = [p.bottom.out for p in cfg.feature_parties if p.bottom is not None]
     if cfg.protocol.aggregation == "sum" and len(set(outs)) > 1:

@@ -101,7 +101,7 @@ def check(
     _check_chain_gate(cfg)
     _check_devices(cfg, here)
     _check_unread(cfg, launcher)
-    if check_data:
+    if check_data and not cfg.sources:  # a party's own file is opened by its process alone
         check_against_dataset(cfg)
 
 
@@ -280,6 +280,18 @@ def _check_plugins(cfg: Config) -> None:
                 _check_defense_hook(cfg, key, entry.name, cls.acts_on, "acts on")
                 for hook in sorted(cls.requires):
                     _check_defense_hook(cfg, key, entry.name, hook, "needs the hook point")
+            if section == "attacks" and cfg.alignment_phase and not cls.on_row_indices:
+                why = (
+                    f"alignment.method is {cfg.alignment.method!r}"
+                    if not cfg.sources
+                    else "the parties read their own files"
+                )
+                raise ConfigError(
+                    src,
+                    f"{key}.name",
+                    f"attack {entry.name!r} is keyed by the dataset's sample IDs, but {why}: the steps carry "
+                    "row indices (use alignment.method plain over data.dataset)",
+                )
             if section == "attacks":  # its taps can match; what its threat model grants reaches its party
                 _check_attack_taps(cfg, key, entry.name, cls.taps + cls.rewrites)
                 provides = {n: p.provides for n, p in PROTOCOLS.all().items()}

@@ -36,6 +36,8 @@ def _check(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.file, overrides=args.overrides)
     print(
-        f"{args.file}: OK ({len(cfg.parties)} parties, protocol {cfg.protocol.kind}, dataset {cfg.data.dataset})"
+        f"{args.file}: OK ({len(cfg.parties)} parties, protocol {cfg.protocol.kind}, "
+        + ("the parties' own files" if cfg.sources else f"dataset {cfg.data.dataset}")
+        + f", alignment {cfg.alignment.method})"
     )
     return 0

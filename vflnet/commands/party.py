@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -91,6 +92,12 @@ def _run_role(args: argparse.Namespace, cfg: Config, me: PartyConfig, run_dir: P
     # `via: HOST:PORT`: peers reach this party through a proxy there (`via: proxy` is `vflnet run`'s own proxy)
     via = me.via if ":" in me.via else ""
     advertise = via or args.advertise or me.address or listen
+    from vflnet.data.sources import SourceError
     from vflnet.roles.party import PartyHost, serve
 
-    return serve(PartyHost(cfg, args.name, run_dir, bridge, resume=args.resume), listen, coord, advertise)
+    try:
+        host = PartyHost(cfg, args.name, run_dir, bridge, resume=args.resume)
+    except SourceError as exc:  # the party's own file: one line naming party, file and column
+        logging.getLogger("vflnet.party").error("%s", exc)
+        return 2
+    return serve(host, listen, coord, advertise)

@@ -23,6 +23,9 @@ class PartyData:
     x: np.ndarray | None  # float32 [n, d] or [n, 1, h, w]; None for a featureless active party
     y: np.ndarray | None  # int64 [n]; active party only
     n_classes: int
+    # the rows' own IDs before alignment (text, from a party's file; or the dataset's), where alignment
+    # runs as a phase: ``ids`` are then positions until alignment makes them row indices of the run
+    keys: np.ndarray | None = None
 
     def rows(self, sample_ids: np.ndarray) -> np.ndarray:
         """Row indices of the given IDs; raises KeyError naming an unknown ID."""

@@ -78,7 +78,10 @@ def plan_facts(
 
 
 def _sample_keys(cfg: Config) -> tuple[str, ...]:
-    """The keys that decide which samples the run has: the dataset and each party's sample_fraction."""
+    """The keys that decide which samples the run has: the parties' own files, or the dataset and each
+    party's sample_fraction."""
+    if cfg.sources:
+        return tuple(f"parties[{i}].source.path" for i, p in enumerate(cfg.parties) if p.source is not None)
     fractions = [f"parties[{i}].sample_fraction" for i, p in enumerate(cfg.parties) if p.sample_fraction < 1]
     return (*fractions, "data.dataset")
 

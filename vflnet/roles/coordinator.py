@@ -12,8 +12,8 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,12 @@ import grpc
 import numpy as np
 
 from vflnet.config import Config
-from vflnet.data.alignment import epoch_batches, eval_batches
+from vflnet.data.alignment import epoch_batches, eval_batches, split_train_test
 from vflnet.data.plan import aligned_split, plan_facts, refusal, training_steps
 from vflnet.durable import WriteFailed, write_durable
 from vflnet.interceptors.bridge import Bridge, add_handlers, allow_step_deadline
-from vflnet.roles import checkpoints
+from vflnet.roles import alignment, checkpoints
+from vflnet.roles.alignment import Aligned
 from vflnet.roles.common import wait_for
 from vflnet.roles.heartbeat import Abort, PartyWatch
 from vflnet.roles.step_order import STEPS_IN_FLIGHT
@@ -59,6 +60,9 @@ class Admission:
     reply: messages_pb2.JoinReply | None = None
     resume_from: checkpoints.Manifest | None = None  # the checkpoint every party continues from
     failure: str | None = None  # why the run failed at admission: every Join, waiting or later, is told
+    # the alignment phase (vflnet/roles/alignment.py), run once the roster is complete; None: the
+    # parties joined with their IDs (`plain` over the dataset's integer IDs)
+    align: Callable[[dict[str, messages_pb2.JoinRequest]], Aligned] | None = None
 
     def fail(self, cause: str) -> RpcFailure:
         """The run cannot go on (the roster joined and its plan is degenerate): every party waiting in
@@ -91,6 +95,11 @@ class Admission:
             raise invalid(
                 f"step_work_s of {req.name!r} must lie in [0, {deadlines.MAX_ESTIMATE_S:g}] s, got {req.step_work_s}"
             )
+        if self.align is not None and len(req.sample_ids):
+            raise invalid(
+                f"party {req.name!r} joined with sample IDs, but this run aligns them in the alignment phase "
+                "(docs/protocols.md, Alignment): its Join carries none"
+            )
         mismatch = config_mismatch(self.cfg, req.name, req.config)
         if mismatch is not None:
             raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, mismatch)
@@ -107,15 +116,28 @@ class Admission:
                 req.address,
                 len(req.sample_ids),
             )
-            if len(self.joined) == len(roster):
-                self.reply = self._plan()
-                self.complete.set()
+            last = len(self.joined) == len(roster)
+        if last:  # outside the lock: alignment talks to every party
+            self.reply = self._plan()
+            self.complete.set()
 
     def _plan(self) -> messages_pb2.JoinReply:
-        held = {n: np.asarray(r.sample_ids, dtype=np.int64) for n, r in self.joined.items()}
-        train, test = aligned_split(self.cfg, held)
+        if self.align is None:
+            held = {n: np.asarray(r.sample_ids, dtype=np.int64) for n, r in self.joined.items()}
+            train, test = aligned_split(self.cfg, held)
+            sizes = {n: len(i) for n, i in held.items()}
+        else:
+            try:
+                aligned = self.align(self.joined)
+            except (RunFailed, WriteFailed) as exc:
+                raise self.fail(str(exc)) from exc
+            # the run's samples are row indices 0..n-1 (the parties' common order)
+            train, test = split_train_test(
+                np.arange(aligned.n_common), self.cfg.data.test_fraction, self.cfg.run.seed
+            )
+            sizes = aligned.held
         # the checks of config check, on the IDs the parties hold (vflnet/data/plan.py)
-        why = refusal(self.cfg, plan_facts(self.cfg, {n: len(i) for n, i in held.items()}, train, test))
+        why = refusal(self.cfg, plan_facts(self.cfg, sizes, train, test))
         if why is not None:
             raise self.fail(why)
         log.info(
@@ -600,7 +622,36 @@ class CoordinatorHost:
         self.name = cfg.coordinator.name
         self.interception = party_interception(cfg, self.name, run_dir or Path("."))
         self.side = PROTOCOLS.get(cfg.protocol.kind).coordinator(self)
-        self.admission = Admission(cfg, self.side)
+        self.admission = Admission(cfg, self.side, align=self.align if cfg.alignment_phase else None)
+
+    def align(self, joined: dict[str, messages_pb2.JoinRequest]) -> Aligned:
+        """The alignment phase with every party, on this process's channels (its interceptors, trace and
+        chunking), within the admission's deadline; a resumed run takes the alignment it recorded."""
+        method = self.cfg.alignment.method
+        if self.admission.resume_from is not None:
+            return alignment.load(self.run_dir or Path("."), method)
+        channels = {
+            n: self.bridge.open_channel(r.address, self.name, self.interception.chain, n)
+            for n, r in joined.items()
+        }
+        hdr = lambda: header(self.cfg, self.name, 0, 0, 0, messages_pb2.PHASE_UNSPECIFIED, 0)  # noqa: E731
+        start, cpu = time.perf_counter(), time.process_time()
+        try:
+            stubs = {n: services_pb2_grpc.PartyStub(c) for n, c in channels.items()}
+            aligned = alignment.align(self.cfg, stubs, hdr, self.cfg.transport.join_timeout_s)
+        finally:  # the schedule opens its own
+            for channel in channels.values():
+                channel.close()
+        aligned = replace(aligned, seconds=time.perf_counter() - start, cpu_s=time.process_time() - cpu)
+        log.info(
+            "aligned by %s in %.1f s: %d common of %s",
+            method,
+            aligned.seconds,
+            aligned.n_common,
+            aligned.held,
+        )
+        alignment.save(self.run_dir or Path("."), aligned, method)
+        return aligned
 
     def join(self, req: messages_pb2.JoinRequest, context: Any) -> messages_pb2.JoinReply:
         self.admission.admit(req, context)

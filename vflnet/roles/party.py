@@ -23,10 +23,12 @@ from vflnet.config import Config
 from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import PartyData, normalize, party_view
 from vflnet.data.plan import plan_facts, refusal
+from vflnet.data.sources import load_source
 from vflnet.interceptors.bridge import Bridge, add_handlers, allow_step_deadline
 from vflnet.models.device import resolve_device
 from vflnet.models.zoo import build_party_modules
 from vflnet.roles import checkpoints
+from vflnet.roles.alignment import ALIGN, PartyAlignment, padded
 from vflnet.roles.common import Liveness
 from vflnet.roles.heartbeat import watch_coordinator
 from vflnet.roles.step_order import STEPS_IN_FLIGHT, StepTurns
@@ -65,9 +67,7 @@ class PartyHost:
         self.ready = threading.Event()
         # messages before it is ready, at most one per step in flight from each sender
         self.waitroom = JoinWaitroom(self.ready, name, per_sender=STEPS_IN_FLIGHT)
-        dataset = load_dataset(cfg.data.dataset, cfg.data.params)
-        self.is_image = dataset.is_image
-        self.data: PartyData = party_view(cfg, name, dataset)
+        self.data: PartyData = self.load_data()
         self.join_reply: messages_pb2.JoinReply = messages_pb2.JoinReply()
         self.step_lock = threading.Lock()  # one step at a time per party
         self.turns = StepTurns()  # steps in order, also when the next command arrives early
@@ -75,6 +75,15 @@ class PartyHost:
         self.saved_steps: list[int] = []  # this party's coordinated checkpoints, oldest first
         self.current: messages_pb2.Header = messages_pb2.Header()
         self.interception = party_interception(cfg, name, run_dir)
+        probes = self.interception.probe_ids()  # membership probing (vflnet/attacks/alignment.py)
+        if probes and not cfg.alignment_phase:  # the IDs go in Join
+            self.data = padded(self.data, probes)
+        # the alignment phase's side (vflnet/roles/alignment.py); None: the IDs go in the Join
+        self.alignment = (
+            PartyAlignment(cfg, name, self.data, run_dir, probes, self.interception.deliver_aligned)
+            if cfg.alignment_phase
+            else None
+        )
         self.coordinator_channel: grpc.Channel | None = None
         self.channels: list[grpc.Channel] = []  # every channel it opened: closed when it stops (abandon)
         self.stopping: str | None = None  # why the party is stopping, once it is
@@ -87,6 +96,32 @@ class PartyHost:
         )
 
     # ------------------------------------------------------------------------------- setup
+    def load_data(self) -> PartyData:
+        """This party's own rows: its file (``source``), or its columns of the dataset. Where alignment
+        is a phase, ``keys`` holds the rows' IDs until it has run."""
+        if self.me.source is not None:
+            self.is_image = False
+            return load_source(self.cfg, self.me)  # SourceError: one line naming party, file and column
+        dataset = load_dataset(self.cfg.data.dataset, self.cfg.data.params)
+        self.is_image = dataset.is_image
+        data = party_view(self.cfg, self.name, dataset)
+        if not self.cfg.alignment_phase:
+            return data
+        return dataclasses.replace(data, ids=np.arange(len(data.ids), dtype=np.int64), keys=data.ids)
+
+    def align(self, req: messages_pb2.AlignRequest, context: Any) -> messages_pb2.AlignReply:
+        """The coordinator's alignment calls (before admission completes: no waitroom)."""
+        check_run(self.cfg, req.header.run_id)
+        check_sender(self.cfg, req.header.sender, {"coordinator"}, context)
+        if self.alignment is None:
+            raise RpcFailure(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this run aligns by the IDs in Join (alignment.method plain over the dataset's IDs)",
+            )
+        reply = self.alignment.handle(req)
+        reply.header.CopyFrom(self.header(req.header))
+        return reply
+
     def channel(self, address: str, peer: str) -> grpc.Channel:
         """A client channel to roster party ``peer`` at ``address``, with this party's interceptor chain
         on it (under TLS the server must hold ``peer``'s certificate)."""
@@ -118,7 +153,7 @@ class PartyHost:
             name=self.name,
             role=self.role,
             address=advertise,
-            sample_ids=self.data.ids,
+            sample_ids=self.data.ids if self.alignment is None else [],
             resume=self.resume,
             step_work_s=self.side.step_work_s(),
             config=shared_json(self.cfg),
@@ -142,6 +177,16 @@ class PartyHost:
                     ) from exc
                 time.sleep(0.5)
         allow_step_deadline(server, reply.step_deadline_s)  # before anything can start the first step
+        if self.alignment is not None:
+            n = len(reply.train_ids) + len(reply.test_ids)
+            if reply.resume_step:
+                self.data = self.alignment.resumed(n)
+            elif self.alignment.aligned is None:
+                raise RuntimeError(f"{self.name}: admitted without the alignment phase")
+            else:
+                self.data = self.alignment.aligned
+        else:  # the intersection, as the IDs of the schedule
+            self.interception.deliver_aligned([str(i) for i in [*reply.train_ids, *reply.test_ids]])
         self.check_labels(reply)
         self.prepare(reply)
         log.info(
@@ -184,6 +229,7 @@ class PartyHost:
         add_handlers(
             server,
             {
+                ALIGN: self.align,
                 RUN_STEP: self.run_step,
                 SHUTDOWN: self.shutdown,
                 RELEASE_MODEL: lambda req, ctx: self.release_model(req, ctx),

@@ -84,6 +84,8 @@ _COUNT_WORDS = {
     "own_views": "own steps",
     "prediction_views": "prediction steps",
     "own_rows": "own rows changed",
+    "own_ids": "IDs padded into its party's set",
+    "alignments": "intersections learnt",
     "samples": "samples in output",
 }
 

@@ -60,6 +60,14 @@ def ground_truth(cfg: Config, what: str, run_dir: Path | None = None) -> Any:
                 normalize(view.x, view.rows(train), cfg.data.normalize, data.is_image),
             )
         return truth
+    if what == "ids":  # every party's sample IDs, as text (alignment attacks)
+        if cfg.sources:
+            from vflnet.data.sources import load_source
+
+            return {"held": {p.name: set(load_source(cfg, p).keys.tolist()) for p in cfg.parties if p.source}}
+        data = load_dataset(cfg.data.dataset, cfg.data.params)
+        held = {p.name: party_view(cfg, p.name, data).ids for p in cfg.parties if p.role != "coordinator"}
+        return {"held": {n: {str(i) for i in ids.tolist()} for n, ids in held.items()}}
     if what == "":
         return None
     raise ValueError(f"no ground truth of kind {what!r}")

@@ -219,12 +219,26 @@ def role_env(torch_threads: int) -> dict[str, str]:
     return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(torch_threads))
 
 
+# a Unix socket's path must fit sockaddr_un.sun_path (108 bytes with its NUL on Linux)
+SUN_PATH_MAX = 107
+
+
+def _socket_folder() -> Path:
+    """A private new folder for the server's socket: in the temporary folder ($TMPDIR), or in /tmp
+    when $TMPDIR is too deep for a socket's path (a test's or a CI job's folder can be)."""
+    folder = Path(tempfile.mkdtemp(prefix="vflnet-fork-"))
+    if len(os.fsencode(folder / "server.sock")) <= SUN_PATH_MAX:
+        return folder
+    folder.rmdir()
+    return Path(tempfile.mkdtemp(prefix="vflnet-fork-", dir="/tmp"))
+
+
 @contextmanager
 def fork_server(torch_threads: int) -> Iterator[ForkServer]:
     """Start a fork server with the environment of role processes for ``torch_threads`` (its
     import-time settings); stopped, by its pid, on leaving. It dies with this process if this process
     dies first."""
-    folder = Path(tempfile.mkdtemp(prefix="vflnet-fork-"))
+    folder = _socket_folder()
     path = folder / "server.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 HOST_METHODS = frozenset(
     {
         "/vflnet.v1.Coordinator/Join",
+        "/vflnet.v1.Party/Align",  # the alignment phase (vflnet/roles/alignment.py)
         "/vflnet.v1.Coordinator/ReceiveModel",
         "/vflnet.v1.Party/RunStep",
         "/vflnet.v1.Party/Shutdown",

@@ -65,8 +65,14 @@ def forward_flops(module: Any, input_shape: Sequence[int] | None) -> float:
 
 
 def largest_batch(cfg: Any) -> int:
-    """The most samples one step of the run carries (training, evaluation or prediction)."""
-    return max(cfg.train.batch_size, cfg.train.eval_batch_size, cfg.predict.batch_size)
+    """The most samples one step of the run carries (training, evaluation or prediction): only the
+    phases the run has, as their batch sizes are read only then (docs/config.md)."""
+    sizes = [cfg.train.batch_size]
+    if cfg.train.eval_every > 0:
+        sizes.append(cfg.train.eval_batch_size)
+    if cfg.predict.set != "none":
+        sizes.append(cfg.predict.batch_size)
+    return max(sizes)
 
 
 def training_s(flops_per_sample: float, batch: int) -> float:

@@ -99,9 +99,16 @@ class Attack(ABC):
         False  # receive an OwnStepView of the host party after each training step
     )
     changes_own_data: ClassVar[bool] = False  # rewrites the host party's own feature rows (`own_data`)
+    # adds IDs (`probe_ids`) to the set its party offers in the alignment phase, and is told which of
+    # the party's IDs are in the intersection (`observe_aligned`): membership probing
+    pads_own_ids: ClassVar[bool] = False
     params: ClassVar[dict[str, Param]] = {}
     # the view-level algorithm this attack runs, if it is one of vflnet.attacks.label_inference's
     algorithm: ClassVar[type | None] = None
+    # whether its output, truth and knowledge hold where the steps carry row indices (an alignment phase:
+    # alignment.method hashed or psi, or the parties' own files); the others are keyed by the dataset's
+    # sample IDs, and config check refuses them there
+    on_row_indices: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -150,6 +157,9 @@ class Attack(ABC):
             out["prediction_views"] = "received the confidence vectors of 0 prediction steps"
         if self.changes_own_data:
             out["own_rows"] = "changed 0 rows of its party's own data"
+        if self.pads_own_ids:
+            out["own_ids"] = "padded 0 IDs into the set its party offers"
+            out["alignments"] = "was never told which of its party's IDs are in the intersection"
         return out
 
     @abstractmethod
@@ -170,6 +180,13 @@ class Attack(ABC):
         """The host party's own feature rows as its (malicious) training procedure uses them, from
         the time it has joined (only if `changes_own_data`; paper 004's backdoor trigger)."""
         return x
+
+    def probe_ids(self) -> list[str]:
+        """The IDs (as text) its party adds to the set it offers (only if `pads_own_ids`)."""
+        return []
+
+    def observe_aligned(self, keys: list[str]) -> None:  # noqa: B027 - optional hook
+        """The party's IDs in the intersection, as text (only if `pads_own_ids`)."""
 
     def state(self) -> dict[str, Any]:
         """What a coordinated checkpoint keeps of this attack (a resumed run continues it): by default

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from vflnet.threat.attack import Attack
 
 # what the host counts per attack; ``Attack.required_effects`` says which must not stay zero
-ATTACK_COUNTS = ("tapped", "rewritten", "own_views", "prediction_views", "own_rows")
+ATTACK_COUNTS = ("tapped", "rewritten", "own_views", "prediction_views", "own_rows", "own_ids", "alignments")
 
 
 def entry_key(name: str, party: str) -> str:

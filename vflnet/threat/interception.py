@@ -67,6 +67,23 @@ class PartyInterception:
                 self._count(entry, "own_rows", changed_rows(before, x))
         return x
 
+    def probe_ids(self) -> list[str]:
+        """IDs that attacks pad the party's offered ID set with (membership probing), as text."""
+        out = []
+        for entry, attack in self.attacks:
+            if attack.pads_own_ids:
+                probes = attack.probe_ids()
+                self._count(entry, "own_ids", len(probes))
+                out += probes
+        return out
+
+    def deliver_aligned(self, keys: list[str]) -> None:
+        """The party's IDs in the intersection, to the attacks that padded its set."""
+        for entry, attack in self.attacks:
+            if attack.pads_own_ids:
+                attack.observe_aligned(keys)
+                self._count(entry, "alignments")
+
     def state(self) -> dict[str, Any]:
         """For a coordinated checkpoint: each attack's state, the released models received, and the
         trace's length (a resumed run cuts the trace back to it, so no message appears twice)."""

@@ -97,6 +97,12 @@ KNOWLEDGE: dict[str, Knowledge] = {
             "aux_labels", "a few labelled training samples {id: label} (model completion, MARVELL)", _anyone
         ),
         Knowledge("train_ids", "the training-set IDs the coordinator scheduled", _coordinator_only),
+        Knowledge(
+            "candidate_ids",
+            "a list of candidate sample IDs, the population (a town's e-mail addresses): the attack's "
+            "`candidates` file, else every ID of data.dataset",
+            _anyone,
+        ),
         Knowledge("party_addresses", "which roster address is which party", _coordinator_only),
         Knowledge("workers", "the passive parties' names, in roster order", _coordinator_only),
         Knowledge("label_holder", "the active party's name", _coordinator_only),
@@ -200,6 +206,10 @@ def threat_model_knowledge(cfg: Config, name: str, attack: Any) -> dict[str, Any
                 for i in np.random.default_rng([cfg.run.seed, 8, label]).permutation(pool)[:count]
             )
         out["aux_labels"] = known
+    if "candidate_ids" in attack.knowledge:
+        from vflnet.attacks.alignment import candidate_ids
+
+        out["candidate_ids"] = candidate_ids(cfg, attack.p.get("candidates"))
     return out
 
 

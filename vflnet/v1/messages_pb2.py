@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from vflnet.v1 import tensor_pb2 as vflnet_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18vflnet/v1/messages.proto\x12\tvflnet.v1\x1a\x16vflnet/v1/tensor.proto\"\x8f\x01\n\x06Header\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\x03\x12\x0e\n\x06sender\x18\x04 \x01(\t\x12\x15\n\rmodel_version\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\x12\x1f\n\x05phase\x18\x07 \x01(\x0e\x32\x10.vflnet.v1.Phase\"\x99\x01\n\x0cProtocolData\x12%\n\x07tensors\x18\x01 \x01(\x0b\x32\x14.vflnet.v1.TensorMap\x12\x33\n\x06values\x18\x02 \x03(\x0b\x32#.vflnet.v1.ProtocolData.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"\xc4\x01\n\x0bJoinRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x12\n\nsample_ids\x18\x05 \x03(\x03\x12\x0e\n\x06resume\x18\x07 \x01(\x08\x12\x13\n\x0bstep_work_s\x18\x08 \x01(\x01\x12\x0e\n\x06\x63onfig\x18\t \x01(\t\x12)\n\x08protocol\x18\n \x01(\x0b\x32\x17.vflnet.v1.ProtocolDataJ\x04\x08\x06\x10\x07\"8\n\tPartyInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"\xb9\x02\n\tJoinReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12$\n\x06roster\x18\x02 \x03(\x0b\x32\x14.vflnet.v1.PartyInfo\x12\x11\n\ttrain_ids\x18\x03 \x03(\x03\x12\x10\n\x08test_ids\x18\x04 \x03(\x03\x12\x13\n\x0bresume_step\x18\x06 \x01(\x03\x12=\n\rresume_sha256\x18\x07 \x03(\x0b\x32&.vflnet.v1.JoinReply.ResumeSha256Entry\x12\x17\n\x0fstep_deadline_s\x18\x08 \x01(\x01\x12)\n\x08protocol\x18\t \x01(\x0b\x32\x17.vflnet.v1.ProtocolData\x1a\x33\n\x11ResumeSha256Entry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x05\x10\x06\"\x8f\x01\n\x0bStepCommand\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x12\n\nsample_ids\x18\x02 \x03(\x03\x12\x18\n\x10\x63heckpoint_after\x18\x03 \x01(\x08\x12)\n\x08protocol\x18\x05 \x01(\x0b\x32\x17.vflnet.v1.ProtocolDataJ\x04\x08\x04\x10\x05\"\xc1\x03\n\nStepReport\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x33\n\x07metrics\x18\x02 \x03(\x0b\x32\".vflnet.v1.StepReport.MetricsEntry\x12\x38\n\nbytes_sent\x18\x03 \x03(\x0b\x32$.vflnet.v1.StepReport.BytesSentEntry\x12>\n\rpayload_bytes\x18\x04 \x03(\x0b\x32\'.vflnet.v1.StepReport.PayloadBytesEntry\x12\x19\n\x11\x63heckpoint_sha256\x18\x06 \x01(\t\x12)\n\x08protocol\x18\x07 \x01(\x0b\x32\x17.vflnet.v1.ProtocolData\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x30\n\x0e\x42ytesSentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x33\n\x11PayloadBytesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01J\x04\x08\x05\x10\x06\"Z\n\x0fShutdownRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x17\n\x0fsave_checkpoint\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06sender\x18\x04 \x01(\t\"4\n\rShutdownReply\x12\x12\n\ncheckpoint\x18\x01 \x01(\t\x12\x0f\n\x07\x65\x66\x66\x65\x63ts\x18\x02 \x01(\t\"]\n\x0eReleaseCommand\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x11\n\trecipient\x18\x02 \x01(\t\x12\x0f\n\x07modules\x18\x04 \x03(\tJ\x04\x08\x03\x10\x04\"z\n\x0cModelRelease\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x0f\n\x07modules\x18\x02 \x03(\t\x12(\n\nparameters\x18\x03 \x01(\x0b\x32\x14.vflnet.v1.TensorMap\x12\x0c\n\x04spec\x18\x04 \x01(\t\"\x9b\x01\n\nReleaseAck\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x38\n\nbytes_sent\x18\x02 \x03(\x0b\x32$.vflnet.v1.ReleaseAck.BytesSentEntry\x1a\x30\n\x0e\x42ytesSentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x9e\x01\n\nEmbeddings\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x12\n\nsample_ids\x18\x02 \x03(\x03\x12#\n\x06values\x18\x03 \x01(\x0b\x32\x11.vflnet.v1.TensorH\x00\x12)\n\x06\x63ipher\x18\x04 \x01(\x0b\x32\x17.vflnet.v1.CipherTensorH\x00\x42\t\n\x07payload\"\x92\x01\n\x12\x45mbeddingGradients\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12#\n\x06values\x18\x02 \x01(\x0b\x32\x11.vflnet.v1.TensorH\x00\x12)\n\x06\x63ipher\x18\x03 \x01(\x0b\x32\x17.vflnet.v1.CipherTensorH\x00\x42\t\n\x07payload\"m\n\x0e\x44\x65\x63ryptRequest\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x0f\n\x07purpose\x18\x02 \x01(\t\x12\'\n\x06\x63ipher\x18\x03 \x01(\x0b\x32\x17.vflnet.v1.CipherTensor\"i\n\x0c\x44\x65\x63ryptReply\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x15\n\rinteger_width\x18\x03 \x01(\x05\x12\x10\n\x08integers\x18\x04 \x01(\x0c\"3\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\r\"\x1c\n\x0bReplyTicket\x12\r\n\x05token\x18\x01 \x01(\t*@\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\t\n\x05TRAIN\x10\x01\x12\x08\n\x04\x45VAL\x10\x02\x12\x0b\n\x07PREDICT\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18vflnet/v1/messages.proto\x12\tvflnet.v1\x1a\x16vflnet/v1/tensor.proto\"\x8f\x01\n\x06Header\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\x03\x12\x0e\n\x06sender\x18\x04 \x01(\t\x12\x15\n\rmodel_version\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\x12\x1f\n\x05phase\x18\x07 \x01(\x0e\x32\x10.vflnet.v1.Phase\"\x99\x01\n\x0cProtocolData\x12%\n\x07tensors\x18\x01 \x01(\x0b\x32\x14.vflnet.v1.TensorMap\x12\x33\n\x06values\x18\x02 \x03(\x0b\x32#.vflnet.v1.ProtocolData.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"\xc4\x01\n\x0bJoinRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x12\n\nsample_ids\x18\x05 \x03(\x03\x12\x0e\n\x06resume\x18\x07 \x01(\x08\x12\x13\n\x0bstep_work_s\x18\x08 \x01(\x01\x12\x0e\n\x06\x63onfig\x18\t \x01(\t\x12)\n\x08protocol\x18\n \x01(\x0b\x32\x17.vflnet.v1.ProtocolDataJ\x04\x08\x06\x10\x07\"8\n\tPartyInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"\x85\x01\n\x0c\x41lignRequest\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x1e\n\x02op\x18\x02 \x01(\x0e\x32\x12.vflnet.v1.AlignOp\x12\r\n\x05items\x18\x03 \x01(\x0c\x12\x11\n\tpositions\x18\x04 \x03(\x03\x12\x10\n\x08n_common\x18\x05 \x01(\x03\"[\n\nAlignReply\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\r\n\x05items\x18\x02 \x01(\x0c\x12\x0c\n\x04keys\x18\x03 \x03(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\x03\"\xb9\x02\n\tJoinReply\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12$\n\x06roster\x18\x02 \x03(\x0b\x32\x14.vflnet.v1.PartyInfo\x12\x11\n\ttrain_ids\x18\x03 \x03(\x03\x12\x10\n\x08test_ids\x18\x04 \x03(\x03\x12\x13\n\x0bresume_step\x18\x06 \x01(\x03\x12=\n\rresume_sha256\x18\x07 \x03(\x0b\x32&.vflnet.v1.JoinReply.ResumeSha256Entry\x12\x17\n\x0fstep_deadline_s\x18\x08 \x01(\x01\x12)\n\x08protocol\x18\t \x01(\x0b\x32\x17.vflnet.v1.ProtocolData\x1a\x33\n\x11ResumeSha256Entry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x05\x10\x06\"\x8f\x01\n\x0bStepCommand\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x12\n\nsample_ids\x18\x02 \x03(\x03\x12\x18\n\x10\x63heckpoint_after\x18\x03 \x01(\x08\x12)\n\x08protocol\x18\x05 \x01(\x0b\x32\x17.vflnet.v1.ProtocolDataJ\x04\x08\x04\x10\x05\"\xc1\x03\n\nStepReport\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x33\n\x07metrics\x18\x02 \x03(\x0b\x32\".vflnet.v1.StepReport.MetricsEntry\x12\x38\n\nbytes_sent\x18\x03 \x03(\x0b\x32$.vflnet.v1.StepReport.BytesSentEntry\x12>\n\rpayload_bytes\x18\x04 \x03(\x0b\x32\'.vflnet.v1.StepReport.PayloadBytesEntry\x12\x19\n\x11\x63heckpoint_sha256\x18\x06 \x01(\t\x12)\n\x08protocol\x18\x07 \x01(\x0b\x32\x17.vflnet.v1.ProtocolData\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x30\n\x0e\x42ytesSentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x33\n\x11PayloadBytesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01J\x04\x08\x05\x10\x06\"Z\n\x0fShutdownRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x17\n\x0fsave_checkpoint\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06sender\x18\x04 \x01(\t\"4\n\rShutdownReply\x12\x12\n\ncheckpoint\x18\x01 \x01(\t\x12\x0f\n\x07\x65\x66\x66\x65\x63ts\x18\x02 \x01(\t\"]\n\x0eReleaseCommand\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x11\n\trecipient\x18\x02 \x01(\t\x12\x0f\n\x07modules\x18\x04 \x03(\tJ\x04\x08\x03\x10\x04\"z\n\x0cModelRelease\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x0f\n\x07modules\x18\x02 \x03(\t\x12(\n\nparameters\x18\x03 \x01(\x0b\x32\x14.vflnet.v1.TensorMap\x12\x0c\n\x04spec\x18\x04 \x01(\t\"\x9b\x01\n\nReleaseAck\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x38\n\nbytes_sent\x18\x02 \x03(\x0b\x32$.vflnet.v1.ReleaseAck.BytesSentEntry\x1a\x30\n\x0e\x42ytesSentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x9e\x01\n\nEmbeddings\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x12\n\nsample_ids\x18\x02 \x03(\x03\x12#\n\x06values\x18\x03 \x01(\x0b\x32\x11.vflnet.v1.TensorH\x00\x12)\n\x06\x63ipher\x18\x04 \x01(\x0b\x32\x17.vflnet.v1.CipherTensorH\x00\x42\t\n\x07payload\"\x92\x01\n\x12\x45mbeddingGradients\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12#\n\x06values\x18\x02 \x01(\x0b\x32\x11.vflnet.v1.TensorH\x00\x12)\n\x06\x63ipher\x18\x03 \x01(\x0b\x32\x17.vflnet.v1.CipherTensorH\x00\x42\t\n\x07payload\"m\n\x0e\x44\x65\x63ryptRequest\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\x0f\n\x07purpose\x18\x02 \x01(\t\x12\'\n\x06\x63ipher\x18\x03 \x01(\x0b\x32\x17.vflnet.v1.CipherTensor\"i\n\x0c\x44\x65\x63ryptReply\x12!\n\x06header\x18\x01 \x01(\x0b\x32\x11.vflnet.v1.Header\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x15\n\rinteger_width\x18\x03 \x01(\x05\x12\x10\n\x08integers\x18\x04 \x01(\x0c\"3\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\r\"\x1c\n\x0bReplyTicket\x12\r\n\x05token\x18\x01 \x01(\t*@\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\t\n\x05TRAIN\x10\x01\x12\x08\n\x04\x45VAL\x10\x02\x12\x0b\n\x07PREDICT\x10\x03*Y\n\x07\x41lignOp\x12\x18\n\x14\x41LIGN_OP_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x41LIGN_OFFER\x10\x01\x12\x11\n\rALIGN_REBLIND\x10\x02\x12\x10\n\x0c\x41LIGN_RESULT\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,8 +44,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STEPREPORT_PAYLOADBYTESENTRY']._serialized_options = b'8\001'
   _globals['_RELEASEACK_BYTESSENTENTRY']._loaded_options = None
   _globals['_RELEASEACK_BYTESSENTENTRY']._serialized_options = b'8\001'
-  _globals['_PHASE']._serialized_start=2670
-  _globals['_PHASE']._serialized_end=2734
+  _globals['_PHASE']._serialized_start=2899
+  _globals['_PHASE']._serialized_end=2963
+  _globals['_ALIGNOP']._serialized_start=2965
+  _globals['_ALIGNOP']._serialized_end=3054
   _globals['_HEADER']._serialized_start=64
   _globals['_HEADER']._serialized_end=207
   _globals['_PROTOCOLDATA']._serialized_start=210
@@ -56,42 +58,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOINREQUEST']._serialized_end=562
   _globals['_PARTYINFO']._serialized_start=564
   _globals['_PARTYINFO']._serialized_end=620
-  _globals['_JOINREPLY']._serialized_start=623
-  _globals['_JOINREPLY']._serialized_end=936
-  _globals['_JOINREPLY_RESUMESHA256ENTRY']._serialized_start=879
-  _globals['_JOINREPLY_RESUMESHA256ENTRY']._serialized_end=930
-  _globals['_STEPCOMMAND']._serialized_start=939
-  _globals['_STEPCOMMAND']._serialized_end=1082
-  _globals['_STEPREPORT']._serialized_start=1085
-  _globals['_STEPREPORT']._serialized_end=1534
-  _globals['_STEPREPORT_METRICSENTRY']._serialized_start=1379
-  _globals['_STEPREPORT_METRICSENTRY']._serialized_end=1425
-  _globals['_STEPREPORT_BYTESSENTENTRY']._serialized_start=1427
-  _globals['_STEPREPORT_BYTESSENTENTRY']._serialized_end=1475
-  _globals['_STEPREPORT_PAYLOADBYTESENTRY']._serialized_start=1477
-  _globals['_STEPREPORT_PAYLOADBYTESENTRY']._serialized_end=1528
-  _globals['_SHUTDOWNREQUEST']._serialized_start=1536
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1626
-  _globals['_SHUTDOWNREPLY']._serialized_start=1628
-  _globals['_SHUTDOWNREPLY']._serialized_end=1680
-  _globals['_RELEASECOMMAND']._serialized_start=1682
-  _globals['_RELEASECOMMAND']._serialized_end=1775
-  _globals['_MODELRELEASE']._serialized_start=1777
-  _globals['_MODELRELEASE']._serialized_end=1899
-  _globals['_RELEASEACK']._serialized_start=1902
-  _globals['_RELEASEACK']._serialized_end=2057
-  _globals['_RELEASEACK_BYTESSENTENTRY']._serialized_start=1427
-  _globals['_RELEASEACK_BYTESSENTENTRY']._serialized_end=1475
-  _globals['_EMBEDDINGS']._serialized_start=2060
-  _globals['_EMBEDDINGS']._serialized_end=2218
-  _globals['_EMBEDDINGGRADIENTS']._serialized_start=2221
-  _globals['_EMBEDDINGGRADIENTS']._serialized_end=2367
-  _globals['_DECRYPTREQUEST']._serialized_start=2369
-  _globals['_DECRYPTREQUEST']._serialized_end=2478
-  _globals['_DECRYPTREPLY']._serialized_start=2480
-  _globals['_DECRYPTREPLY']._serialized_end=2585
-  _globals['_CHUNK']._serialized_start=2587
-  _globals['_CHUNK']._serialized_end=2638
-  _globals['_REPLYTICKET']._serialized_start=2640
-  _globals['_REPLYTICKET']._serialized_end=2668
+  _globals['_ALIGNREQUEST']._serialized_start=623
+  _globals['_ALIGNREQUEST']._serialized_end=756
+  _globals['_ALIGNREPLY']._serialized_start=758
+  _globals['_ALIGNREPLY']._serialized_end=849
+  _globals['_JOINREPLY']._serialized_start=852
+  _globals['_JOINREPLY']._serialized_end=1165
+  _globals['_JOINREPLY_RESUMESHA256ENTRY']._serialized_start=1108
+  _globals['_JOINREPLY_RESUMESHA256ENTRY']._serialized_end=1159
+  _globals['_STEPCOMMAND']._serialized_start=1168
+  _globals['_STEPCOMMAND']._serialized_end=1311
+  _globals['_STEPREPORT']._serialized_start=1314
+  _globals['_STEPREPORT']._serialized_end=1763
+  _globals['_STEPREPORT_METRICSENTRY']._serialized_start=1608
+  _globals['_STEPREPORT_METRICSENTRY']._serialized_end=1654
+  _globals['_STEPREPORT_BYTESSENTENTRY']._serialized_start=1656
+  _globals['_STEPREPORT_BYTESSENTENTRY']._serialized_end=1704
+  _globals['_STEPREPORT_PAYLOADBYTESENTRY']._serialized_start=1706
+  _globals['_STEPREPORT_PAYLOADBYTESENTRY']._serialized_end=1757
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1765
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1855
+  _globals['_SHUTDOWNREPLY']._serialized_start=1857
+  _globals['_SHUTDOWNREPLY']._serialized_end=1909
+  _globals['_RELEASECOMMAND']._serialized_start=1911
+  _globals['_RELEASECOMMAND']._serialized_end=2004
+  _globals['_MODELRELEASE']._serialized_start=2006
+  _globals['_MODELRELEASE']._serialized_end=2128
+  _globals['_RELEASEACK']._serialized_start=2131
+  _globals['_RELEASEACK']._serialized_end=2286
+  _globals['_RELEASEACK_BYTESSENTENTRY']._serialized_start=1656
+  _globals['_RELEASEACK_BYTESSENTENTRY']._serialized_end=1704
+  _globals['_EMBEDDINGS']._serialized_start=2289
+  _globals['_EMBEDDINGS']._serialized_end=2447
+  _globals['_EMBEDDINGGRADIENTS']._serialized_start=2450
+  _globals['_EMBEDDINGGRADIENTS']._serialized_end=2596
+  _globals['_DECRYPTREQUEST']._serialized_start=2598
+  _globals['_DECRYPTREQUEST']._serialized_end=2707
+  _globals['_DECRYPTREPLY']._serialized_start=2709
+  _globals['_DECRYPTREPLY']._serialized_end=2814
+  _globals['_CHUNK']._serialized_start=2816
+  _globals['_CHUNK']._serialized_end=2867
+  _globals['_REPLYTICKET']._serialized_start=2869
+  _globals['_REPLYTICKET']._serialized_end=2897
 # @@protoc_insertion_point(module_scope)

@@ -14,10 +14,21 @@ class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRAIN: _ClassVar[Phase]
     EVAL: _ClassVar[Phase]
     PREDICT: _ClassVar[Phase]
+
+class AlignOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ALIGN_OP_UNSPECIFIED: _ClassVar[AlignOp]
+    ALIGN_OFFER: _ClassVar[AlignOp]
+    ALIGN_REBLIND: _ClassVar[AlignOp]
+    ALIGN_RESULT: _ClassVar[AlignOp]
 PHASE_UNSPECIFIED: Phase
 TRAIN: Phase
 EVAL: Phase
 PREDICT: Phase
+ALIGN_OP_UNSPECIFIED: AlignOp
+ALIGN_OFFER: AlignOp
+ALIGN_REBLIND: AlignOp
+ALIGN_RESULT: AlignOp
 
 class Header(_message.Message):
     __slots__ = ("run_id", "step", "batch_id", "sender", "model_version", "epoch", "phase")
@@ -83,6 +94,32 @@ class PartyInfo(_message.Message):
     role: str
     address: str
     def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class AlignRequest(_message.Message):
+    __slots__ = ("header", "op", "items", "positions", "n_common")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    N_COMMON_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    op: AlignOp
+    items: bytes
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    n_common: int
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., op: _Optional[_Union[AlignOp, str]] = ..., items: _Optional[bytes] = ..., positions: _Optional[_Iterable[int]] = ..., n_common: _Optional[int] = ...) -> None: ...
+
+class AlignReply(_message.Message):
+    __slots__ = ("header", "items", "keys", "count")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    items: bytes
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    count: int
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., items: _Optional[bytes] = ..., keys: _Optional[_Iterable[str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("run_id", "roster", "train_ids", "test_ids", "resume_step", "resume_sha256", "step_deadline_s", "protocol")

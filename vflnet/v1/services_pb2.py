@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from vflnet.v1 import messages_pb2 as vflnet_dot_v1_dot_messages__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18vflnet/v1/services.proto\x12\tvflnet.v1\x1a\x18vflnet/v1/messages.proto2\xc2\x01\n\x0b\x43oordinator\x12\x34\n\x04Join\x12\x16.vflnet.v1.JoinRequest\x1a\x14.vflnet.v1.JoinReply\x12=\n\x07\x44\x65\x63rypt\x12\x19.vflnet.v1.DecryptRequest\x1a\x17.vflnet.v1.DecryptReply\x12>\n\x0cReceiveModel\x12\x17.vflnet.v1.ModelRelease\x1a\x15.vflnet.v1.ReleaseAck2\x85\x02\n\x05Party\x12\x38\n\x07RunStep\x12\x16.vflnet.v1.StepCommand\x1a\x15.vflnet.v1.StepReport\x12@\n\x08Shutdown\x12\x1a.vflnet.v1.ShutdownRequest\x1a\x18.vflnet.v1.ShutdownReply\x12@\n\x0cReleaseModel\x12\x19.vflnet.v1.ReleaseCommand\x1a\x15.vflnet.v1.ReleaseAck\x12>\n\x0cReceiveModel\x12\x17.vflnet.v1.ModelRelease\x1a\x15.vflnet.v1.ReleaseAck2T\n\x06\x41\x63tive\x12J\n\x12\x45xchangeEmbeddings\x12\x15.vflnet.v1.Embeddings\x1a\x1d.vflnet.v1.EmbeddingGradients2r\n\x06\x43hunks\x12.\n\x04\x43\x61ll\x12\x10.vflnet.v1.Chunk\x1a\x10.vflnet.v1.Chunk(\x01\x30\x01\x12\x38\n\nFetchReply\x12\x16.vflnet.v1.ReplyTicket\x1a\x10.vflnet.v1.Chunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18vflnet/v1/services.proto\x12\tvflnet.v1\x1a\x18vflnet/v1/messages.proto2\xc2\x01\n\x0b\x43oordinator\x12\x34\n\x04Join\x12\x16.vflnet.v1.JoinRequest\x1a\x14.vflnet.v1.JoinReply\x12=\n\x07\x44\x65\x63rypt\x12\x19.vflnet.v1.DecryptRequest\x1a\x17.vflnet.v1.DecryptReply\x12>\n\x0cReceiveModel\x12\x17.vflnet.v1.ModelRelease\x1a\x15.vflnet.v1.ReleaseAck2\xbe\x02\n\x05Party\x12\x37\n\x05\x41lign\x12\x17.vflnet.v1.AlignRequest\x1a\x15.vflnet.v1.AlignReply\x12\x38\n\x07RunStep\x12\x16.vflnet.v1.StepCommand\x1a\x15.vflnet.v1.StepReport\x12@\n\x08Shutdown\x12\x1a.vflnet.v1.ShutdownRequest\x1a\x18.vflnet.v1.ShutdownReply\x12@\n\x0cReleaseModel\x12\x19.vflnet.v1.ReleaseCommand\x1a\x15.vflnet.v1.ReleaseAck\x12>\n\x0cReceiveModel\x12\x17.vflnet.v1.ModelRelease\x1a\x15.vflnet.v1.ReleaseAck2T\n\x06\x41\x63tive\x12J\n\x12\x45xchangeEmbeddings\x12\x15.vflnet.v1.Embeddings\x1a\x1d.vflnet.v1.EmbeddingGradients2r\n\x06\x43hunks\x12.\n\x04\x43\x61ll\x12\x10.vflnet.v1.Chunk\x1a\x10.vflnet.v1.Chunk(\x01\x30\x01\x12\x38\n\nFetchReply\x12\x16.vflnet.v1.ReplyTicket\x1a\x10.vflnet.v1.Chunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,9 +35,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COORDINATOR']._serialized_start=66
   _globals['_COORDINATOR']._serialized_end=260
   _globals['_PARTY']._serialized_start=263
-  _globals['_PARTY']._serialized_end=524
-  _globals['_ACTIVE']._serialized_start=526
-  _globals['_ACTIVE']._serialized_end=610
-  _globals['_CHUNKS']._serialized_start=612
-  _globals['_CHUNKS']._serialized_end=726
+  _globals['_PARTY']._serialized_end=581
+  _globals['_ACTIVE']._serialized_start=583
+  _globals['_ACTIVE']._serialized_end=667
+  _globals['_CHUNKS']._serialized_start=669
+  _globals['_CHUNKS']._serialized_end=783
 # @@protoc_insertion_point(module_scope)

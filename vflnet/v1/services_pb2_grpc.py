@@ -199,6 +199,11 @@ class PartyStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Align = channel.unary_unary(
+                '/vflnet.v1.Party/Align',
+                request_serializer=vflnet_dot_v1_dot_messages__pb2.AlignRequest.SerializeToString,
+                response_deserializer=vflnet_dot_v1_dot_messages__pb2.AlignReply.FromString,
+                _registered_method=True)
         self.RunStep = channel.unary_unary(
                 '/vflnet.v1.Party/RunStep',
                 request_serializer=vflnet_dot_v1_dot_messages__pb2.StepCommand.SerializeToString,
@@ -224,6 +229,15 @@ class PartyStub:
 class PartyServicer:
     """Served by every party. Caller: the coordinator.
     """
+
+    def Align(self, request, context):
+        """Sample alignment before training (docs/protocols.md, Alignment): a party's ID set, in the form
+        alignment.method allows, and (psi) re-blinding of another party's set; then which of its rows
+        the run aligned.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def RunStep(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -254,6 +268,11 @@ class PartyServicer:
 
 def add_PartyServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Align': grpc.unary_unary_rpc_method_handler(
+                    servicer.Align,
+                    request_deserializer=vflnet_dot_v1_dot_messages__pb2.AlignRequest.FromString,
+                    response_serializer=vflnet_dot_v1_dot_messages__pb2.AlignReply.SerializeToString,
+            ),
             'RunStep': grpc.unary_unary_rpc_method_handler(
                     servicer.RunStep,
                     request_deserializer=vflnet_dot_v1_dot_messages__pb2.StepCommand.FromString,
@@ -285,6 +304,33 @@ def add_PartyServicer_to_server(servicer, server):
 class Party:
     """Served by every party. Caller: the coordinator.
     """
+
+    @staticmethod
+    def Align(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vflnet.v1.Party/Align',
+            vflnet_dot_v1_dot_messages__pb2.AlignRequest.SerializeToString,
+            vflnet_dot_v1_dot_messages__pb2.AlignReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def RunStep(request,

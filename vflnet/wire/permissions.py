@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 
 ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
     "/vflnet.v1.Coordinator/Join": frozenset({"active", "passive"}),
+    "/vflnet.v1.Party/Align": frozenset({"coordinator"}),
     "/vflnet.v1.Party/RunStep": frozenset({"coordinator"}),
     "/vflnet.v1.Party/Shutdown": frozenset({"coordinator"}),
     "/vflnet.v1.Party/ReleaseModel": frozenset({"coordinator"}),

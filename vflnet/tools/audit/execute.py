@@ -102,6 +102,19 @@ METRICS = (
         margin=0.1,
         bounded=False,
     ),
+    Metric(
+        "id_recovery",
+        "share of the IDs outside the intersection recovered",
+        "0 (nothing beyond the set sizes)",
+        count="non_intersection",
+    ),
+    Metric(
+        "membership_accuracy",
+        "accuracy of the probed IDs' membership in the other parties' sets",
+        "the majority guess over the probes",
+        count="probed",
+    ),
+    # last: the `/alg1` columns of binary-feature attacks are scored with it (`primary`)
     Metric("column_accuracy", "binary feature column accuracy", "the majority value of each column"),
 )
 
@@ -134,6 +147,8 @@ def primary(scores: dict[str, Any], n_classes: int) -> tuple[Metric, float, floa
         elif m.key == "mse":
             found = [s[k] for k in ("mse_uniform", "mse_constant") if k in s]
             baseline = min(found) if found else None  # the strongest trivial attacker (lower leaks)
+        elif m.key == "membership_accuracy":
+            baseline = s.get("membership_baseline")
         else:
             baseline = 0.0
         return m, value, None if baseline is None else float(baseline)

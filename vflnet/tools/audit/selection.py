@@ -38,6 +38,7 @@ KNOWLEDGE_STANDING = {
     "public_key": "public",
     "target_ids": "assumed by the threat model",
     "aux_labels": "assumed by the threat model",
+    "candidate_ids": "assumed by the threat model: the attacker's dictionary",
     "released_model": "granted: a model release to the attacker after training (model_release)",
 }
 
@@ -150,7 +151,11 @@ def _check(
     base: dict[str, Any], cfg: Config, name: str, cls: Any, party: str, methods: list[str], budget: str
 ) -> Candidate:
     cand = Candidate(
-        name, party, _where(cfg, party), False, rewrites=bool(cls.rewrites or cls.changes_own_data)
+        name,
+        party,
+        _where(cfg, party),
+        False,
+        rewrites=bool(cls.rewrites or cls.changes_own_data or cls.pads_own_ids),
     )
     cand.params = {k: v[budget] for k, v in BUDGET_PARAMS.items() if k in cls.params}
     cand.scored = cls.score.__func__ is not Attack.score.__func__  # type: ignore[attr-defined]
@@ -209,6 +214,7 @@ def _man_in_the_middle(cfg: Config, name: str, cls: Any, party: str, at_party: C
         not cls.taps
         or cls.rewrites
         or cls.changes_own_data
+        or cls.pads_own_ids
         or needs(cls)
         or cfg.party(party).role == "coordinator"
     ):

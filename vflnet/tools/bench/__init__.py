@@ -45,6 +45,11 @@ BENCHMARKS: dict[str, Command] = {
         "vflnet.tools.bench.scaling",
         "step time, CPU seconds and peak memory of every role against the number of passive parties",
     ),
+    "psi": Command(
+        "vflnet.tools.bench.psi",
+        "seconds, CPU seconds, peak RSS and bytes per ID of private set intersection (alignment.method psi) "
+        "over gRPC processes, 2 and 3 parties, beside openmined-psi",
+    ),
     "goals": Command(
         "vflnet.tools.bench.goals",
         "start-up, sweep overhead, netem steps, vflnet vs its floor and the trace tap against their goals, "
