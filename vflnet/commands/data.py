@@ -10,9 +10,7 @@ from pathlib import Path
 import yaml
 
 from vflnet.config import ConfigError, read_yaml
-from vflnet.data.sources import split_dataset
 from vflnet.subcommands import add_action, run_action
-from vflnet.validation import load_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +41,9 @@ def main(argv: list[str]) -> int:
 
 
 def _split(args: argparse.Namespace) -> int:
+    from vflnet.data.sources import split_dataset  # these import torch: not for `--help`
+    from vflnet.validation import load_config
+
     try:
         cfg = load_config(args.config)
         if cfg.sources:
