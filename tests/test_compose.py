@@ -30,6 +30,7 @@ PLAIN = ["docker-compose.yml"]
 TLS = ["docker-compose.yml", "deploy/compose.tls.yml"]
 ATTACKER = ["docker-compose.yml", "deploy/compose.attacker.yml"]
 TLS_ATTACKER = ["docker-compose.yml", "deploy/compose.tls.yml", "deploy/compose.attacker.yml"]
+FILES = ["docker-compose.yml", "deploy/compose.files.yml"]
 RUN_TIMEOUT_S = 900  # one compose run of the digits job; a broken file fails long before
 
 
@@ -64,17 +65,24 @@ class Cluster:
     def up(self) -> subprocess.CompletedProcess[str]:
         return self.compose("up", "--no-build", "--exit-code-from", "coordinator", check=False)
 
-    def read(self, path: str) -> bytes:
-        """A file from the stopped coordinator container (the `runs` volume is mounted there)."""
-        (cid,) = self.compose("ps", "-q", "coordinator", timeout=60).stdout.split()
+    def read(self, path: str, service: str = "coordinator") -> bytes:
+        """A file from a stopped container (the coordinator's: the `runs` volume is mounted there)."""
+        return self.files_in(path, service)[0][1]
+
+    def files_in(self, path: str, service: str) -> list[tuple[str, bytes]]:
+        """Every file at or under ``path`` in ``service``'s stopped container: (name, contents)."""
+        (cid,) = self.compose("ps", "-q", service, timeout=60).stdout.split()
         tar = subprocess.run(
             ["docker", "cp", f"{cid}:{path}", "-"], capture_output=True, timeout=60, check=True
         )
         with tarfile.open(fileobj=io.BytesIO(tar.stdout)) as archive:  # docker cp streams a tar
-            (member,) = archive.getmembers()
-            data = archive.extractfile(member)
-            assert data is not None, f"{path} is not a file"
-            return data.read()
+            found = []
+            for member in archive.getmembers():
+                data = archive.extractfile(member) if member.isfile() else None
+                if data is not None:
+                    found.append((member.name, data.read()))
+            assert found, f"no file at {path} in {service}"
+            return found
 
     def logs(self, service: str) -> str:
         return self.compose("logs", "--no-color", service, timeout=60).stdout
@@ -171,3 +179,25 @@ def test_attacker_reads_nothing_under_mutual_tls(trained) -> None:
     relayed, seen = relay_counts(trained(TLS_ATTACKER).logs("proxy"))
     assert relayed > 0, "the parties did not go through the relay"
     assert seen == 0
+
+
+def test_per_party_files_cluster_aligns_by_psi_and_no_passive_container_holds_a_label(image: str) -> None:
+    """deploy/compose.files.yml: the one-shot split service writes each party's own file into that
+    party's volume; every party mounts only its own, the run aligns them by PSI and trains."""
+    cluster = Cluster(FILES)
+    try:
+        cluster.compose("run", "--rm", "split", timeout=600)
+        result = cluster.up()
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        summary = json.loads(cluster.read("/runs/digits-compose-files/summary.json"))
+        assert summary["status"] == "completed", summary
+        assert summary["final"]["test_accuracy"] > 0.5, summary["final"]  # digits: chance is 0.1
+        for name in ("active", "passive-1", "passive-2"):
+            files = cluster.files_in("/data", name)
+            assert [f.rsplit("/", 1)[-1] for f, _ in files] == [f"{name}.csv"], files  # its own file only
+            header = files[0][1].split(b"\n", 1)[0].decode().split(",")
+            assert ("label" in header) == (name == "active"), header
+        aligned = json.loads(cluster.read("/runs/digits-compose-files/alignment.json"))
+        assert aligned["method"] == "psi" and 0 < aligned["n_common"] < 1797, aligned  # 70% of digits common
+    finally:
+        cluster.down()
