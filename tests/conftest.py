@@ -194,8 +194,8 @@ def _plugins_stay_in_their_test_file() -> Iterator[None]:
 def served_coordinator(cfg: Any, run_dir: Path) -> Iterator[tuple[Any, Any, str]]:
     """A coordinator host of ``cfg`` behind a real gRPC server on loopback (no schedule runs):
     (host, bridge, address); the server stops on exit."""
+    from vflnet.interceptors.bridge import GrpcBridge
     from vflnet.roles.coordinator import CoordinatorHost
-    from vflnet.sdk.bridge import GrpcBridge
 
     bridge = GrpcBridge(cfg.transport)
     host = CoordinatorHost(cfg, run_dir, bridge)

@@ -13,9 +13,9 @@ import pytest
 
 from tests.conftest import base_config
 from vflnet.data.alignment import intersect, split_train_test
+from vflnet.interceptors.bridge import GrpcBridge
 from vflnet.roles.party import PartyHost
 from vflnet.roles.step_order import STEPS_IN_FLIGHT
-from vflnet.sdk.bridge import GrpcBridge
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.validation import config_from_dict
 from vflnet.wire import tensors
@@ -157,9 +157,9 @@ def test_mismatched_sample_ids_and_unknown_ids_are_refused(active):
     )
     # the order is fixed: RunStep comes once the active party holds them (its condition is notified
     # whenever embeddings arrive; RunStep waits on the same one)
-    with party.side.cond:
-        held = party.side.cond.wait_for(
-            lambda: "passive-1" in getattr(party.side.slots.get(1), "embeddings", {}), DEADLINE
+    with party.side.mailbox.arrived:
+        held = party.side.mailbox.arrived.wait_for(
+            lambda: "passive-1" in getattr(party.side.mailbox.slots.get(1), "messages", {}), DEADLINE
         )
     assert held, "the active party never stored passive-1's embeddings for step 1"
     code, details = _status(party_stub.RunStep, _command(1, ids))
@@ -268,7 +268,7 @@ def test_a_refused_run_step_has_no_effect(active):
     assert (
         code == grpc.StatusCode.FAILED_PRECONDITION and "out of order" in details and "1 is next" in details
     )
-    assert party.side.slots == {} and party.local.version == 0
+    assert party.side.mailbox.slots == {} and party.local.version == 0
     report, _ = _full_step(party_stub, stub, 1, train[:4])
     assert report.metrics["count"] == 4 and party.local.version == 1
 
@@ -330,6 +330,6 @@ def test_embeddings_for_a_future_step_park_nothing(active):
     for step in (2, 3, 40):
         code, details = _status(stub.ExchangeEmbeddings, _emb(step=step, ids=train[:4]))
         assert code == grpc.StatusCode.FAILED_PRECONDITION and "step 1 is next" in details
-    assert party.side.slots == {}
+    assert party.side.mailbox.slots == {}
     report, _ = _full_step(party_stub, stub, 1, train[:4])
     assert report.metrics["count"] == 4

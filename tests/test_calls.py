@@ -8,8 +8,8 @@ import threading
 import grpc
 import pytest
 
+from vflnet.interceptors.bridge import LoopbackBridge, add_handlers
 from vflnet.interceptors.chain import Chain
-from vflnet.sdk.bridge import LoopbackBridge, add_handlers
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire.calls import FailedCall, SettledCall
 

@@ -20,10 +20,10 @@ import torch
 from tests.conftest import base_config, tls_in, write_config
 from vflnet.config import TransportConfig
 from vflnet.interceptors import Chain, WireEvent, read_trace
+from vflnet.interceptors.bridge import allow_step_deadline, unary
 from vflnet.interceptors.grpc_adapters import ClientChainHook, ServerChainHook
 from vflnet.registry import PROTOCOLS
 from vflnet.runner.local import run_local
-from vflnet.sdk.bridge import allow_step_deadline, unary
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.wire import tensors, tls
 from vflnet.wire.channels import bind, grpc_options, make_server, open_channel
@@ -643,11 +643,13 @@ class CountingHook(ServerChainHook):
 
 @pytest.mark.parametrize("n", [4, 100], ids=["one message", "chunked"])
 def test_a_step_the_chain_skips_is_served_as_without_a_hook(active: Active, n: int) -> None:
-    """`vflnet bench goals` times the tap inside one run (Chain's step_blocks): the untapped steps'
-    calls must cost what they cost a party without a chain, so the server never hands them to the
-    hook; every call is still served."""
+    """`vflnet bench goals` times the tap inside one run (a chain gate, tools/bench/tap_ab.py): the
+    untapped steps' calls must cost what they cost a party without a chain, so the server never hands
+    them to the hook; every call is still served."""
+    from vflnet.tools.bench.tap_ab import odd_blocks
+
     recorder = Recorder()
-    hook = CountingHook(Chain([recorder], step_blocks=1), "active")
+    hook = CountingHook(Chain([recorder], passes=odd_blocks(1)), "active")
     server = make_server(SMALL, "active", max_workers=8, hook=hook)
     services_pb2_grpc.add_ActiveServicer_to_server(active, server)
     address = f"127.0.0.1:{bind(server, '127.0.0.1:0', SMALL, 'active')}"

@@ -10,9 +10,9 @@ import pytest
 
 from tests.conftest import base_config, served_coordinator, write_config
 from vflnet.interceptors import Chain
+from vflnet.interceptors.bridge import GrpcBridge
 from vflnet.roles.party import PartyHost
 from vflnet.runner.local import run_local
-from vflnet.sdk.bridge import GrpcBridge
 from vflnet.shared_config import shared_json
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.validation import config_from_dict

@@ -246,7 +246,7 @@ def test_offline_attacks_refuse_a_trace_they_cannot_act_on(tmp_path):
     writer = TraceWriter(admission, "passive-1", "effects")
     for event in read_trace(traces / "passive-1.trace"):
         if event.short_method == "Join":
-            writer.write_record(*event.as_record())
+            writer.write_record(event.as_record())
     writer.close()
     cases = {  # the active party's trace at a passive attack's position
         "is the trace of active": [

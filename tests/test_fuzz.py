@@ -27,9 +27,9 @@ from tests.conftest import base_config
 from vflnet.crypto import generate_keypair
 from vflnet.crypto.wire import cipher_to_proto
 from vflnet.data.alignment import intersect, split_train_test
+from vflnet.interceptors.bridge import GrpcBridge
 from vflnet.roles.coordinator import CoordinatorHost
 from vflnet.roles.party import PartyHost
-from vflnet.sdk.bridge import GrpcBridge
 from vflnet.v1 import messages_pb2, tensor_pb2
 from vflnet.validation import config_from_dict
 from vflnet.wire import tensors
@@ -128,7 +128,7 @@ class Cluster:
         step slot parked either)."""
         self.nothing_moved()
         assert self.coordinator.side.served == set() and self.coordinator.side.requests == {}
-        assert self.parties["active"].side.slots == {}
+        assert self.parties["active"].side.mailbox.slots == {}
 
     def step(self, step: int) -> dict[str, messages_pb2.StepReport]:
         """One real training step, driven as the coordinator's schedule drives it."""

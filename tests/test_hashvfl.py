@@ -15,10 +15,10 @@ import torch
 from tests.conftest import base_config, write_config
 from vflnet.data.alignment import intersect, split_train_test
 from vflnet.defenses import hashing
+from vflnet.interceptors.bridge import GrpcBridge
 from vflnet.interceptors.trace import read_trace
 from vflnet.roles.party import PartyHost
 from vflnet.runner.local import run_local
-from vflnet.sdk.bridge import GrpcBridge
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.validation import config_from_dict
 from vflnet.wire import tensors

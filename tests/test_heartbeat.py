@@ -259,9 +259,9 @@ def test_a_stopped_party_fails_the_run_within_dead_after_s(tmp_path, repo):
 def test_health_checks_pass_no_mod():
     """Heartbeats reach a server with a mod chain (trace tap, attacks) without the mods seeing them."""
     from vflnet.config import TransportConfig
+    from vflnet.interceptors.bridge import GrpcBridge
     from vflnet.interceptors.chain import Chain
     from vflnet.roles.heartbeat import health_check
-    from vflnet.sdk.bridge import GrpcBridge
 
     seen: list[str] = []
     bridge = GrpcBridge(TransportConfig())

@@ -231,11 +231,14 @@ def test_an_event_is_timed_when_built_frozen_and_replaced_whole() -> None:
 
 
 def test_step_blocks_pass_the_odd_blocks_on_before_any_event_is_built() -> None:
-    """`vflnet bench goals` times the trace tap inside one run: with step_blocks N the hooks run the
-    chain on the steps of even blocks of N only, and hand the odd blocks' messages on as they are (as
-    a party without a chain would); a message with no step always runs through it."""
+    """`vflnet bench goals` times the trace tap inside one run: with its chain gate of blocks of N
+    (tools/bench/tap_ab.py) the hooks run the chain on the steps of even blocks of N only, and hand the
+    odd blocks' messages on as they are (as a party without a chain would); a message with no step
+    always runs through it."""
+    from vflnet.tools.bench.tap_ab import odd_blocks
+
     seen: list[tuple[str, str, int | None]] = []
-    chain = Chain([lambda e: seen.append((e.side, e.direction, e.step))], step_blocks=2)
+    chain = Chain([lambda e: seen.append((e.side, e.direction, e.step))], passes=odd_blocks(2))
     server, client = ServerChainHook(chain, "active"), ClientChainHook(chain, "passive-1", "t")
     for step in range(6):
         msg = embeddings(step)
@@ -250,8 +253,8 @@ def test_step_blocks_pass_the_odd_blocks_on_before_any_event_is_built() -> None:
     assert client.request(JOIN, join) is join
     sides = [("server", "request"), ("server", "response"), ("client", "request"), ("client", "response")]
     assert seen == [(*side, step) for step in (0, 1, 4, 5) for side in sides] + [("client", "request", None)]
-    with pytest.raises(ValueError, match="step_blocks must be 0"):
-        Chain([], step_blocks=-1)
+    with pytest.raises(ValueError, match="blocks must be a positive number"):
+        odd_blocks(-1)
 
 
 def test_nested_tensors_are_found_by_path() -> None:

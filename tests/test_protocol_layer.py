@@ -232,6 +232,52 @@ def test_built_in_protocols_never_touch_grpc():
             assert not any(n == "grpc" or n.startswith("grpc.") for n in names), module.name
 
 
+# What built-in protocols still import of vflnet beyond the SDK: the SDK does not carry it yet (the HE
+# stack, SecureBoost's models, hashing). This list may only shrink; a module not named here imports
+# the SDK alone (with its own protocol package and the generated messages).
+NOT_YET_IN_THE_SDK = {
+    "hashvfl.py": {"vflnet.config", "vflnet.data.partition", "vflnet.defenses", "vflnet.models.zoo"},
+    "he_backprop.py": {"vflnet.crypto", "vflnet.crypto.cipher", "vflnet.crypto.randomness"},
+    "secureboost.py": {
+        "vflnet.config",
+        "vflnet.crypto",
+        "vflnet.crypto.wire",
+        "vflnet.models.secureboost",
+        "vflnet.registry",
+        "vflnet.wire.ciphers",
+    },
+    "split_he.py": {
+        "vflnet.crypto",
+        "vflnet.crypto.masking",
+        "vflnet.crypto.wire",
+        "vflnet.wire.checks",
+        "vflnet.wire.ciphers",
+    },
+}
+
+
+def test_built_in_protocols_reach_vflnet_through_the_sdk():
+    """A built-in protocol takes the plug-in path: of vflnet it imports ``vflnet.sdk``, its own
+    package and the generated messages, and no more than ``NOT_YET_IN_THE_SDK`` grants it."""
+    import ast
+
+    import vflnet.protocols
+
+    folder = Path(vflnet.protocols.__file__).parent
+    for module in sorted(folder.glob("*.py")):
+        imported = set()
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "vflnet":
+                imported |= {f"vflnet.{a.name}" for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+        own = ("vflnet.sdk", "vflnet.protocols", "vflnet.v1")
+        beyond = {m for m in imported if m.startswith("vflnet") and not m.startswith(own)}
+        assert beyond == NOT_YET_IN_THE_SDK.get(module.name, set()), module.name
+
+
 @pytest.mark.parametrize("callers", [{"activ"}, set(), {"active", "attacker"}])
 def test_handles_refuses_callers_that_are_not_roles(callers):
     """A misspelled role in @handles would leave the method uncallable under TLS: refused at import."""

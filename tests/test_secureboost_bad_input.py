@@ -15,11 +15,11 @@ from tests.test_secureboost import tree_config
 from vflnet.crypto import generate_keypair
 from vflnet.crypto.wire import cipher_to_proto
 from vflnet.data.datasets import load_dataset
+from vflnet.interceptors.bridge import GrpcBridge, add_handlers, unary
 from vflnet.interceptors.chain import Chain
 from vflnet.models.secureboost import FRAC_BITS, grad_hess
 from vflnet.protocols.secureboost import HISTOGRAMS, ROUTE, SPLIT, START
 from vflnet.roles.party import PartyHost
-from vflnet.sdk.bridge import GrpcBridge, add_handlers, unary
 from vflnet.threat.knowledge import run_split
 from vflnet.v1 import messages_pb2, secureboost_pb2, services_pb2_grpc
 from vflnet.validation import config_from_dict

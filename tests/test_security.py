@@ -15,9 +15,9 @@ import pytest
 
 from tests.conftest import base_config, served_coordinator
 from vflnet.crypto.wire import cipher_to_proto
+from vflnet.interceptors.bridge import GrpcBridge
 from vflnet.interceptors.chain import Chain
 from vflnet.roles.coordinator import CoordinatorHost
-from vflnet.sdk.bridge import GrpcBridge
 from vflnet.shared_config import shared_json
 from vflnet.v1 import messages_pb2, services_pb2_grpc
 from vflnet.validation import config_from_dict
@@ -294,8 +294,8 @@ def test_reflection_when_asked_for_lists_what_the_server_serves_under_v1_and_v1a
     from grpc_reflection.v1alpha import reflection_pb2
 
     from vflnet.config import TransportConfig
+    from vflnet.interceptors.bridge import add_handlers
     from vflnet.roles.party import RUN_STEP, SHUTDOWN
-    from vflnet.sdk.bridge import add_handlers
     from vflnet.wire.channels import stop_server
 
     bridge = GrpcBridge(TransportConfig(reflection=True))

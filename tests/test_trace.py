@@ -87,7 +87,7 @@ def test_round_trip_rebuilds_every_event(tmp_path: Path) -> None:
 
 
 def parts_of(event: WireEvent) -> tuple[tuple[bytes, ...], int]:
-    return trace_mod.record_parts(*event.as_record())
+    return trace_mod.record_parts(event.as_record())
 
 
 def test_a_record_is_written_as_the_bytes_protobuf_would_serialize(tmp_path: Path) -> None:
@@ -647,79 +647,55 @@ def test_requests_from_outside_the_run_are_counted_not_recorded(tmp_path: Path) 
 
 
 def test_the_bench_tap_blocks_are_refused_beside_an_attack_and_announced_otherwise(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """VFLNET_BENCH_TAP_BLOCKS (`vflnet bench goals`'s A/B of the tap) leaves every other block of
-    steps out of the trace: never silently, and never under an attack that would miss them too."""
+    """The A/B of the tap (`vflnet bench goals`: a chain gate, tools/bench/tap_ab.py, in the run's
+    `plugins:`) leaves every other block of steps out of the trace: never silently, and never under an
+    attack that would miss them too."""
     from tests.conftest import base_config
-    from vflnet.threat.interception import TAP_BLOCKS_ENV, party_interception
+    from vflnet.config import ConfigError
+    from vflnet.threat.interception import party_interception
     from vflnet.validation import config_from_dict
 
     data = base_config()
     data["trace"] = {"parties": ["all"]}
-    data["attacks"] = [{"name": "gradient-scaling", "party": "passive-1", "params": {"gamma": 0.0}}]
+    data["plugins"] = ["vflnet.tools.bench.tap_ab"]
+    attacked = {
+        **data,
+        "attacks": [{"name": "gradient-scaling", "party": "passive-1", "params": {"gamma": 0.0}}],
+    }
+    with pytest.raises(ConfigError, match=r"key 'plugins'.*the attacks \(gradient-scaling\) would miss"):
+        config_from_dict(attacked)
     cfg = config_from_dict(data)
-    monkeypatch.setenv(TAP_BLOCKS_ENV, "20")
-    with pytest.raises(ValueError, match=r"from passive-1's attacks \(gradient-scaling\); unset it"):
-        party_interception(cfg, "passive-1", tmp_path / "a")
     with caplog.at_level(logging.WARNING):
         active = party_interception(cfg, "active", tmp_path / "b")
-    assert active.chain.step_blocks == 20
-    assert "the trace tap sees the steps of even blocks of 20 only" in caplog.text
-    for bad in ("0", "-3", "x"):
-        monkeypatch.setenv(TAP_BLOCKS_ENV, bad)
-        with pytest.raises(ValueError, match="expected a number of steps, at least 1"):
-            party_interception(cfg, "active", tmp_path / "c")
-    monkeypatch.delenv(TAP_BLOCKS_ENV)
-    assert party_interception(cfg, "active", tmp_path / "d").chain.step_blocks == 0
+    assert active.chain.passes is not None
+    assert "plug-in vflnet.tools.bench.tap_ab gates the chain" in caplog.text
+    data["plugins"] = []
+    assert party_interception(config_from_dict(data), "active", tmp_path / "d").chain.passes is None
 
 
 @pytest.mark.e2e
-def test_a_run_under_the_bench_tap_blocks_traces_the_even_blocks_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_run_under_the_bench_tap_blocks_traces_the_even_blocks_only(tmp_path: Path) -> None:
     """The A/B on real processes: every party's trace holds the steps of even blocks of 4, all of
-    their messages, and none of the odd blocks'. Never silently: the run says so on the console, the
-    traces' headers say so, and reading one for an attack or a score is refused."""
+    their messages, and none of the odd blocks' (the gate of tests/plugins/tap_blocks4.py)."""
     import yaml
 
     from tests.conftest import base_config
     from vflnet.runner.local import run_local
-    from vflnet.threat.interception import TAP_BLOCKS_ENV
 
     data = base_config()
     data["train"].update(epochs=1, eval_every=100)  # steps 1 to 23, of 64 rows each
     data["trace"] = {"parties": ["all"]}
+    data["plugins"] = ["tests.plugins.tap_blocks4"]
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(data))
-    monkeypatch.setenv(TAP_BLOCKS_ENV, "4")
     assert run_local(path, run_dir=tmp_path / "run", progress=False) == 0
-    assert (
-        f"{TAP_BLOCKS_ENV}=4: its traces hold the steps of even blocks of 4 only" in capsys.readouterr().err
-    )
     for party in ("coordinator", "active", "passive-1", "passive-2"):
         trace = trace_mod.trace_path(tmp_path / "run", party)
-        with pytest.raises(TraceError, match="recorded only the steps of even blocks of 4"):
-            list(read_trace(trace))
-        steps = [
-            e.step
-            for e in read_trace(trace, step_blocks_ok=True)
-            if e.step is not None and e.phase == messages_pb2.TRAIN
-        ]
+        steps = [e.step for e in read_trace(trace) if e.step is not None and e.phase == messages_pb2.TRAIN]
         assert steps and all(step // 4 % 2 == 0 for step in steps), (party, sorted(set(steps)))
         assert {1, 8, 11, 16, 19} <= set(steps), (party, sorted(set(steps)))
-    assert trace_cli.main(["ls", str(tmp_path / "run")]) == 0
-    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("    ")]
-    assert notes == ["    PARTIAL: only the steps of even blocks of 4 (a benchmark's A/B)"] * 4
-    # an offline attack on it is refused by name, with no traceback
-    from vflnet.cli import main as vflnet_main
-
-    monkeypatch.delenv(TAP_BLOCKS_ENV)
-    trace = str(trace_mod.trace_path(tmp_path / "run", "passive-1"))
-    assert vflnet_main(["attack", "direct-label-inference", "--trace", trace, "--config", str(path)]) == 2
-    assert (
-        "error: " in (err := capsys.readouterr().err) and "recorded only the steps of even blocks of 4" in err
-    )
 
 
 def test_a_trace_tap_alone_records_through_the_hooks_what_it_records_as_a_mod(tmp_path: Path) -> None:
@@ -773,22 +749,20 @@ def test_a_trace_tap_alone_records_through_the_hooks_what_it_records_as_a_mod(tm
     ]
 
 
-def test_the_bench_tap_blocks_are_refused_for_a_run_that_traces_no_party(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """VFLNET_BENCH_TAP_BLOCKS times the trace tap: set for a run without one, it would do nothing."""
+def test_the_bench_tap_blocks_are_refused_for_a_run_that_traces_no_party(tmp_path: Path) -> None:
+    """The bench's chain gate times the trace tap: listed by a run without one, it would do nothing."""
     import yaml
 
     from tests.conftest import base_config
     from vflnet.config import ConfigError
     from vflnet.runner.local import run_local
-    from vflnet.threat.interception import TAP_BLOCKS_ENV
 
+    data = base_config()
+    data["plugins"] = ["vflnet.tools.bench.tap_ab"]
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(base_config()))
-    monkeypatch.setenv(TAP_BLOCKS_ENV, "4")
+    path.write_text(yaml.safe_dump(data))
     with pytest.raises(
-        ConfigError, match=f"key '{TAP_BLOCKS_ENV}': times the trace tap, and run .* traces no party"
+        ConfigError, match="key 'plugins': .* and the run traces no party: it would gate nothing"
     ):
         run_local(path, run_dir=tmp_path / "run", progress=False)
     assert not (tmp_path / "run" / "logs").exists() or not any((tmp_path / "run" / "logs").iterdir())

@@ -1,119 +1,101 @@
-"""The `vflnet` command: :data:`COMMANDS`, one entry per subcommand, each run by a module of its own.
+"""The `vflnet` command: :data:`COMMANDS`, one entry per subcommand (vflnet.subcommands.Command), each run
+by a module of its own, listed by `vflnet --help` in its group (:data:`GROUPS`).
 
 A command's module parses and runs its arguments (``build_parser()``, ``main(argv)`` with argv after
 the command's name) and is imported only when the command runs: ``vflnet health`` runs every few
 seconds in every container, and a party process should not import plotting. So this module imports
-nothing of vflnet at the top.
+nothing of vflnet at the top but the table's type.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-from dataclasses import dataclass
 from importlib.metadata import version
-from types import ModuleType
 
+from vflnet.subcommands import Command, listing
 
-@dataclass(frozen=True)
-class Command:
-    """A subcommand: its name, its line in ``vflnet --help``, and the module that runs it."""
-
-    name: str
-    help: str
-    module: str
-
-    def load(self) -> ModuleType:
-        return importlib.import_module(self.module)
-
-
-COMMANDS = {
-    command.name: command
-    for command in (
-        Command("run", "run a local cluster (one process per party) from a config", "vflnet.commands.run"),
-        Command(
-            "party",
-            "start one role's process (how docker-compose and lab machines start parties)",
+# `vflnet --help` lists the commands in these groups, in this order
+GROUPS: dict[str, dict[str, Command]] = {
+    "run a federation": {
+        "run": Command("vflnet.commands.run", "run a local cluster (one process per party) from a config"),
+        "party": Command(
             "vflnet.commands.party",
+            "start one role's process (how docker-compose and lab machines start parties)",
         ),
-        Command("config", "config tools", "vflnet.commands.config"),
-        Command(
-            "datasets",
-            "list the registered datasets (no downloads) and their parameters",
-            "vflnet.commands.datasets",
+        "config": Command("vflnet.commands.config", "config tools"),
+        "data": Command(
+            "vflnet.commands.data", "a party's own data: `split` a dataset into one file per party"
         ),
-        Command(
-            "models",
-            "list the registered model kinds (`kind:` of a bottom or top model block)",
+        "datasets": Command(
+            "vflnet.commands.datasets", "list the registered datasets (no downloads) and their parameters"
+        ),
+        "models": Command(
             "vflnet.commands.models",
+            "list the registered model kinds (`kind:` of a bottom or top model block)",
         ),
-        Command("attacks", "list the registered attacks and their parameters", "vflnet.commands.attacks"),
-        Command("defenses", "list the registered defenses and their parameters", "vflnet.commands.defenses"),
-        Command(
-            "examples",
-            "copy the example configs (and sweep files) shipped with vflnet into a folder",
+        "examples": Command(
             "vflnet.example_configs",
+            "copy the example configs (and sweep files) shipped with vflnet into a folder",
         ),
-        Command("certs", "make a CA and per-party certificates for mutual TLS", "vflnet.wire.certs_cli"),
-        Command(
-            "health", "gRPC health check of a running party (exit 0 when SERVING)", "vflnet.wire.healthcheck"
-        ),
-        Command(
-            "proxy",
-            "man-in-the-middle proxy between parties (taps, rewrites, TCP relay)",
-            "vflnet.roles.proxy",
-        ),
-        Command("trace", "list, show and export wire traces", "vflnet.interceptors.trace_cli"),
-        Command(
-            "data", "a party's own data: `split` a dataset into one file per party", "vflnet.commands.data"
-        ),
-        Command("attack", "run an attack offline over a recorded trace", "vflnet.runner.offline"),
-        Command(
-            "reproduce",
-            "paper reproductions whose results docs/attacks.md reports",
-            "vflnet.tools.reproduce.cli",
-        ),
-        Command("lab", "multi-host network lab in Linux network namespaces (root)", "vflnet.tools.lab.cli"),
-        Command(
-            "sweep",
-            "run a sweep file's runs (grid/zip, seeds) and tabulate them",
-            "vflnet.tools.experiments.sweep",
-        ),
-        Command(
-            "report",
-            "Markdown and self-contained HTML report of a run or a sweep",
-            "vflnet.tools.experiments.report",
-        ),
-        Command(
-            "compare",
-            "two runs or two sweeps side by side (Markdown and HTML)",
-            "vflnet.tools.experiments.compare",
-        ),
-        Command(
-            "audit",
-            "which registered attacks apply to a run config, each run and scored",
-            "vflnet.tools.audit.cli",
-        ),
-        Command("bench", "benchmarks that print figures side by side", "vflnet.tools.bench.cli"),
-        Command(
-            "warm",
-            "a resident fork server (torch imported) that later commands start from: start, stop, status",
+        "warm": Command(
             "vflnet.commands.warm",
+            "a resident fork server (torch imported) that later commands start from: start, stop, status",
         ),
-    )
+    },
+    "attack and audit": {
+        "attacks": Command("vflnet.commands.attacks", "list the registered attacks and their parameters"),
+        "defenses": Command("vflnet.commands.defenses", "list the registered defenses and their parameters"),
+        "attack": Command("vflnet.runner.offline", "run an attack offline over a recorded trace"),
+        "trace": Command("vflnet.interceptors.trace_cli", "list, show and export wire traces"),
+        "proxy": Command(
+            "vflnet.roles.proxy", "man-in-the-middle proxy between parties (taps, rewrites, TCP relay)"
+        ),
+        "audit": Command(
+            "vflnet.tools.audit.cli", "which registered attacks apply to a run config, each run and scored"
+        ),
+    },
+    "reproduce and benchmark": {
+        "reproduce": Command(
+            "vflnet.tools.reproduce.cli", "paper reproductions whose results docs/attacks.md reports"
+        ),
+        "bench": Command("vflnet.tools.bench.cli", "benchmarks that print figures side by side"),
+        "sweep": Command(
+            "vflnet.tools.experiments.sweep", "run a sweep file's runs (grid/zip, seeds) and tabulate them"
+        ),
+        "report": Command(
+            "vflnet.tools.experiments.report", "Markdown and self-contained HTML report of a run or a sweep"
+        ),
+        "compare": Command(
+            "vflnet.tools.experiments.compare", "two runs or two sweeps side by side (Markdown and HTML)"
+        ),
+    },
+    "deploy": {
+        "certs": Command("vflnet.wire.certs_cli", "make a CA and per-party certificates for mutual TLS"),
+        "health": Command(
+            "vflnet.wire.healthcheck", "gRPC health check of a running party (exit 0 when SERVING)"
+        ),
+        "lab": Command("vflnet.tools.lab.cli", "multi-host network lab in Linux network namespaces (root)"),
+    },
 }
+COMMANDS: dict[str, Command] = {name: command for group in GROUPS.values() for name, command in group.items()}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """``vflnet`` itself: ``--version``, ``--help`` (a line for each command) and the command's name."""
+    """``vflnet`` itself: ``--version``, ``--help`` (each command's line, in its group) and the command's name."""
+    width = max(map(len, COMMANDS)) + 2
+    groups = "\n\n".join(f"{title}:\n{listing(commands, width)}" for title, commands in GROUPS.items())
     parser = argparse.ArgumentParser(
-        prog="vflnet", description="Vertical federated learning over a real wire: attacks and defenses."
+        prog="vflnet",
+        usage="vflnet [-h] [--version] COMMAND ...",
+        description="Vertical federated learning over a real wire: attacks and defenses.",
+        epilog=f"{groups}\n\n`vflnet COMMAND --help` says what a command takes.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"vflnet {version('vflnet')}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for command in COMMANDS.values():
-        sub.add_parser(command.name, help=command.help, add_help=False)  # its module parses the rest
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS)
+    for name in COMMANDS:
+        sub.add_parser(name, add_help=False)  # listed in the epilog, by group; its module parses the rest
     return parser
 
 
@@ -151,8 +133,7 @@ def _main(argv: list[str]) -> int:
         parser = build_parser()
         parser.parse_args(argv)  # --help, --version, a missing or an unknown command: each exits here
         parser.error("the command comes first: vflnet COMMAND ...")
-    rc = COMMANDS[argv[0]].load().main(argv[1:])
-    return 0 if rc is None else int(rc)
+    return COMMANDS[argv[0]].run(argv[1:])
 
 
 def one_line(message: str) -> str:

@@ -376,7 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return write(build_parser().parse_args(argv))
+
+
+def write(args: argparse.Namespace) -> int:
+    """Write (or, with ``--check``, compare) the file that the parsed ``args`` name."""
     text = render()
     if args.check:
         current = args.out.read_text() if args.out.exists() else ""

@@ -33,6 +33,7 @@ from vflnet.config import NO_MODEL, Config, ConfigError, ModelConfig, parse, rea
 from vflnet.data.datasets import Dataset, check_params, load_dataset
 from vflnet.data.partition import flat_columns, select_features, takes_image
 from vflnet.data.plan import check_dataset_plan
+from vflnet.interceptors.chain import chain_gate
 from vflnet.interceptors.events import DIRECTIONS, PARTY_SIDES
 from vflnet.models.device import DEVICE_NAMES, resolve_device
 from vflnet.overrides import apply_overrides, blame, parse_overrides
@@ -97,6 +98,7 @@ def check(
     _check_dataset_name(cfg)
     _check_models(cfg)
     _check_plugins(cfg)
+    _check_chain_gate(cfg)
     _check_devices(cfg, here)
     _check_unread(cfg, launcher)
     if check_data and not cfg.sources:  # a party's own file is opened by its process alone
@@ -228,6 +230,31 @@ def _check_devices(cfg: Config, here: Sequence[str] | None) -> None:
             resolve_device(name)
         except RuntimeError as exc:
             raise ConfigError(src, key, str(exc)) from exc
+
+
+def _check_chain_gate(cfg: Config) -> None:
+    """A plug-in that gates the chains (vflnet.interceptors.chain.gate_chains) hides messages from
+    every tap: refused beside an attack, which would miss them too, and in a run whose chains it would
+    leave empty-handed (no party traced: it would gate nothing)."""
+    try:
+        gate = chain_gate(cfg.plugins)
+    except ValueError as exc:
+        raise ConfigError(cfg.source, "plugins", str(exc)) from exc
+    if gate is None:
+        return
+    if cfg.attacks:
+        names = ", ".join(sorted({e.name for e in cfg.attacks}))
+        raise ConfigError(
+            cfg.source,
+            "plugins",
+            f"{gate[0]} gates the parties' chains: the attacks ({names}) would miss what it lets by",
+        )
+    if not cfg.trace.parties:
+        raise ConfigError(
+            cfg.source,
+            "plugins",
+            f"{gate[0]} gates the parties' chains, and the run traces no party: it would gate nothing",
+        )
 
 
 def _check_plugins(cfg: Config) -> None:

@@ -10,16 +10,17 @@ from pathlib import Path
 import yaml
 
 from vflnet.config import ConfigError, read_yaml
-from vflnet.data.sources import split_dataset
-from vflnet.validation import load_config
+from vflnet.subcommands import add_action, run_action
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vflnet data", description="a party's own data files")
     sub = parser.add_subparsers(dest="action", required=True)
-    split = sub.add_parser(
+    split = add_action(
+        sub,
         "split",
-        help="write one CSV per party from the config's dataset, DIR/NAME/NAME.csv (IDs as strings, rows "
+        _split,
+        "write one CSV per party from the config's dataset, DIR/NAME/NAME.csv (IDs as strings, rows "
         "shuffled per party, only the active party's file holds labels), and DIR/config.yaml pointing each "
         "party at its file",
     )
@@ -36,7 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    return run_action(build_parser().parse_args(argv))
+
+
+def _split(args: argparse.Namespace) -> int:
+    from vflnet.data.sources import split_dataset  # these import torch: not for `--help`
+    from vflnet.validation import load_config
+
     try:
         cfg = load_config(args.config)
         if cfg.sources:

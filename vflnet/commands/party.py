@@ -73,8 +73,8 @@ def main(argv: list[str]) -> int:
 
 
 def _run_role(args: argparse.Namespace, cfg: Config, me: PartyConfig, run_dir: Path) -> int:
+    from vflnet.interceptors.bridge import GrpcBridge
     from vflnet.roles.common import setup_logging, setup_torch
-    from vflnet.sdk.bridge import GrpcBridge
 
     setup_logging(args.name, cfg.runtime.log_level)
     setup_torch(cfg)

@@ -12,10 +12,18 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
 
 from vflnet.config import Config
 from vflnet.registry import Param, validate_params
+
+if TYPE_CHECKING:  # torch: imported where a defense is built
+    from torch import nn
+
+    from vflnet.defenses.label_defenses import LabelDefense
 
 # Every defense hook point, the one list: a defense's ``acts_on`` and ``requires`` and a protocol's
 # ``defense_hooks`` name only these (checked when each registers, vflnet/registration.py).
@@ -87,3 +95,29 @@ def attach(cfg: Config, party: str, hook: str, num_classes: int = 0) -> list[Any
         )
         for e, key in zip(entries, keys, strict=True)
     ]
+
+
+# What a defense's ``build`` returns at each hook point, and the typed ``attach`` a side calls there.
+BottomWrap = Callable[["nn.Module", int, int], "nn.Module"]  # (bottom, in_dim, out_dim) -> the bottom to use
+ScoreTransform = Callable[[np.ndarray], np.ndarray]  # confidence vectors (a row per sample) -> those released
+UploadTransform = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]  # gradients by name -> those sent
+
+
+def attach_labels(cfg: Config, party: str, num_classes: int) -> list[LabelDefense]:
+    """``attach`` at ``labels``: the active party's label defenses."""
+    return attach(cfg, party, "labels", num_classes)
+
+
+def attach_bottom(cfg: Config, party: str) -> list[BottomWrap]:
+    """``attach`` at ``bottom``: called by the host when the party builds its bottom model."""
+    return attach(cfg, party, "bottom")
+
+
+def attach_scores(cfg: Config, party: str) -> list[ScoreTransform]:
+    """``attach`` at ``scores``: the transforms of released confidence vectors, in config order."""
+    return attach(cfg, party, "scores")
+
+
+def attach_upload(cfg: Config, party: str) -> list[UploadTransform]:
+    """``attach`` at ``upload``: the transforms of param-server's gradient upload, in config order."""
+    return attach(cfg, party, "upload")

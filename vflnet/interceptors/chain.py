@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 import grpc
 from google.protobuf.message import Message
 
-from vflnet.interceptors.events import DIRECTIONS, SIDES, WireEvent, header_of, short_name
+from vflnet.interceptors.events import DIRECTIONS, SIDES, WireEvent, WireRecord, short_name
 
 Mod = Callable[[WireEvent], Message | None]
 
@@ -38,56 +38,56 @@ class Refused(Exception):
 class Recorder(abc.ABC):
     """A tap that only records what crosses the wire: the trace tap. ``record`` must not rewrite or
     refuse (raise :class:`Refused`). Alone in a chain, it is run without an event per message: the
-    hooks (``grpc_adapters``) call ``record`` with the fields an event would carry, ``time`` None for
-    now (a traced digits run's step: 0.09 ms less than building an event and running the chain,
+    hooks (``grpc_adapters``) hand ``record`` the message's :class:`WireRecord`, stamped when seen (a
+    traced digits run's step: 0.09 ms less than building an event and running the chain,
     docs/performance.md, "Design decisions"). In any other chain it is a mod like any other."""
 
     @abc.abstractmethod
-    def record(
-        self,
-        direction: str,
-        side: str,
-        method: str,
-        party: str,
-        peer: str,
-        message: Message,
-        data: bytes | None = None,
-        time: float | None = None,
-    ) -> None:
-        """Record one message; ``time`` None: now."""
+    def record(self, record: WireRecord) -> None:
+        """Record one message."""
 
     def __call__(self, event: WireEvent) -> None:
-        self.record(*event.as_record())
+        self.record(event.as_record())
+
+
+# A chain gate: a predicate over a party's messages; a message it lets by passes the party's chain
+# untouched, before any event is built (no tap, trace or attack sees it). A plug-in module brings one
+# (:func:`gate_chains`), and it gates the chains of the runs whose config lists that module under
+# ``plugins:`` (`vflnet bench goals` times the trace tap inside one run so:
+# vflnet/tools/bench/tap_ab.py). The config checks refuse it beside an attack, and in a run whose
+# chains are all empty (vflnet/validation.py).
+ChainGate = Callable[[Message], bool]
+CHAIN_GATES: dict[str, ChainGate] = {}  # plug-in module -> its gate
+
+
+def gate_chains(module: str, gate: ChainGate) -> None:
+    """Called by plug-in ``module`` when imported: its runs' chains let by what ``gate`` says."""
+    CHAIN_GATES[module] = gate
+
+
+def chain_gate(plugins: Iterable[str]) -> tuple[str, ChainGate] | None:
+    """The gate of a run whose config lists ``plugins`` (imported), with its module; None without."""
+    gates = [(module, CHAIN_GATES[module]) for module in plugins if module in CHAIN_GATES]
+    if len(gates) > 1:
+        raise ValueError(f"plug-ins {[m for m, _ in gates]} each gate the chains; a run takes one at most")
+    return gates[0] if gates else None
 
 
 class Chain:
     """Runs mods in list order, each seeing the previous one's output; returns the final message.
 
-    ``step_blocks`` N > 0 is a benchmark's A/B (`vflnet bench goals` times the trace tap inside one
-    run): the adapters run the chain only on the messages of even blocks of N steps (steps 0..N-1,
-    2N..3N-1, ...) and pass the others on as if the party had no chain, before any event is built.
-    The step is the header's: evaluation, prediction and model-release messages number their steps
-    on the same counter and are left out alike; messages without a header (Join, Shutdown) always run
-    through the chain.
+    ``passes``: a chain gate (above), or None: every message runs through the chain. The adapters
+    ask it before any event is built. Messages without a header (Join, Shutdown) are the gate's too.
     """
 
-    def __init__(self, mods: Iterable[Mod] = (), step_blocks: int = 0) -> None:
+    def __init__(self, mods: Iterable[Mod] = (), passes: ChainGate | None = None) -> None:
         self.mods: tuple[Mod, ...] = tuple(mods)  # fixed: the hooks read ``recorder`` once
         for mod in self.mods:
             if not callable(mod):
                 raise TypeError(f"a mod must be callable, got {mod!r}")
-        if step_blocks < 0:
-            raise ValueError(f"step_blocks must be 0 (every step) or positive, got {step_blocks}")
-        self.step_blocks = step_blocks
+        self.passes = passes
         only = self.mods[0] if len(self.mods) == 1 else None
         self.recorder = only if isinstance(only, Recorder) else None  # run without events (Recorder)
-
-    def skips(self, message: Message) -> bool:
-        """Whether ``step_blocks`` leaves ``message`` out: a step in an odd block."""
-        if not self.step_blocks:
-            return False
-        header = header_of(message)
-        return header is not None and (header.step // self.step_blocks) % 2 == 1
 
     def __len__(self) -> int:
         return len(self.mods)

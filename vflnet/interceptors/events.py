@@ -11,7 +11,7 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from time import time as _now
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from google.protobuf import message_factory
@@ -45,7 +45,7 @@ METHODS: dict[str, tuple[type[Message], type[Message]]] = _method_table()
 
 def register_service(service: Any) -> None:
     """Add a plug-in protocol's unary methods (a protobuf ServiceDescriptor) to ``METHODS``, so taps,
-    traces, the proxy and ``vflnet.sdk.bridge.add_handlers`` know their messages."""
+    traces, the proxy and ``vflnet.interceptors.bridge.add_handlers`` know their messages."""
     for method in service.methods:
         if not (method.client_streaming or method.server_streaming):
             METHODS[f"/{service.full_name}/{method.name}"] = (
@@ -109,6 +109,24 @@ def header_of(message: Message) -> messages_pb2.Header | None:
     return message.header  # type: ignore[attr-defined]
 
 
+class WireRecord(NamedTuple):
+    """One message as it crossed the wire, as a trace records it: the one place a record's fields are
+    written out. A trace tap alone in a chain (``chain.Recorder``) is handed one, built once by the hook
+    that saw the message (a tuple: cheaper than an event), and passes that same object on to
+    ``TraceWriter.write_record`` and ``trace.record_parts``; an event gives one with
+    :meth:`WireEvent.as_record`."""
+
+    direction: str
+    side: str
+    method: str
+    party: str
+    peer: str
+    message: Message
+    # the message's bytes as they crossed the wire, when known (None: serialize the message)
+    data: bytes | None
+    time: float  # when it was seen
+
+
 @dataclass(frozen=True, init=False)
 class WireEvent:
     """One message seen by a tap: ``message`` is the live protobuf object; mods must not mutate it
@@ -149,18 +167,10 @@ class WireEvent:
             data=data,
         )
 
-    def as_record(self) -> tuple[str, str, str, str, str, Message, bytes | None, float]:
-        """The fields a recorder takes, in its order: direction, side, method, party, peer, message,
-        data, time (``chain.Recorder.record``, ``trace.record_parts``)."""
-        return (
-            self.direction,
-            self.side,
-            self.method,
-            self.party,
-            self.peer,
-            self.message,
-            self.data,
-            self.time,
+    def as_record(self) -> WireRecord:
+        """The record a trace holds of this event."""
+        return WireRecord(
+            self.direction, self.side, self.method, self.party, self.peer, self.message, self.data, self.time
         )
 
     def serialized(self) -> bytes:

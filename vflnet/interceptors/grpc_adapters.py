@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from time import time as _now
 from typing import Any
 
 import grpc
 from google.protobuf.message import Message
 
 from vflnet.interceptors.chain import Chain, Refused
-from vflnet.interceptors.events import Direction, Side, WireEvent
+from vflnet.interceptors.events import Direction, Side, WireEvent, WireRecord
 from vflnet.wire.calls import FailedCall, SettledCall
 from vflnet.wire.chunking import serve_with_hook
 
@@ -47,20 +48,20 @@ class RefusedCall(FailedCall):
 
 
 class _ChainHook:
-    """A party's chain bound to its name. Each message is passed on untouched when the chain's step
-    blocks leave it out (the benchmark's A/B, before an event is built), handed to the chain's lone
-    recorder (the trace tap: no event to build), or run through the chain as an event."""
+    """A party's chain bound to its name. Each message is passed on untouched when the chain's gate
+    lets it by (before an event is built), handed to the chain's lone recorder (the trace tap: no
+    event to build), or run through the chain as an event."""
 
     def __init__(self, chain: Chain, party: str) -> None:
         self.chain = chain
         self.party = party
-        self.step_blocks = chain.step_blocks
+        self.passes = chain.passes
         self.record = None if chain.recorder is None else chain.recorder.record
 
     def skips(self, message: Message) -> bool:
-        """Whether the chain's step blocks leave ``message`` out (the chunking layer then serves a
-        request's call as a server without a hook does)."""
-        return bool(self.step_blocks) and self.chain.skips(message)
+        """Whether the chain's gate lets ``message`` by (the chunking layer then serves a request's call
+        as a server without a hook does)."""
+        return self.passes is not None and self.passes(message)
 
     def _run(
         self, direction: Direction, side: Side, method: str, peer: str, message: Message, data: bytes | None
@@ -68,7 +69,7 @@ class _ChainHook:
         if self.skips(message):
             return message
         if self.record is not None:
-            self.record(direction, side, method, self.party, peer, message, data)
+            self.record(WireRecord(direction, side, method, self.party, peer, message, data, _now()))
             return message
         try:
             return self.chain(WireEvent(direction, side, method, self.party, peer, message, data=data))

@@ -32,7 +32,7 @@ from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
 
 from vflnet.durable import WriteFailed
-from vflnet.interceptors.events import WireEvent, short_name
+from vflnet.interceptors.events import WireEvent, WireRecord, short_name
 from vflnet.v1 import trace_pb2
 
 log = logging.getLogger(__name__)
@@ -122,22 +122,13 @@ def _route_fields(party: str, side: str, direction: str, method: str, peer: str,
 _length = functools.lru_cache(maxsize=4096)(_varint)
 
 
-def record_parts(
-    direction: str,
-    side: str,
-    method: str,
-    party: str,
-    peer: str,
-    message: Message,
-    data: bytes | None,
-    at: float,
-) -> tuple[tuple[bytes, ...], int]:
-    """A message (an event's fields; ``data``: its bytes on the wire, when known; ``at``: its time)
-    as a framed ``TraceEntry``, in parts, and its length: the bytes of
-    ``TraceEntry(record=...).SerializeToString()`` with their length prefix (protobuf writes fields in
-    number order: the time, the fields that name the message's route, then ``message``). The last
-    part is the message's bytes as they are: a message of tens of KB is not copied into a record and
-    serialized a second time."""
+def record_parts(record: WireRecord) -> tuple[tuple[bytes, ...], int]:
+    """A message's record (``data``: its bytes on the wire, when known) as a framed ``TraceEntry``, in
+    parts, and its length: the bytes of ``TraceEntry(record=...).SerializeToString()`` with their
+    length prefix (protobuf writes fields in number order: the time, the fields that name the
+    message's route, then ``message``). The last part is the message's bytes as they are: a message of
+    tens of KB is not copied into a record and serialized a second time."""
+    direction, side, method, party, peer, message, data, at = record
     body = message.SerializeToString() if data is None else data
     time_bits = _DOUBLE.pack(at)
     # proto3 leaves a double out when its bits are all zero (-0.0 is kept)
@@ -230,19 +221,11 @@ def record_to_event(record: trace_pb2.TraceRecord) -> WireEvent:
     )
 
 
-def read_trace(path: str | Path, step_blocks_ok: bool = False) -> Iterator[WireEvent]:
-    """The events of a trace file in the order they were written (safe on a file still being written).
-    A trace of only some steps (a header's ``step_blocks``: `vflnet bench goals`' A/B) is refused
-    unless ``step_blocks_ok``: an attack or a score on it would take half the traffic for all of it."""
+def read_trace(path: str | Path) -> Iterator[WireEvent]:
+    """The events of a trace file in the order they were written (safe on a file still being written)."""
     for entry in iter_entries(path):
-        kind = entry.WhichOneof("entry")
-        if kind == "record":
+        if entry.WhichOneof("entry") == "record":
             yield record_to_event(entry.record)
-        elif kind == "header" and entry.header.step_blocks and not step_blocks_ok:
-            raise TraceError(
-                f"{path}: recorded only the steps of even blocks of {entry.header.step_blocks} (a "
-                "benchmark's A/B of the tap, VFLNET_BENCH_TAP_BLOCKS): not the run's whole traffic"
-            )
 
 
 @dataclass
@@ -301,7 +284,6 @@ class TraceWriter:
         party: str,
         run_id: str = "",
         max_bytes: int = DEFAULT_MAX_BYTES,
-        step_blocks: int = 0,
     ) -> None:
         if max_bytes < MIN_MAX_BYTES:
             raise ValueError(f"max_bytes must be at least {MIN_MAX_BYTES}, got {max_bytes}")
@@ -333,13 +315,8 @@ class TraceWriter:
         self.size = complete  # bytes of the complete entries
         self._end = complete  # ``size`` and the appends under way: what the cap is checked against
         self._session = complete  # where this writer's own entries begin (its header first)
-        # step_blocks: the records are those of even blocks of so many steps only (Chain's step_blocks)
         header = trace_pb2.TraceHeader(
-            format_version=FORMAT_VERSION,
-            run_id=run_id,
-            party=party,
-            created=time.time(),
-            step_blocks=step_blocks,
+            format_version=FORMAT_VERSION, run_id=run_id, party=party, created=time.time()
         )
         try:
             self._append(trace_pb2.TraceEntry(header=header))
@@ -399,30 +376,20 @@ class TraceWriter:
     def write(self, event: WireEvent) -> bool:
         """Append one event; False when it was dropped (the cap reached, the writer closed, or an entry
         cut short before)."""
-        return self.write_record(*event.as_record())
+        return self.write_record(event.as_record())
 
-    def write_record(
-        self,
-        direction: str,
-        side: str,
-        method: str,
-        party: str,
-        peer: str,
-        message: Message,
-        data: bytes | None,
-        at: float,
-    ) -> bool:
-        """``write`` of an event's fields, for a tap that builds no event (``chain.Recorder``)."""
+    def write_record(self, record: WireRecord) -> bool:
+        """``write`` of a record, for a tap that builds no event (``chain.Recorder``)."""
         # a record holds a whole message (tens of KB), and every copy of it is paid on the hot path of
         # the call being traced: the message's bytes go to the kernel as they are
-        parts, framed = record_parts(direction, side, method, party, peer, message, data, at)
+        parts, framed = record_parts(record)
         with self._lock:
             if self._waiting:  # extent(), cut() or close() go first
                 self._idle.wait_for(lambda: not self._waiting)
             if self._fd is None or self.truncated or self.cut_short:
-                return self._drop(method)
+                return self._drop(record.method)
             if self._end + framed + _MARKER_RESERVE > self.max_bytes:
-                return self._truncate(method)
+                return self._truncate(record.method)
             fd = self._fd
             self._end += framed
             self._writing += 1

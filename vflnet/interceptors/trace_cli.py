@@ -19,6 +19,7 @@ from google.protobuf.message import Message
 
 from vflnet.interceptors.events import DIRECTIONS, SIDES, WireEvent, short_name, walk_messages
 from vflnet.interceptors.trace import SUFFIX, TraceError, read_trace, summarize
+from vflnet.subcommands import add_action, run_action
 from vflnet.v1 import messages_pb2, tensor_pb2
 
 
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vflnet trace", description="Inspect and export wire traces.")
     sub = parser.add_subparsers(dest="trace_command", required=True)
 
-    p = sub.add_parser("ls", help="list trace files with record counts, sizes and methods")
+    p = add_action(sub, "ls", _ls, "list trace files with record counts, sizes and methods")
     p.add_argument("target", type=Path, metavar="RUN_OR_FILE")
 
     filters = argparse.ArgumentParser(add_help=False)
@@ -51,8 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     filters.add_argument("--step", type=int, action="append", help="only messages of this step; repeatable")
     filters.add_argument("--limit", type=int, default=None, help="at most this many records")
 
-    sub.add_parser("show", parents=[filters], help="print one line per record")
-    p = sub.add_parser("export", parents=[filters], help="write records' tensors and sample ids to an NPZ")
+    add_action(sub, "show", _show, "print one line per record", parents=[filters])
+    p = add_action(
+        sub, "export", _export, "write records' tensors and sample ids to an NPZ", parents=[filters]
+    )
     p.add_argument("--out", type=Path, required=True, help="output .npz file")
     return parser
 
@@ -83,7 +86,7 @@ def select(events: Iterator[WireEvent], args: argparse.Namespace) -> Iterator[Wi
 def merged_events(files: list[Path]) -> Iterator[WireEvent]:
     """All events of several trace files, in time order (each file is already in write order)."""
     # inspection shows a partial trace as it is (`ls` says it is partial)
-    return heapq.merge(*(read_trace(f, step_blocks_ok=True) for f in files), key=lambda e: e.time)
+    return heapq.merge(*(read_trace(f) for f in files), key=lambda e: e.time)
 
 
 def _fmt_time(t: float) -> str:
@@ -99,8 +102,8 @@ def _human(size: int) -> str:
     return f"{value:.1f} GiB"
 
 
-def cmd_ls(files: list[Path]) -> int:
-    for path in files:
+def _ls(args: argparse.Namespace) -> int:
+    for path in args.files:
         s = summarize(path)
         header = s.headers[0] if s.headers else None
         who = f"party={header.party} run={header.run_id or '-'}" if header else "(empty)"
@@ -111,11 +114,6 @@ def cmd_ls(files: list[Path]) -> int:
             notes.append("partial last entry")
         if len(s.headers) > 1:
             notes.append(f"{len(s.headers)} sessions")
-        blocks = sorted({h.step_blocks for h in s.headers if h.step_blocks})
-        if blocks:
-            notes.append(
-                f"PARTIAL: only the steps of even blocks of {', '.join(map(str, blocks))} (a benchmark's A/B)"
-            )
         methods = ", ".join(f"{m}={n}" for m, n in sorted(s.methods.items()))
         print(f"{path}  {who}  records={s.records}  size={_human(s.size)}  {methods}")
         if notes:
@@ -123,13 +121,14 @@ def cmd_ls(files: list[Path]) -> int:
     return 0
 
 
-def cmd_show(events: Iterator[WireEvent]) -> int:
-    for event in events:
+def _show(args: argparse.Namespace) -> int:
+    for event in select(merged_events(args.files), args):
         print(f"{_fmt_time(event.time)} {event.party} {event.describe()}")
     return 0
 
 
-def cmd_export(events: Iterator[WireEvent], out: Path) -> int:
+def _export(args: argparse.Namespace) -> int:
+    events, out = select(merged_events(args.files), args), args.out
     columns: dict[str, list] = {
         k: [] for k in ("time", "party", "side", "direction", "method", "peer", "message_type", "sender")
     }
@@ -208,12 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
-        if args.trace_command == "ls":
-            return cmd_ls(files)
-        events = select(merged_events(files), args)
-        if args.trace_command == "show":
-            return cmd_show(events)
-        return cmd_export(events, args.out)
+        return run_action(argparse.Namespace(**vars(args), files=files))
     except TraceError as exc:
         print(f"vflnet trace: {exc}", file=sys.stderr)
         return 1

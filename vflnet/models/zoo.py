@@ -389,9 +389,9 @@ def defended_bottom(
 ) -> nn.Module:
     """The bottom model as the party's bottom defenses (paper 000: embedding-noise, masquerade) make it,
     in config order; built under the party's seed, like the bottom itself."""
-    from vflnet.defenses.base import attach
+    from vflnet.defenses.base import attach_bottom
 
-    for wrap in attach(cfg, party.name, "bottom"):
+    for wrap in attach_bottom(cfg, party.name):
         bottom = wrap(bottom, in_dim, out_dim)
     return bottom
 

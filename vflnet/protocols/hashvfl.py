@@ -29,12 +29,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from vflnet.config import Config, ModelConfig
+from vflnet.config import ModelConfig
 from vflnet.data.partition import party_seed
 from vflnet.defenses import hashing
-from vflnet.defenses.label_defenses import LabelDefense
-from vflnet.models.local import LocalModel
-from vflnet.models.zoo import TopModel, build_bottom
+from vflnet.models.zoo import build_bottom
 from vflnet.protocols.split import (
     SPLIT_HOOKS,
     ActiveSplit,
@@ -46,11 +44,22 @@ from vflnet.protocols.split import (
     label_loss,
     outcome,
 )
-from vflnet.registry import Param
-from vflnet.sdk import PROTOCOLS, Protocol
+from vflnet.sdk import (
+    PROTOCOLS,
+    Config,
+    LabelDefense,
+    LocalModel,
+    Param,
+    Protocol,
+    TopModel,
+    from_pm1_proto,
+    from_proto,
+    invalid,
+    to_pm1_proto,
+    to_proto,
+    to_tensor_map,
+)
 from vflnet.v1 import messages_pb2, tensor_pb2
-from vflnet.wire import tensors
-from vflnet.wire.errors import invalid
 
 
 class ClassCodes(nn.Module):
@@ -168,7 +177,7 @@ class HashPassive(SplitPassive):
 
     def encode(self, msg: messages_pb2.Embeddings, emb: Any) -> None:
         signed = hashing.USES_SIGN[_params(self.cfg)["variant"]]
-        msg.values.CopyFrom(tensors.to_pm1_proto(emb) if signed else tensors.to_proto(emb))
+        msg.values.CopyFrom(to_pm1_proto(emb) if signed else to_proto(emb))
 
     def release(self, modules: list[str]) -> tuple[tensor_pb2.TensorMap, dict[str, Any]]:
         """The bottom goes with its hash head (BN statistics included, BN's step counter left out: it is
@@ -187,7 +196,7 @@ class HashPassive(SplitPassive):
                 "batch_norm": hashing.USES_BN[p["variant"]],
                 "width": self.host.me.bottom.out,
             }
-        return tensors.to_tensor_map(params), spec
+        return to_tensor_map(params), spec
 
 
 class HashActive(SplitActive):
@@ -207,8 +216,8 @@ class HashActive(SplitActive):
         if msg.WhichOneof("payload") != "values":
             raise invalid(f"hashvfl expects bit-packed codes, got {msg.WhichOneof('payload')}")
         if not hashing.USES_SIGN[_params(self.cfg)["variant"]]:  # base_bn: real-valued BN outputs
-            return tensors.from_proto(msg.values, expect_dtype="float32", expect_shape=expect, what=what)
-        return tensors.from_pm1_proto(msg.values, expect_shape=expect, what=what)
+            return from_proto(msg.values, expect_dtype="float32", expect_shape=expect, what=what)
+        return from_pm1_proto(msg.values, expect_shape=expect, what=what)
 
 
 @PROTOCOLS.register

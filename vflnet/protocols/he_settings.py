@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vflnet.config import Config
-from vflnet.sdk import Param
+from vflnet.sdk import Config, Param
 
 
 def _integer(lo: int) -> Any:

@@ -16,15 +16,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from vflnet.config import Config
-from vflnet.defenses.base import attach
-from vflnet.durable import write_durable
-from vflnet.models.local import LocalModel
-from vflnet.models.optim import build_optimizer, build_schedule
 from vflnet.protocols.split import SPLIT_HOOKS, SplitActive, SplitPassive
-from vflnet.sdk import PROTOCOLS, CoordinatorSide, Param, Protocol, RunFailed, invalid
+from vflnet.sdk import (
+    PROTOCOLS,
+    Config,
+    CoordinatorSide,
+    LocalModel,
+    Param,
+    Protocol,
+    RunFailed,
+    attach_upload,
+    build_optimizer,
+    build_schedule,
+    from_tensor_map,
+    invalid,
+    to_tensor_map,
+    write_durable,
+)
 from vflnet.v1 import messages_pb2, tensor_pb2
-from vflnet.wire.tensors import from_tensor_map, to_tensor_map
 
 
 class ParamServer:
@@ -157,7 +166,7 @@ class CentralParams:
     cfg: Config
 
     def make_local(self, modules: dict[str, Any]) -> LocalModel:
-        self.upload_defenses = attach(self.cfg, self.host.name, "upload")
+        self.upload_defenses = attach_upload(self.cfg, self.host.name)
         return LocalModel(modules, self.cfg.train.optimizer, self.cfg.train.lr_schedule, own_optimizer=False)
 
     def join_request(self, req: messages_pb2.JoinRequest) -> None:

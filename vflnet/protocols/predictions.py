@@ -11,16 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from vflnet.defenses.base import attach
-from vflnet.durable import write_durable
-from vflnet.threat.attack import PredictionView
+from vflnet.sdk import PredictionView, attach_scores, write_durable
 from vflnet.v1 import messages_pb2
 
 
 class PredictionsKeeper:
     def __init__(self, host: Any) -> None:
         self.host = host
-        self.defenses = attach(host.cfg, host.name, "scores")
+        self.defenses = attach_scores(host.cfg, host.name)
         # (phase, epoch) -> [(ids, predicted class, confidence vector)]
         self.parts: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
 

@@ -40,10 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from vflnet.config import TRAIN_KEYS, Config
+from vflnet.config import TRAIN_KEYS
 from vflnet.crypto import PaillierOverflowError, PublicKey, encoding, generate_keypair
 from vflnet.crypto.wire import cipher_from_proto, cipher_to_proto
-from vflnet.durable import write_durable
 from vflnet.models.secureboost import (
     FRAC_BITS,
     Ensemble,
@@ -59,24 +58,27 @@ from vflnet.protocols.predictions import PredictionsKeeper
 from vflnet.registry import read_when
 from vflnet.sdk import (
     PROTOCOLS,
+    Config,
     CoordinatorSide,
     Param,
     PartySide,
+    PayloadError,
     Pending,
     Protocol,
     deadlines,
+    from_proto,
     handles,
     invalid,
     malformed,
     not_found,
     register_messages,
     send,
+    to_proto,
+    write_durable,
     wrong_state,
 )
 from vflnet.v1 import messages_pb2, secureboost_pb2
-from vflnet.wire import tensors
 from vflnet.wire.ciphers import cipher_from_proto_checked
-from vflnet.wire.tensors import PayloadError
 
 log = logging.getLogger("vflnet.secureboost")
 
@@ -166,7 +168,7 @@ class SecureBoostPassive(PartySide):
         if kind != ("cipher" if self.he else "plain"):
             raise invalid(f"secureboost runs in {'he' if self.he else 'plain'} mode; got {kind} gradients")
         if not self.he:
-            gh = tensors.from_proto(req.plain, expect_dtype="int64", what="gradient statistics")
+            gh = from_proto(req.plain, expect_dtype="int64", what="gradient statistics")
             if gh.ndim != 2 or gh.shape[0] != n or gh.shape[1] < 2 or gh.shape[1] % 2:
                 raise invalid(f"gradient statistics of shape {gh.shape} for {n} rows (expected [n, 2c])")
             return gh
@@ -203,9 +205,7 @@ class SecureBoostPassive(PartySide):
             if req.header.step != self.tree_step:
                 raise wrong_state(f"no tree started at step {req.header.step}")
             n = len(self.party.rows)
-            node_of = tensors.from_proto(
-                req.node_of, expect_dtype="int64", expect_shape=(n,), what="node assignment"
-            )
+            node_of = from_proto(req.node_of, expect_dtype="int64", expect_shape=(n,), what="node assignment")
             nodes = list(req.nodes)
             if not nodes or len(set(nodes)) != len(nodes) or min(nodes) < 0:
                 raise invalid(f"histograms need distinct non-negative nodes, got {nodes}")
@@ -216,7 +216,7 @@ class SecureBoostPassive(PartySide):
             if self.he:
                 reply.cipher.CopyFrom(cipher_to_proto(sums, workers=he_settings(self.cfg).workers))
             else:
-                reply.plain.CopyFrom(tensors.to_proto(sums))
+                reply.plain.CopyFrom(to_proto(sums))
         return reply
 
     def state_dict(self) -> dict[str, Any]:
@@ -243,7 +243,7 @@ class SecureBoostPassive(PartySide):
                 raise invalid(f"unknown split candidate: {exc}") from exc
             self.host.local.modules["bottom"].set(self.party.features, self.party.cuts)
         reply = secureboost_pb2.SplitReply(
-            header=self.host.header(req.header), split_id=split_id, go_left=tensors.to_proto(left)
+            header=self.host.header(req.header), split_id=split_id, go_left=to_proto(left)
         )
         return reply
 
@@ -255,9 +255,7 @@ class SecureBoostPassive(PartySide):
                 bits = self.party.route(rows, np.asarray(req.split_ids, dtype=np.int64))
             except IndexError as exc:
                 raise not_found(str(exc)) from exc
-        reply = secureboost_pb2.RouteReply(
-            header=self.host.header(req.header), go_left=tensors.to_proto(bits)
-        )
+        reply = secureboost_pb2.RouteReply(header=self.host.header(req.header), go_left=to_proto(bits))
         return reply
 
     def step(self, cmd: messages_pb2.StepCommand, rows: np.ndarray) -> dict[str, float]:
@@ -277,7 +275,7 @@ class RemoteParty:
     def ask_histograms(self, node_of: np.ndarray, nodes: list[int]) -> Any:
         req = secureboost_pb2.HistogramRequest(
             header=self.side.host.header(self.side.host.current),
-            node_of=tensors.to_proto(node_of),
+            node_of=to_proto(node_of),
             nodes=nodes,
         )
         return self._call(HISTOGRAMS, req)
@@ -301,7 +299,7 @@ class RemoteParty:
                 return unpack_histograms(np.asarray(ints, dtype=np.int64), shape[1], k)
             if reply.WhichOneof("sums") != "plain":
                 raise PayloadError(f"{what}: ciphertexts in the plain mode")
-            return tensors.from_proto(reply.plain, expect_dtype="int64", expect_shape=shape, what=what)
+            return from_proto(reply.plain, expect_dtype="int64", expect_shape=shape, what=what)
         except (PayloadError, PaillierOverflowError, ValueError, OverflowError) as exc:
             raise malformed(f"malformed histograms from {self.name}: {exc}") from exc
 
@@ -311,7 +309,7 @@ class RemoteParty:
         )
         reply = self._call(SPLIT, req).result()
         try:
-            left = tensors.from_proto(reply.go_left, expect_dtype="bool", what=f"split from {self.name}")
+            left = from_proto(reply.go_left, expect_dtype="bool", what=f"split from {self.name}")
         except PayloadError as exc:
             raise malformed(str(exc)) from exc
         return int(reply.split_id), left
@@ -322,7 +320,7 @@ class RemoteParty:
         )
         reply = self._call(ROUTE, req).result()
         try:
-            return tensors.from_proto(
+            return from_proto(
                 reply.go_left,
                 expect_dtype="bool",
                 expect_shape=(len(split_ids), len(ids)),
@@ -386,7 +384,7 @@ class SecureBoostActive(PartySide):
             req.public_key = json.dumps(self.public_key.to_json()).encode()
             req.cipher.CopyFrom(cipher_to_proto(ca))
         else:
-            req.plain.CopyFrom(tensors.to_proto(gh))
+            req.plain.CopyFrom(to_proto(gh))
         futures = [r._call(START, req) for r in self.remotes]
         if self.own is not None:
             self.own.start_tree(rows, gh)

@@ -15,9 +15,8 @@ The compute of each role (``PassiveSplit``, ``ActiveSplit``) knows no transport;
 from __future__ import annotations
 
 import copy
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,29 +24,30 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from vflnet.defenses.base import attach
-from vflnet.defenses.label_defenses import LabelDefense, soft_cross_entropy
-from vflnet.models.local import LocalModel
-from vflnet.models.zoo import TopModel, aggregate
 from vflnet.protocols.predictions import PredictionsKeeper
 from vflnet.sdk import (
     PROTOCOLS,
     CoordinatorSide,
+    LabelDefense,
+    LocalModel,
+    MessageTooLarge,
+    OwnStepView,
     PartySide,
     Protocol,
-    aborted,
+    StepMailbox,
+    TopModel,
+    aggregate,
+    attach_labels,
     call,
     check_and_meter,
-    duplicate,
+    from_proto,
     handles,
     invalid,
     malformed,
-    stale_step,
+    soft_cross_entropy,
+    to_proto,
 )
-from vflnet.threat.attack import OwnStepView
 from vflnet.v1 import messages_pb2
-from vflnet.wire import tensors
-from vflnet.wire.channels import MessageTooLarge
 
 EXCHANGE = "/vflnet.v1.Active/ExchangeEmbeddings"
 
@@ -184,12 +184,12 @@ class SplitPassive(PartySide):
         return copy.deepcopy(self.host.local.modules["bottom"])
 
     def encode(self, msg: messages_pb2.Embeddings, emb: Any) -> None:
-        tensors.to_proto(emb, into=msg.values)
+        to_proto(emb, into=msg.values)
 
     def decode_gradient(self, reply: messages_pb2.EmbeddingGradients, shape: tuple[int, ...]) -> Any:
         if reply.WhichOneof("payload") != "values":
             raise invalid("split expects plaintext gradients from the active party")
-        return tensors.from_proto(
+        return from_proto(
             reply.values, expect_dtype="float32", expect_shape=shape, what="gradients from the active party"
         )
 
@@ -228,20 +228,6 @@ class SplitPassive(PartySide):
         return {"compute_s": time.perf_counter() - start}
 
 
-@dataclass
-class StepSlot:
-    """Everything the active party gathers for one step, whichever message arrives first."""
-
-    step: int
-    full: threading.Condition  # the step's wait for every passive party's embeddings (on the side's lock)
-    command_ids: np.ndarray | None = None  # the sample ids of the step's command, once it is in
-    embeddings: dict[str, tuple[np.ndarray, Any]] = field(default_factory=dict)  # sender -> (ids, values)
-    result: StepResult | None = None
-    replies: dict[str, messages_pb2.EmbeddingGradients] = field(default_factory=dict)
-    error: str | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-
-
 class SplitActive(PartySide):
     """Gather every passive party's embeddings for the step the coordinator announced, run the top
     model, answer each passive party with its gradient; keep per-sample predictions."""
@@ -251,16 +237,16 @@ class SplitActive(PartySide):
         cfg = self.cfg
         self.passives = [p.name for p in cfg.passives]
         self.embedding_dims = {p.name: p.bottom.out for p in cfg.passives if p.bottom is not None}
-        self.lock = threading.RLock()  # of the slots and what is in them
-        self.cond = threading.Condition(self.lock)  # notified at every embedding that arrives
-        self.slots: dict[int, StepSlot] = {}
-        self.completed_step = 0
+        # every passive party's embeddings of a step, answered with its gradients
+        self.mailbox: StepMailbox[Any, messages_pb2.EmbeddingGradients] = StepMailbox(
+            self.passives, "embeddings", "the active party"
+        )
         self.keeper = PredictionsKeeper(host)
         self.defense = self._defense()
 
     def _defense(self) -> LabelDefense | None:
         host = self.host
-        built = attach(self.cfg, host.name, "labels", host.data.n_classes)
+        built = attach_labels(self.cfg, host.name, host.data.n_classes)
         if len(built) > 1:
             raise ValueError(f"{host.name}: one label defense at a time, got {len(built)}")
         if built:
@@ -285,7 +271,7 @@ class SplitActive(PartySide):
     def decode(self, msg: messages_pb2.Embeddings, expect: tuple[int, int], what: str) -> Any:
         if msg.WhichOneof("payload") != "values":
             raise invalid(f"split protocol expects plaintext embeddings, got {msg.WhichOneof('payload')}")
-        return tensors.from_proto(msg.values, expect_dtype="float32", expect_shape=expect, what=what)
+        return from_proto(msg.values, expect_dtype="float32", expect_shape=expect, what=what)
 
     def precheck(self, msg: messages_pb2.Embeddings, expect: tuple[int, int], what: str) -> None:
         """Before this party has joined: what ``decode`` checks that needs nothing from admission."""
@@ -297,18 +283,9 @@ class SplitActive(PartySide):
         return self.compute.step(x_own, received, y, train)
 
     def fill_reply(self, reply: messages_pb2.EmbeddingGradients, index: int, result: StepResult) -> None:
-        tensors.to_proto(result.grads[index], into=reply.values)
+        to_proto(result.grads[index], into=reply.values)
 
     # ------------------------------------------------------------------ passive -> active
-    def _slot(self, step: int) -> StepSlot:
-        if step <= self.completed_step:
-            raise stale_step(f"step {step} is not current: step {self.completed_step} is already done")
-        if step > self.completed_step + 1:  # nothing parks a slot for a step the schedule has not reached
-            raise stale_step(f"step {step} is out of order: step {self.completed_step + 1} is next")
-        if step not in self.slots:
-            self.slots[step] = StepSlot(step, threading.Condition(self.lock))
-        return self.slots[step]
-
     # the replies are metered as they are built (``_build_replies``), so their bytes count in this step's report
     @handles(EXCHANGE, callers={"passive"}, meter_reply=False)
     def receive(self, msg: messages_pb2.Embeddings, context: Any) -> messages_pb2.EmbeddingGradients:
@@ -319,62 +296,31 @@ class SplitActive(PartySide):
             self.precheck(msg, expect, what)
             self.host.waitroom.wait(h.sender, context, self.host.step_deadline_s)
         values = self.decode(msg, expect, what)
-        with self.cond:
-            slot = self._slot(h.step)
-            if h.sender in slot.embeddings:
-                raise duplicate(f"{h.sender} already sent embeddings for step {h.step}")
-            if slot.command_ids is not None and not np.array_equal(ids, slot.command_ids):
-                raise invalid(f"{h.sender} sent embeddings for other sample ids than step {h.step} schedules")
-            slot.embeddings[h.sender] = (ids, values)
-            self.cond.notify_all()
-            if len(slot.embeddings) == len(self.passives):  # the step waits for them all, not for each
-                slot.full.notify()
-        if not slot.done.wait(self.host.step_deadline_s):
-            raise TimeoutError(f"step {h.step} did not complete within {self.host.step_deadline_s:.0f} s")
-        if slot.error is not None:
-            raise aborted(f"step {h.step} failed at the active party: {slot.error}")
-        return slot.replies[h.sender]
+        return self.mailbox.put(h.step, h.sender, ids, values, self.host.step_deadline_s)
 
     # -------------------------------------------------------------- coordinator -> active
     def step(self, cmd: messages_pb2.StepCommand, rows: np.ndarray) -> dict[str, float]:
-        host, step, timeout = self.host, cmd.header.step, self.host.step_deadline_s
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            slot = self._slot(step)
-            slot.command_ids = np.asarray(cmd.sample_ids, dtype=np.int64)
-            for sender, (ids, _) in slot.embeddings.items():
-                if not np.array_equal(ids, slot.command_ids):
-                    self._fail(
-                        slot, f"{sender} sent embeddings for other sample ids than step {step} schedules"
-                    )
-            while slot.error is None and len(slot.embeddings) < len(self.passives):
-                if not slot.full.wait(timeout=max(0.0, deadline - time.monotonic())):
-                    missing = [p for p in self.passives if p not in slot.embeddings]
-                    self._fail(slot, f"no embeddings from {', '.join(missing)} within {timeout:.0f} s")
-        if slot.error is not None:
-            raise aborted(slot.error)
+        host, step = self.host, cmd.header.step
+        ids = np.asarray(cmd.sample_ids, dtype=np.int64)
+        received = self.mailbox.collect(step, ids, host.step_deadline_s)
         start = time.perf_counter()
         phase = cmd.header.phase
         assert host.data.y is not None
         x_own = host.data.x[rows] if host.data.x is not None else None
         y = None if phase == messages_pb2.PREDICT else host.data.y[rows]
         try:
-            slot.result = self.run(
-                x_own, [slot.embeddings[p][1] for p in self.passives], y, phase == messages_pb2.TRAIN
-            )
-            self._build_replies(slot, cmd.header)
+            r = self.run(x_own, received, y, phase == messages_pb2.TRAIN)
+            replies = self._build_replies(r, cmd.header)
         except Exception as exc:  # a failed step must release the waiting passive calls, with the reason
-            self._fail(slot, str(exc) if isinstance(exc, MessageTooLarge) else f"{type(exc).__name__}: {exc}")
+            self.mailbox.fail(
+                step, str(exc) if isinstance(exc, MessageTooLarge) else f"{type(exc).__name__}: {exc}"
+            )
             raise
-        with self.cond:
-            self.completed_step = step
-            del self.slots[step]
-            slot.done.set()
+        self.mailbox.answer(step, replies)
         if phase == messages_pb2.TRAIN:
             # after the replies are out: this update runs while the passive parties backpropagate
             # (the next step's top model waits for their next embeddings anyway)
             self.compute.update()
-        r = slot.result
         if phase != messages_pb2.TRAIN:
             self._record_predictions(cmd, r, rows)
         return {
@@ -384,21 +330,24 @@ class SplitActive(PartySide):
             "compute_s": time.perf_counter() - start,
         }
 
-    def _build_replies(self, slot: StepSlot, h: messages_pb2.Header) -> None:
+    def _build_replies(
+        self, result: StepResult, h: messages_pb2.Header
+    ) -> dict[str, messages_pb2.EmbeddingGradients]:
         """Every passive party's answer, built and metered before the step completes, so the bytes
         count in this step's report."""
-        assert slot.result is not None
+        replies = {}
         for index, sender in enumerate(self.passives):
             reply = messages_pb2.EmbeddingGradients(header=self.host.header(h))
             if h.phase == messages_pb2.TRAIN:
-                self.fill_reply(reply, index, slot.result)
+                self.fill_reply(reply, index, result)
             check_and_meter(
                 self.host,
                 "ExchangeEmbeddings.reply",
                 reply,
                 f"{self.host.name}'s gradients for {sender} at step {h.step}",
             )
-            slot.replies[sender] = reply
+            replies[sender] = reply
+        return replies
 
     def _record_predictions(
         self, cmd: messages_pb2.StepCommand, result: StepResult, rows: np.ndarray
@@ -410,17 +359,8 @@ class SplitActive(PartySide):
         confidence = torch.softmax(logits.double(), dim=1).numpy()
         self.keeper.keep(cmd, confidence, rows, self.host.local.modules, predicted)
 
-    def _fail(self, slot: StepSlot, error: str) -> None:
-        with self.lock:
-            slot.error = error
-            slot.done.set()
-            slot.full.notify()
-            self.slots.pop(slot.step, None)
-
     def stop(self, reason: str) -> None:
-        with self.lock:  # release any step still waiting, so shutdown is not held up by a dead peer
-            for slot in list(self.slots.values()):
-                self._fail(slot, f"run is shutting down: {reason}")
+        self.mailbox.stop(reason)
 
     def finish(self) -> None:
         """<run>/predictions/: test-epoch-NNN.npz per evaluation and predict-epoch-NNN.npz per
@@ -428,10 +368,10 @@ class SplitActive(PartySide):
         self.keeper.write()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"completed_step": self.completed_step, "predictions": self.keeper.parts}
+        return {"completed_step": self.mailbox.completed_step, "predictions": self.keeper.parts}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.completed_step = int(state["completed_step"])
+        self.mailbox.completed_step = int(state["completed_step"])
         self.keeper.parts = state["predictions"]
 
 
@@ -442,7 +382,7 @@ SPLIT_HOOKS = frozenset({"labels", "bottom", "scores"})
 
 class SplitCoordinator(CoordinatorSide):
     """The generic schedule, pipelined: a passive party's whole part of a step is its step, and the
-    active party takes the next step's embeddings as soon as this step completes (``_slot``)."""
+    active party takes the next step's embeddings as soon as this step completes (its mailbox)."""
 
     pipelined = True
 

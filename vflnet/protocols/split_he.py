@@ -24,12 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from vflnet.config import Config
 from vflnet.crypto import CipherArray, PublicKey, encoding, generate_keypair, save_public_key
 from vflnet.crypto.masking import HEADROOM_BITS, ints_from_bytes, ints_to_bytes, mask, unmask
 from vflnet.crypto.wire import cipher_from_proto, cipher_to_proto
-from vflnet.defenses.label_defenses import LabelDefense
-from vflnet.models.local import LocalModel
 from vflnet.protocols.he_backprop import (
     ForwardCache,
     check_supported,
@@ -45,11 +42,23 @@ from vflnet.protocols.split import (
     label_loss,
     outcome,
 )
-from vflnet.sdk import PROTOCOLS, CoordinatorSide, Protocol, call, deadlines, handles, invalid, wrong_state
+from vflnet.sdk import (
+    PROTOCOLS,
+    Config,
+    CoordinatorSide,
+    LabelDefense,
+    LocalModel,
+    Protocol,
+    call,
+    deadlines,
+    handles,
+    invalid,
+    shown,
+    wrong_state,
+)
 from vflnet.v1 import messages_pb2
 from vflnet.wire.checks import check_sender, header
 from vflnet.wire.ciphers import cipher_from_proto_checked
-from vflnet.wire.errors import shown
 
 log = logging.getLogger("vflnet.split_he")
 DECRYPT = "/vflnet.v1.Coordinator/Decrypt"

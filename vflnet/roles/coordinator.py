@@ -24,13 +24,13 @@ from vflnet.config import Config
 from vflnet.data.alignment import epoch_batches, eval_batches, split_train_test
 from vflnet.data.plan import aligned_split, plan_facts, refusal, training_steps
 from vflnet.durable import WriteFailed, write_durable
+from vflnet.interceptors.bridge import Bridge, add_handlers, allow_step_deadline
 from vflnet.roles import alignment, checkpoints
 from vflnet.roles.alignment import Aligned
 from vflnet.roles.common import wait_for
 from vflnet.roles.heartbeat import Abort, PartyWatch
 from vflnet.roles.step_order import STEPS_IN_FLIGHT
 from vflnet.sdk import deadlines
-from vflnet.sdk.bridge import Bridge, add_handlers, allow_step_deadline
 from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, RunFailed
 from vflnet.shared_config import config_mismatch
 from vflnet.threat.effects import merge_effects

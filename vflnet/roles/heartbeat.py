@@ -28,8 +28,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from vflnet.config import Config, TransportConfig
+from vflnet.interceptors.bridge import Bridge, GrpcBridge
 from vflnet.interceptors.chain import Chain
-from vflnet.sdk.bridge import Bridge, GrpcBridge
 from vflnet.sdk.contract import RunFailed
 from vflnet.v1 import messages_pb2
 from vflnet.wire.errors import describe_rpc_error

@@ -24,6 +24,7 @@ from vflnet.data.datasets import load_dataset
 from vflnet.data.partition import PartyData, normalize, party_view
 from vflnet.data.plan import plan_facts, refusal
 from vflnet.data.sources import load_source
+from vflnet.interceptors.bridge import Bridge, add_handlers, allow_step_deadline
 from vflnet.models.device import resolve_device
 from vflnet.models.zoo import build_party_modules
 from vflnet.roles import checkpoints
@@ -31,7 +32,6 @@ from vflnet.roles.alignment import ALIGN, PartyAlignment, padded
 from vflnet.roles.common import Liveness
 from vflnet.roles.heartbeat import watch_coordinator
 from vflnet.roles.step_order import STEPS_IN_FLIGHT, StepTurns
-from vflnet.sdk.bridge import Bridge, add_handlers, allow_step_deadline
 from vflnet.sdk.contract import PROTOCOLS, PartySide
 from vflnet.shared_config import shared_json
 from vflnet.threat.interception import party_interception

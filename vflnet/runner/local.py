@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from vflnet.config import Config, ConfigError, dump
+from vflnet.config import Config, dump
 from vflnet.progress import bar as progress_bar
 from vflnet.progress import quiet
 from vflnet.roles.run_lock import role_lock
@@ -42,7 +42,6 @@ from vflnet.runner.warm import (
     shared_server,
     start_vflnet,
 )
-from vflnet.threat.interception import TAP_BLOCKS_ENV, bench_tap_blocks
 from vflnet.validation import load_config
 
 START_MODES = ("warm", "cold")
@@ -553,17 +552,6 @@ def _run(
     resume: bool,
     server: ForkServer | None,
 ) -> int:
-    blocks = bench_tap_blocks()
-    if blocks and not cfg.trace.parties:  # it would time nothing
-        raise ConfigError(
-            "", TAP_BLOCKS_ENV, f"times the trace tap, and run {cfg.run.id} traces no party; unset it"
-        )
-    if blocks:  # never silent, whatever the log level: its traces are partial
-        print(
-            f"run {cfg.run.id}: {TAP_BLOCKS_ENV}={blocks}: its traces hold the steps of even blocks of "
-            f"{blocks} only (a benchmark's A/B of the tap)",
-            file=sys.stderr,
-        )
     if cfg.transport.bridge == "loopback":
         return _run_in_process(cfg, run_dir, progress, deadline)
     print(f"run {cfg.run.id}: {len(cfg.parties)} processes, run directory {run_dir}", file=sys.stderr)

@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 
 from vflnet.config import Config
+from vflnet.interceptors.bridge import LoopbackBridge
 from vflnet.roles import coordinator
 from vflnet.roles.common import setup_torch
 from vflnet.roles.party import PartyHost, serve
 from vflnet.roles.run_lock import role_lock
-from vflnet.sdk.bridge import LoopbackBridge
 from vflnet.wire.loopback import SCHEME, LoopbackHub
 
 

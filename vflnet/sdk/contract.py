@@ -34,8 +34,8 @@ from vflnet.wire.permissions import register_permissions
 
 if TYPE_CHECKING:
     from vflnet.config import Config
+    from vflnet.interceptors.bridge import Server
     from vflnet.models.local import LocalModel
-    from vflnet.sdk.bridge import Server
     from vflnet.sdk.context import CoordinatorContext, PartyContext
 
 

@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
+from vflnet.interceptors.bridge import Server, add_handlers, unary
 from vflnet.interceptors.events import METHODS, short_name
-from vflnet.sdk.bridge import Server, add_handlers, unary
 from vflnet.wire.channels import check_message_size
 from vflnet.wire.checks import check_run, check_sender
 from vflnet.wire.errors import RpcFailure, describe_rpc_error

@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
-from time import time as _now
 from typing import Any
 
 import numpy as np
 from google.protobuf.message import Message
 
-from vflnet.config import Config, ConfigError, PluginConfig
-from vflnet.interceptors.chain import Chain, Recorder
-from vflnet.interceptors.events import WireEvent, header_of
+from vflnet.config import Config, PluginConfig
+from vflnet.interceptors.chain import Chain, Recorder, chain_gate
+from vflnet.interceptors.events import WireEvent, WireRecord, header_of
 from vflnet.interceptors.trace import TraceWriter, entries_after, record_to_event, trace_path
 from vflnet.registry import ATTACKS, load_plugin_modules
 from vflnet.threat.attack import Attack, AttackContext, OwnStepView, PredictionView
@@ -28,10 +26,6 @@ from vflnet.threat.knowledge import threat_model_knowledge
 from vflnet.v1 import messages_pb2
 
 log = logging.getLogger(__name__)
-
-# `vflnet bench goals` times the trace tap inside one run: every party of the run it starts reads this
-# (a number of steps; see Chain's step_blocks). A benchmark's setting: its traces leave half the steps out
-TAP_BLOCKS_ENV = "VFLNET_BENCH_TAP_BLOCKS"
 
 
 @dataclass
@@ -229,18 +223,9 @@ class RunTrace(Recorder):
         self.roster = {p.name for p in cfg.parties}
         self.left_out = 0
 
-    def record(
-        self,
-        direction: str,
-        side: str,
-        method: str,
-        party: str,
-        peer: str,
-        message: Message,
-        data: bytes | None = None,
-        time: float | None = None,
-    ) -> None:
-        if side == "server" and direction == "request":
+    def record(self, record: WireRecord) -> None:
+        message = record.message
+        if record.side == "server" and record.direction == "request":
             header = header_of(message)
             if header is not None:
                 run_id, sender = header.run_id, header.sender
@@ -256,9 +241,7 @@ class RunTrace(Recorder):
                         self.left_out,
                     )
                 return None
-        self.writer.write_record(
-            direction, side, method, party, peer, message, data, _now() if time is None else time
-        )
+        self.writer.write_record(record)
 
 
 def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyInterception:
@@ -268,14 +251,13 @@ def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyIntercepti
     mods: list[Any] = []
     trace = None
     traced = name in cfg.trace.parties or "all" in cfg.trace.parties
-    blocks = _party_tap_blocks(name, traced, [e.name for e in cfg.attacks if e.party == name])
+    gate = chain_gate(cfg.plugins)
     if traced:
         trace = TraceWriter(
             trace_path(run_dir, name),
             name,
             cfg.run.id,
             max_bytes=int(cfg.trace.max_mb * 1024 * 1024),
-            step_blocks=blocks,
         )
         mods.append(RunTrace(trace, cfg))
     attacks = []
@@ -294,41 +276,9 @@ def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyIntercepti
                 entry.name,
                 ", ".join(f"{k}={v}" for k, v in attack.p.items()),
             )
-    return PartyInterception(name, Chain(mods, step_blocks=blocks), attacks, trace, knowledge, effects)
-
-
-def bench_tap_blocks() -> int:
-    """``TAP_BLOCKS_ENV``'s steps, 0 when it is unset. Read by every party; the launcher of a local
-    run prints it too (a lab's or compose's parties say so in their logs and their traces' headers)."""
-    value = os.environ.get(TAP_BLOCKS_ENV, "")
-    if not value:
-        return 0
-    if not value.isdigit() or int(value) < 1:
-        raise ConfigError("", TAP_BLOCKS_ENV, f"{value!r}: expected a number of steps, at least 1")
-    return int(value)
-
-
-def _party_tap_blocks(party: str, traced: bool, attacks: list[str]) -> int:
-    """``TAP_BLOCKS_ENV``'s steps for this party: 0 when it is unset or the party has no trace tap.
-    Refused beside an attack: the attack would miss every other block of steps. Its trace's header
-    says so, and reading it for an attack or a score is refused (``read_trace``)."""
-    blocks = bench_tap_blocks()
-    if not blocks or not traced:
-        return 0
-    if attacks:
-        names = ", ".join(attacks)
-        raise ConfigError(
-            "",
-            TAP_BLOCKS_ENV,
-            f"a benchmark's A/B of the trace tap would hide every other block of steps from {party}'s "
-            f"attacks ({names}); unset it",
+    if gate is not None and mods:  # never silent: what the gate lets by is in no trace
+        log.warning(
+            "%s: plug-in %s gates the chain: its trace leaves out the messages it lets by", name, gate[0]
         )
-    log.warning(
-        "%s: %s=%s: the trace tap sees the steps of even blocks of %s only (a benchmark's A/B); "
-        "the trace leaves the others out",
-        party,
-        TAP_BLOCKS_ENV,
-        blocks,
-        blocks,
-    )
-    return blocks
+    chain = Chain(mods, passes=None if gate is None else gate[1])
+    return PartyInterception(name, chain, attacks, trace, knowledge, effects)

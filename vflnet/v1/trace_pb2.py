@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15vflnet/v1/trace.proto\x12\tvflnet.v1\"j\n\x0bTraceHeader\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\x05\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05party\x18\x03 \x01(\t\x12\x0f\n\x07\x63reated\x18\x04 \x01(\x01\x12\x13\n\x0bstep_blocks\x18\x05 \x01(\x05\"\x90\x01\n\x0bTraceRecord\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\r\n\x05party\x18\x02 \x01(\t\x12\x0c\n\x04side\x18\x03 \x01(\t\x12\x11\n\tdirection\x18\x04 \x01(\t\x12\x0e\n\x06method\x18\x05 \x01(\t\x12\x0c\n\x04peer\x18\x06 \x01(\t\x12\x14\n\x0cmessage_type\x18\x07 \x01(\t\x12\x0f\n\x07message\x18\x08 \x01(\x0c\"O\n\x0eTraceTruncated\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x11\n\tmax_bytes\x18\x02 \x01(\x03\x12\x1c\n\x14\x66irst_dropped_method\x18\x03 \x01(\t\"\x99\x01\n\nTraceEntry\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.vflnet.v1.TraceHeaderH\x00\x12(\n\x06record\x18\x02 \x01(\x0b\x32\x16.vflnet.v1.TraceRecordH\x00\x12.\n\ttruncated\x18\x03 \x01(\x0b\x32\x19.vflnet.v1.TraceTruncatedH\x00\x42\x07\n\x05\x65ntryb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15vflnet/v1/trace.proto\x12\tvflnet.v1\"h\n\x0bTraceHeader\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\x05\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05party\x18\x03 \x01(\t\x12\x0f\n\x07\x63reated\x18\x04 \x01(\x01J\x04\x08\x05\x10\x06R\x0bstep_blocks\"\x90\x01\n\x0bTraceRecord\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\r\n\x05party\x18\x02 \x01(\t\x12\x0c\n\x04side\x18\x03 \x01(\t\x12\x11\n\tdirection\x18\x04 \x01(\t\x12\x0e\n\x06method\x18\x05 \x01(\t\x12\x0c\n\x04peer\x18\x06 \x01(\t\x12\x14\n\x0cmessage_type\x18\x07 \x01(\t\x12\x0f\n\x07message\x18\x08 \x01(\x0c\"O\n\x0eTraceTruncated\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x11\n\tmax_bytes\x18\x02 \x01(\x03\x12\x1c\n\x14\x66irst_dropped_method\x18\x03 \x01(\t\"\x99\x01\n\nTraceEntry\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.vflnet.v1.TraceHeaderH\x00\x12(\n\x06record\x18\x02 \x01(\x0b\x32\x16.vflnet.v1.TraceRecordH\x00\x12.\n\ttruncated\x18\x03 \x01(\x0b\x32\x19.vflnet.v1.TraceTruncatedH\x00\x42\x07\n\x05\x65ntryb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,11 +32,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'vflnet.v1.trace_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TRACEHEADER']._serialized_start=36
-  _globals['_TRACEHEADER']._serialized_end=142
-  _globals['_TRACERECORD']._serialized_start=145
-  _globals['_TRACERECORD']._serialized_end=289
-  _globals['_TRACETRUNCATED']._serialized_start=291
-  _globals['_TRACETRUNCATED']._serialized_end=370
-  _globals['_TRACEENTRY']._serialized_start=373
-  _globals['_TRACEENTRY']._serialized_end=526
+  _globals['_TRACEHEADER']._serialized_end=140
+  _globals['_TRACERECORD']._serialized_start=143
+  _globals['_TRACERECORD']._serialized_end=287
+  _globals['_TRACETRUNCATED']._serialized_start=289
+  _globals['_TRACETRUNCATED']._serialized_end=368
+  _globals['_TRACEENTRY']._serialized_start=371
+  _globals['_TRACEENTRY']._serialized_end=524
 # @@protoc_insertion_point(module_scope)

@@ -6,18 +6,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TraceHeader(_message.Message):
-    __slots__ = ("format_version", "run_id", "party", "created", "step_blocks")
+    __slots__ = ("format_version", "run_id", "party", "created")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     PARTY_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
-    STEP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     run_id: str
     party: str
     created: float
-    step_blocks: int
-    def __init__(self, format_version: _Optional[int] = ..., run_id: _Optional[str] = ..., party: _Optional[str] = ..., created: _Optional[float] = ..., step_blocks: _Optional[int] = ...) -> None: ...
+    def __init__(self, format_version: _Optional[int] = ..., run_id: _Optional[str] = ..., party: _Optional[str] = ..., created: _Optional[float] = ...) -> None: ...
 
 class TraceRecord(_message.Message):
     __slots__ = ("time", "party", "side", "direction", "method", "peer", "message_type", "message")

@@ -123,7 +123,7 @@ def make_server(
 
 def add_standard_services(server: grpc.Server) -> Any:
     """gRPC health checking (grpc_health_probe, `vflnet health`); returns the health servicer, which
-    ``vflnet.sdk.bridge.add_handlers`` marks SERVING for every service it registers."""
+    ``vflnet.interceptors.bridge.add_handlers`` marks SERVING for every service it registers."""
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
     health_servicer = health.HealthServicer()

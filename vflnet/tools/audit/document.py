@@ -306,22 +306,13 @@ def reproduce_command(cand: Candidate, row: dict[str, Any], out: Path) -> str:
     return f"vflnet run {out}/rows/{row['row_config']}"
 
 
-def build(
-    out: Path,
-    source: str,
-    cfg: Config,
-    budget: str,
-    seeds: list[int],
-    cands: list[Candidate],
-    settings: list[Setting],
-    runs: list[PlannedRun],
+def _attack_rows(
+    applicable: list[Candidate],
     per: dict[tuple[str, str], dict[str, Any]],
-    utility: dict[str, dict[str, Any]],
-    notes: list[str],
-    varied: list[tuple[str, list[tuple[str, dict[str, Any]]]]] = (),  # type: ignore[assignment]
-) -> dict[str, Any]:
-    applicable = [c for c in cands if c.applies]
-    skipped = [c for c in cands if not c.applies]
+    settings: list[Setting],
+    out: Path,
+) -> tuple[list[list[str]], list[dict[str, Any]]]:
+    """Each applicable attack's row of the verdicts table, and its entry in audit.json."""
     rows_json = []
     verdict_rows = []
     for cand in applicable:
@@ -361,19 +352,19 @@ def build(
                 },
             }
         )
-    skipped_rows = [[c.attack, c.position, f"not applicable: {c.reason}"] for c in skipped]
+    return verdict_rows, rows_json
 
-    blocks: list[Block] = [
-        Text(
-            f"Audit of `{source}`: protocol `{cfg.protocol.kind}`, dataset `{cfg.data.dataset}`, "
-            f"{len(cfg.parties) - 1} parties and a coordinator, transport TLS "
-            f"{'on' if cfg.transport.tls.enabled else 'off (plaintext)'}, bridge `{cfg.transport.bridge}`. "
-            f"Budget `{budget}`: seeds {', '.join(map(str, seeds))}; {len(runs)} runs. "
-            f"{len(applicable)} attack positions apply, {len(skipped)} do not."
-        ),
-    ]
-    blocks += [Text(n) for n in notes]
-    blocks += [
+
+def _verdict_blocks(
+    verdict_rows: list[list[str]],
+    skipped_rows: list[list[str]],
+    applicable: list[Candidate],
+    settings: list[Setting],
+    per: dict[tuple[str, str], dict[str, Any]],
+) -> list[Block]:
+    """The verdicts table (with how a verdict is reached), the low-FPR figures and the attacks that do
+    not apply."""
+    return [
         Heading("Verdicts"),
         Text(
             "Each applicable attack, scored with its own score against ground truth after the run, against "
@@ -405,6 +396,110 @@ def build(
         Heading("Not applicable"),
         Table(["attack", "position", "verdict"], skipped_rows),
     ]
+
+
+def _defense_blocks(
+    settings: list[Setting],
+    applicable: list[Candidate],
+    per: dict[tuple[str, str], dict[str, Any]],
+    utility: dict[str, dict[str, Any]],
+) -> tuple[list[Block], dict[str, Any]]:
+    """The section of several settings (defenses): one column each, its utility and every attack's
+    metric and verdict under it; and the defense capability scores of audit.json."""
+    dcs_json: dict[str, Any] = {}
+    header = ["", *(s.name for s in settings)]
+    mtas = [utility.get(s.name, {}).get("mean_test_accuracy") for s in settings]
+    table = [
+        [
+            "defense",
+            *(", ".join(f"{d['name']}@{d['party']}" for d in s.defenses) or "-" for s in settings),
+        ],
+        ["configured parameters", *(noise_line(s) for s in settings)],
+        [
+            "main-task accuracy",
+            *(fmt(m) if not s.reason else "-" for s, m in zip(settings, mtas, strict=True)),
+        ],
+        [
+            "time per run (s)",
+            *(fmt(utility.get(s.name, {}).get("mean_wall_time_s"), 1) for s in settings),
+        ],
+    ]
+    if any(s.reason for s in settings):
+        table.append(["not applicable", *(s.reason or "-" for s in settings)])
+    for c in applicable:
+        if not any("mean" in per.get((c.key, s.name), {}) for s in settings):
+            continue
+        line = [f"{c.attack} @ {c.position}"]
+        for s, mp in zip(settings, mtas, strict=True):
+            r = per.get((c.key, s.name), {})
+            ap = r.get("mean")
+            if s.reason or ap is None:
+                line.append("-" if s.reason else short(r.get("verdict", "-")))
+                continue
+            cell = f"{r['metric']} {fmt(ap)}: {short(r['verdict'])}"
+            if "epsilon_lower_bound" in r:
+                cell += f"; epsilon >= {r['epsilon_lower_bound']['epsilon']:.2f}"
+            if mp is not None and r.get("metric") in DCS_METRICS:
+                dcs = capability.defense_capability_score(min(max(ap, 0.0), 1.0), mp)
+                dcs_json.setdefault(s.name, {})[c.key] = dcs
+                cell += f"; DCS {fmt(dcs)}"
+            line.append(cell)
+        table.append(line)
+    blocks: list[Block] = [
+        Heading("Defenses: utility and leakage"),
+        Text(
+            "One column per setting: the main task's test accuracy and the wall time of a run (means over "
+            "the seeds), then each attack's metric and verdict under that setting, and VFLAIR's defense "
+            "capability score (DCS; beta 0.5, ideal: attack 0, main task 1) for attacks whose metric is a "
+            "rate in [0, 1]."
+        ),
+        Table(header, table),
+        *tradeoff_figure(applicable, settings, per, mtas),
+    ]
+    return blocks, dcs_json
+
+
+def _run_json(r: PlannedRun) -> dict[str, Any]:
+    """A run of the audit, as audit.json lists it."""
+    return {
+        "name": r.name,
+        "setting": r.setting,
+        "seed": r.seed,
+        "group": r.group,
+        "null": r.group.startswith(NULL),
+        "attacks": [c.key for c in r.candidates],
+    }
+
+
+def build(
+    out: Path,
+    source: str,
+    cfg: Config,
+    budget: str,
+    seeds: list[int],
+    cands: list[Candidate],
+    settings: list[Setting],
+    runs: list[PlannedRun],
+    per: dict[tuple[str, str], dict[str, Any]],
+    utility: dict[str, dict[str, Any]],
+    notes: list[str],
+    varied: list[tuple[str, list[tuple[str, dict[str, Any]]]]] = (),  # type: ignore[assignment]
+) -> dict[str, Any]:
+    applicable = [c for c in cands if c.applies]
+    skipped = [c for c in cands if not c.applies]
+    verdict_rows, rows_json = _attack_rows(applicable, per, settings, out)
+    skipped_rows = [[c.attack, c.position, f"not applicable: {c.reason}"] for c in skipped]
+    blocks: list[Block] = [
+        Text(
+            f"Audit of `{source}`: protocol `{cfg.protocol.kind}`, dataset `{cfg.data.dataset}`, "
+            f"{len(cfg.parties) - 1} parties and a coordinator, transport TLS "
+            f"{'on' if cfg.transport.tls.enabled else 'off (plaintext)'}, bridge `{cfg.transport.bridge}`. "
+            f"Budget `{budget}`: seeds {', '.join(map(str, seeds))}; {len(runs)} runs. "
+            f"{len(applicable)} attack positions apply, {len(skipped)} do not."
+        ),
+    ]
+    blocks += [Text(n) for n in notes]
+    blocks += _verdict_blocks(verdict_rows, skipped_rows, applicable, settings, per)
     assumed = sorted({(k, w, s) for c in applicable for k, w, s in c.knowledge if s != "provided by the run"})
     if assumed:
         blocks += [
@@ -414,55 +509,8 @@ def build(
         ]
     dcs_json: dict[str, Any] = {}
     if len(settings) > 1:
-        header = ["", *(s.name for s in settings)]
-        mtas = [utility.get(s.name, {}).get("mean_test_accuracy") for s in settings]
-        table = [
-            [
-                "defense",
-                *(", ".join(f"{d['name']}@{d['party']}" for d in s.defenses) or "-" for s in settings),
-            ],
-            ["configured parameters", *(noise_line(s) for s in settings)],
-            [
-                "main-task accuracy",
-                *(fmt(m) if not s.reason else "-" for s, m in zip(settings, mtas, strict=True)),
-            ],
-            [
-                "time per run (s)",
-                *(fmt(utility.get(s.name, {}).get("mean_wall_time_s"), 1) for s in settings),
-            ],
-        ]
-        if any(s.reason for s in settings):
-            table.append(["not applicable", *(s.reason or "-" for s in settings)])
-        for c in applicable:
-            if not any("mean" in per.get((c.key, s.name), {}) for s in settings):
-                continue
-            line = [f"{c.attack} @ {c.position}"]
-            for s, mp in zip(settings, mtas, strict=True):
-                r = per.get((c.key, s.name), {})
-                ap = r.get("mean")
-                if s.reason or ap is None:
-                    line.append("-" if s.reason else short(r.get("verdict", "-")))
-                    continue
-                cell = f"{r['metric']} {fmt(ap)}: {short(r['verdict'])}"
-                if "epsilon_lower_bound" in r:
-                    cell += f"; epsilon >= {r['epsilon_lower_bound']['epsilon']:.2f}"
-                if mp is not None and r.get("metric") in DCS_METRICS:
-                    dcs = capability.defense_capability_score(min(max(ap, 0.0), 1.0), mp)
-                    dcs_json.setdefault(s.name, {})[c.key] = dcs
-                    cell += f"; DCS {fmt(dcs)}"
-                line.append(cell)
-            table.append(line)
-        blocks += [
-            Heading("Defenses: utility and leakage"),
-            Text(
-                "One column per setting: the main task's test accuracy and the wall time of a run (means over "
-                "the seeds), then each attack's metric and verdict under that setting, and VFLAIR's defense "
-                "capability score (DCS; beta 0.5, ideal: attack 0, main task 1) for attacks whose metric is a "
-                "rate in [0, 1]."
-            ),
-            Table(header, table),
-            *tradeoff_figure(applicable, settings, per, mtas),
-        ]
+        defense_blocks, dcs_json = _defense_blocks(settings, applicable, per, utility)
+        blocks += defense_blocks
     vary_json = {key: along(points) for key, points in varied}
     blocks += vary_blocks(vary_json)
     blocks += [
@@ -498,17 +546,7 @@ def build(
         ],
         "defense_capability_score": dcs_json,
         "vary": vary_json,
-        "runs": [
-            {
-                "name": r.name,
-                "setting": r.setting,
-                "seed": r.seed,
-                "group": r.group,
-                "null": r.group.startswith(NULL),
-                "attacks": [c.key for c in r.candidates],
-            }
-            for r in runs
-        ],
+        "runs": [_run_json(r) for r in runs],
         "report": {"markdown": str(md), "html": str(html)},
     }
     (out / "audit.json").write_text(json.dumps(result, indent=2, default=str))

@@ -1,54 +1,56 @@
 """`vflnet bench NAME`: benchmarks; `vflnet bench` (or `all`) runs every one (vflnet.tools.bench.suite)."""
 
-# name -> (module whose main(argv) runs it, what it measures); each takes --smoke and --json
+from vflnet.subcommands import Command
+
+# name -> the module whose main(argv) runs it and what it measures; each takes --smoke and --json
 # (vflnet.tools.bench.common)
-BENCHMARKS = {
-    "transport": (
+BENCHMARKS: dict[str, Command] = {
+    "transport": Command(
         "vflnet.tools.bench.transport",
         "steps/s, ms per step and bytes of a training step: gRPC processes vs loopback vs in-process reference",
     ),
-    "grpc-floor": (
+    "grpc-floor": Command(
         "vflnet.tools.bench.grpc_floor",
         "the same digits step in bare Python gRPC processes: the floor under `transport`",
     ),
-    "paillier": (
+    "paillier": Command(
         "vflnet.tools.bench.paillier",
         "Paillier encryptions, decryptions and mat-vec multiply-adds per second: vflnet's engine vs phe",
     ),
-    "he-step": (
+    "he-step": Command(
         "vflnet.tools.bench.he_step",
         "seconds and bytes per split-he training step vs python-paillier",
     ),
-    "feature-reconstruction": (
+    "feature-reconstruction": Command(
         "vflnet.tools.bench.feature_reconstruction",
         "seconds of paper 000's feature reconstruction (Algorithm 1) against d_A, per method",
     ),
-    "secureboost": (
+    "secureboost": Command(
         "vflnet.tools.bench.secureboost",
         "seconds and bytes per SecureBoost tree: engine vs phe objects vs plaintext",
     ),
-    "cafe": (
+    "cafe": Command(
         "vflnet.tools.bench.cafe",
         "ms per CAFE iteration at the paper's setting: the attack alone and a training step with it, CPU and GPU",
     ),
-    "startup": (
+    "startup": Command(
         "vflnet.tools.bench.startup",
         "seconds to start a role process, a run and a sweep's runs: cold (new interpreters) vs warm (fork server)",
     ),
-    "netem": (
+    "netem": Command(
         "vflnet.tools.bench.netem",
         "split step time in the network lab under one-way delays against 2 x delay and the plain-TCP round trip (root)",
     ),
-    "scaling": (
+    "scaling": Command(
         "vflnet.tools.bench.scaling",
         "step time, CPU seconds and peak memory of every role against the number of passive parties",
     ),
-    "psi": (
+    "psi": Command(
         "vflnet.tools.bench.psi",
         "seconds, CPU seconds, peak RSS and bytes per ID of private set intersection (alignment.method psi) "
         "over gRPC processes, 2 and 3 parties, beside openmined-psi",
     ),
-    "goals": (
+    "goals": Command(
         "vflnet.tools.bench.goals",
         "start-up, sweep overhead, netem steps, vflnet vs its floor and the trace tap against their goals, "
         "in one run",

@@ -41,8 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from vflnet import progress
-from vflnet.threat.interception import TAP_BLOCKS_ENV
-from vflnet.tools.bench import grpc_floor, netem, startup, transport
+from vflnet.tools.bench import grpc_floor, netem, startup, tap_ab, transport
 from vflnet.tools.bench.common import Row, markdown_table, parse_args, scratch, write_json
 from vflnet.tools.lab.netlab import tcp_cc_refusal, unavailable_reason
 
@@ -257,7 +256,7 @@ BARE_TAP_ROW = (
 # The taps are timed inside one run each (an A/B): the tap is on for the steps of even blocks of
 # TAP_BLOCKS steps and off for the odd ones, on the same processes. Separate runs with and without a
 # tap differ by +-0.5 ms from run to run on a shared machine, more than the tap's own cost.
-TAP_BLOCKS = 20  # ~0.1 s a block: a load that comes and goes falls on both halves alike
+TAP_BLOCKS = tap_ab.BLOCKS  # vflnet's runs: the plug-in module tap_ab gates their chains
 # steps left out at each end of a block, conservatively: up to 3 steps are in flight, so a block's last
 # steps overlap the next block's
 TAP_EDGE = 3
@@ -273,11 +272,13 @@ FLOOR_FIGURES = [
 ]
 
 
-def _vflnet_run(name: str, epochs: int) -> dict[str, Any]:
+def _vflnet_run(name: str, epochs: int, plugins: tuple[str, ...] = ()) -> dict[str, Any]:
     """``name`` run as one pipeline, as the floor's steps are: its checkpoint (and the step after it)
-    only at the end, where `transport.distributed` times it apart."""
+    only at the end, where `transport.distributed` times it apart; ``plugins`` added to its config.
+    Its run folder, traces and all, is removed with the scratch folder."""
     case = copy.deepcopy(transport.CASES[name])
     case["train"].update(epochs=epochs, checkpoint_every=epochs)
+    case["plugins"] = [*case.get("plugins", []), *plugins]
     with scratch("vflnet-bench-goals-") as tmp:
         case["run"]["dir"] = str(tmp)
         return transport.distributed(case, Path(tmp), "grpc")
@@ -286,15 +287,8 @@ def _vflnet_run(name: str, epochs: int) -> dict[str, Any]:
 def _vflnet_tap_ms(epochs: int) -> float:
     """The ms vflnet's trace tap adds per step, timed inside one run (TAP_BLOCKS)."""
     epochs = max(epochs, -(-TAP_MIN_STEPS // DIGITS_STEPS_PER_EPOCH))
-    before = os.environ.get(TAP_BLOCKS_ENV)
-    os.environ[TAP_BLOCKS_ENV] = str(TAP_BLOCKS)  # read by every party of the run (Chain's step_blocks)
-    try:
-        return tap_ms(_vflnet_run(DIGITS + transport.TAP, epochs)["step_times"])
-    finally:
-        if before is None:
-            del os.environ[TAP_BLOCKS_ENV]
-        else:
-            os.environ[TAP_BLOCKS_ENV] = before
+    # the plug-in gates every party's chain (its traces hold the even blocks only: never kept)
+    return tap_ms(_vflnet_run(DIGITS + transport.TAP, epochs, (tap_ab.__name__,))["step_times"])
 
 
 def _floor_tap_ms(steps: int) -> float:

@@ -138,6 +138,28 @@ def _sweep_file(folder: Path, runs: int) -> Path:
     return path
 
 
+def _sweeps(folder: Path, sweep_runs: int) -> dict[str, dict[str, Any]]:
+    """The sweep's first ``sweep_runs`` runs under each start: wall and overhead per run, results."""
+    sweep = _sweep_file(folder, sweep_runs)
+    per_run: dict[str, dict[str, Any]] = {}
+    for start in COMMAND_STARTS:
+        out = folder / f"sweep-{start}"
+        wall = _command(
+            ["sweep", str(sweep), "--out", str(out), "--jobs", "1", "--quiet"]
+            + ([] if start == "resident" else ["--start", start]),
+            folder / f"sweep-{start}.log",
+            _command_env(start, folder),
+        )
+        dirs = sweep_run_dirs(out / "runs")
+        per_run[start] = {
+            "wall": wall / len(dirs),
+            "overhead": (wall - _training_s(dirs)) / len(dirs),
+            "results": [{k: v for k, v in r.items() if k != "wall_time_s"} for r in collect(out / "runs")],
+            "runs": len(dirs),
+        }
+    return per_run
+
+
 def measure(repeat: int, sweep_runs: int) -> tuple[list[Row], bool]:
     """The rows of the table (``what``, ``cold_s``, ``warm_s``, ``resident_s``): party starts (median of
     ``repeat``), the resident server's start, the demo's run (median of ``repeat``) and the sweep (its
@@ -193,25 +215,7 @@ def measure(repeat: int, sweep_runs: int) -> tuple[list[Row], bool]:
                 | {f"{s}_s": statistics.median(overheads[s]) for s in COMMAND_STARTS}
             )
 
-            sweep = _sweep_file(folder, sweep_runs)
-            per_run: dict[str, dict[str, Any]] = {}
-            for start in COMMAND_STARTS:
-                out = folder / f"sweep-{start}"
-                wall = _command(
-                    ["sweep", str(sweep), "--out", str(out), "--jobs", "1", "--quiet"]
-                    + ([] if start == "resident" else ["--start", start]),
-                    folder / f"sweep-{start}.log",
-                    _command_env(start, folder),
-                )
-                dirs = sweep_run_dirs(out / "runs")
-                per_run[start] = {
-                    "wall": wall / len(dirs),
-                    "overhead": (wall - _training_s(dirs)) / len(dirs),
-                    "results": [
-                        {k: v for k, v in r.items() if k != "wall_time_s"} for r in collect(out / "runs")
-                    ],
-                    "runs": len(dirs),
-                }
+            per_run = _sweeps(folder, sweep_runs)
         finally:
             _command(["warm", "stop"], folder / "resident-stop.log", _command_env("resident", folder))
         n = per_run["warm"]["runs"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import sys
@@ -42,7 +41,7 @@ def run_one(name: str, out: Path, smoke: bool) -> dict[str, Any]:
     start = time.perf_counter()
     with (out / f"{name}.log").open("w") as log, contextlib.redirect_stdout(log):
         try:
-            rc = importlib.import_module(BENCHMARKS[name][0]).main(argv)
+            rc = BENCHMARKS[name].run(argv)
             error = None if rc == 0 else f"exit code {rc}"
         except Exception:  # one broken benchmark must not hide the others' figures
             error = traceback.format_exc()

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vflnet.config import ConfigError
+from vflnet.subcommands import add_action, run_action
 
 if TYPE_CHECKING:
     from vflnet.tools.lab.netlab import Lab
@@ -34,37 +35,48 @@ def build_parser() -> argparse.ArgumentParser:
         "latency and loss, an optional proxy host on the path. Needs root.",
     )
     sub = parser.add_subparsers(dest="lab_command", required=True)
+    _add_up(sub)
+    _add_run(sub)
+    _add_impair(sub)
+    p = add_action(sub, "down", _down, "stop the lab's processes and delete its namespaces (idempotent)")
+    p.add_argument("--prefix", default="vfl")
+    return parser
 
-    def impairment_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--netem",
-            default="",
-            metavar="SPEC",
-            help="impairment on every host's egress, in tc-netem syntax, e.g. 'delay 100ms loss 1%%'",
-        )
-        p.add_argument(
-            "--emulator",
-            choices=["auto", "netem", "userspace"],
-            default="auto",
-            help="auto: kernel tc netem if the kernel has it, else the userspace hub; userspace: the hub "
-            "always (delay, jitter, loss, rate; `lab impair` and --fault need it)",
-        )
-        p.add_argument("--proxy-host", action="store_true", help="add a host for `vflnet proxy`")
-        p.add_argument(
-            "--tcp-cc",
-            default="",
-            metavar="NAME",
-            help="TCP congestion control of every host (e.g. reno; default: the machine's, which may pace "
-            "messages of a few KB on a delayed link)",
-        )
 
-    p = sub.add_parser("up", help="create the namespaces and links for a config's roster")
+def _impairment_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--netem",
+        default="",
+        metavar="SPEC",
+        help="impairment on every host's egress, in tc-netem syntax, e.g. 'delay 100ms loss 1%%'",
+    )
+    p.add_argument(
+        "--emulator",
+        choices=["auto", "netem", "userspace"],
+        default="auto",
+        help="auto: kernel tc netem if the kernel has it, else the userspace hub; userspace: the hub "
+        "always (delay, jitter, loss, rate; `lab impair` and --fault need it)",
+    )
+    p.add_argument("--proxy-host", action="store_true", help="add a host for `vflnet proxy`")
+    p.add_argument(
+        "--tcp-cc",
+        default="",
+        metavar="NAME",
+        help="TCP congestion control of every host (e.g. reno; default: the machine's, which may pace "
+        "messages of a few KB on a delayed link)",
+    )
+
+
+def _add_up(sub: argparse._SubParsersAction) -> None:
+    p = add_action(sub, "up", _up, "create the namespaces and links for a config's roster")
     p.add_argument("config", type=Path)
     p.add_argument("--prefix", default="vfl", help="namespace name prefix; one lab per prefix (default vfl)")
     p.add_argument("--dir", type=Path, default=None, help="lab directory (default runs/lab-PREFIX)")
-    impairment_options(p)
+    _impairment_options(p)
 
-    p = sub.add_parser("run", help="run the training job across the lab's hosts")
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    p = add_action(sub, "run", _run, "run the training job across the lab's hosts")
     p.add_argument(
         "target",
         type=Path,
@@ -120,10 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=600.0, help="seconds the whole run may take (default 600)"
     )
     p.add_argument("--prefix", default="vfl", help="prefix for the lab made from a CONFIG (default vfl)")
-    impairment_options(p)
+    _impairment_options(p)
 
-    p = sub.add_parser(
-        "impair", help="change a host's link or impairment now, on a running lab's userspace hub"
+
+def _add_impair(sub: argparse._SubParsersAction) -> None:
+    p = add_action(
+        sub, "impair", _impair, "change a host's link or impairment now, on a running lab's userspace hub"
     )
     p.add_argument("party", help="a host of the lab (a party of the roster, or proxy)")
     p.add_argument(
@@ -134,10 +148,6 @@ def build_parser() -> argparse.ArgumentParser:
         "(e.g. delay=20ms jitter=5ms loss=1%% rate=10mbit; the keys not given are none)",
     )
     p.add_argument("--prefix", default="vfl", help="the lab's prefix (default vfl)")
-
-    p = sub.add_parser("down", help="stop the lab's processes and delete its namespaces (idempotent)")
-    p.add_argument("--prefix", default="vfl")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,66 +164,82 @@ def main(argv: list[str] | None = None) -> int:
                     f"lab run --resume: --{dest.replace('_', '-')} cannot be changed: the run resumes with "
                     "the options and the lab it was started with (RUN_DIR/lab-run.json, RUN_DIR/lab.json)"
                 )
-    # imports torch: not for `--help`
-    from vflnet.roles.run_lock import RunDirInUse
-    from vflnet.tools.lab.netlab import Lab, LabError, down, impair, running_lab, up
-    from vflnet.tools.lab.run import resume_lab, run_lab
-
-    def run(lab: Lab) -> int:
-        return run_lab(
-            lab,
-            tls=args.tls,
-            via=args.via_proxy,
-            proxy_mode=args.proxy_mode,
-            tamper=args.tamper,
-            proxy_args=args.proxy_arg,
-            timeout_s=args.timeout,
-            faults=args.fault,
-        ).rc
+    from vflnet.roles.run_lock import RunDirInUse  # imports torch: not for `--help`
+    from vflnet.tools.lab.netlab import LabError
 
     try:
-        if args.lab_command == "up":
-            lab = up(
-                args.config,
-                prefix=args.prefix,
-                lab_dir=args.dir,
-                netem=args.netem,
-                proxy_host=args.proxy_host,
-                emulator=args.emulator,
-                tcp_cc=args.tcp_cc,
-            )
-            _print_lab(lab)
-            return 0
-        if args.lab_command == "impair":
-            lab = running_lab(args.prefix)
-            impair(lab, args.party, args.settings)
-            _print_impairments(lab)
-            return 0
-        if args.lab_command == "down":
-            deleted = down(args.prefix)
-            print(f"deleted {', '.join(deleted)}" if deleted else f"no lab with prefix {args.prefix!r} is up")
-            return 0
-        if args.resume is not None:
-            return resume_lab(args.resume, timeout_s=args.timeout, faults=args.fault).rc
-        if args.target.is_dir():
-            return run(Lab.open(args.target))
-        lab = up(
-            args.target,
-            prefix=args.prefix,
-            netem=args.netem,
-            # a fault is set on the userspace hub: a lab made for the run has one
-            emulator="userspace" if args.fault and args.emulator == "auto" else args.emulator,
-            proxy_host=args.proxy_host or args.via_proxy is not None,
-            tcp_cc=args.tcp_cc,
-        )
-        try:
-            _print_lab(lab)
-            return run(lab)
-        finally:
-            down(lab.prefix)
+        return run_action(args)
     except (LabError, ConfigError, RunDirInUse) as exc:
         print(f"vflnet lab: {exc}", file=sys.stderr)
         return 2
+
+
+def _up(args: argparse.Namespace) -> int:
+    from vflnet.tools.lab.netlab import up
+
+    lab = up(args.config, lab_dir=args.dir, **_lab_options(args))
+    _print_lab(lab)
+    return 0
+
+
+def _lab_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``up``'s options as `lab up` and `lab run` take them (_impairment_options, --prefix)."""
+    return {
+        "prefix": args.prefix,
+        "netem": args.netem,
+        "proxy_host": args.proxy_host,
+        "emulator": args.emulator,
+        "tcp_cc": args.tcp_cc,
+    }
+
+
+def _impair(args: argparse.Namespace) -> int:
+    from vflnet.tools.lab.netlab import impair, running_lab
+
+    lab = running_lab(args.prefix)
+    impair(lab, args.party, args.settings)
+    _print_impairments(lab)
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    from vflnet.tools.lab.netlab import down
+
+    deleted = down(args.prefix)
+    print(f"deleted {', '.join(deleted)}" if deleted else f"no lab with prefix {args.prefix!r} is up")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from vflnet.tools.lab.netlab import Lab, down, up
+    from vflnet.tools.lab.run import resume_lab
+
+    if args.resume is not None:
+        return resume_lab(args.resume, timeout_s=args.timeout, faults=args.fault).rc
+    if args.target.is_dir():
+        return _run_on(Lab.open(args.target), args)
+    options = _lab_options(args)
+    if args.fault and args.emulator == "auto":  # a fault is set on the userspace hub: the lab has one
+        options["emulator"] = "userspace"
+    options["proxy_host"] = args.proxy_host or args.via_proxy is not None
+    lab = up(args.target, **options)
+    try:
+        _print_lab(lab)
+        return _run_on(lab, args)
+    finally:
+        down(lab.prefix)
+
+
+def _run_on(lab: Lab, args: argparse.Namespace) -> int:
+    from vflnet.tools.lab.run import run_lab
+
+    proxy = {  # the proxy host's part
+        "via": args.via_proxy,
+        "proxy_mode": args.proxy_mode,
+        "tamper": args.tamper,
+        "proxy_args": args.proxy_arg,
+    }
+    return run_lab(lab, tls=args.tls, timeout_s=args.timeout, faults=args.fault, **proxy).rc
 
 
 def _print_lab(lab: Lab) -> None:

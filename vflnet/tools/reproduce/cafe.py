@@ -421,6 +421,33 @@ def _options(options: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(options.items())) or "none (the paper's text)"
 
 
+def _curve_lines(curve: RunRecord | None) -> list[str]:
+    """The report's PSNR curve of Table 2's CAFE run (none without a history)."""
+    if curve is None or not curve.history:
+        return []
+    region, residual = dict(curve.history_region), dict(curve.residuals)
+    lines = [
+        "",
+        f"## Curve ({OBJECTIVE_LABELS[curve.objective]}, K = {curve.k})",
+        "",
+        "| iteration | PSNR per image | PSNR per region | Step I residual |",
+        "|---|---|---|---|",
+    ]
+    for t, value in curve.history:
+        lines.append(f"| {t} | {value:.2f} | {_fmt(region.get(t))} | {residual.get(t, math.nan):.3g} |")
+    return lines
+
+
+def _check_sizes(n: int, batch_sizes: Sequence[int], jobs: int, checkpoint_every: int) -> None:
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+    for kk in batch_sizes:
+        if not 0 < kk <= n:
+            raise ValueError(f"every batch size K must be in [1, N = {n}], got {kk}")
+
+
 def write_report(path: Path, main: list[RunRecord], sweep: list[RunRecord], s: dict, timing: dict) -> str:
     """The markdown report: our numbers next to the paper's MNIST column."""
     mode = (
@@ -474,18 +501,7 @@ def write_report(path: Path, main: list[RunRecord], sweep: list[RunRecord], s: d
             f"| {r.k} | {r.psnr:.2f} | {r.psnr_region:.2f} | {_fmt(PAPER_TABLE3_MNIST.get(r.k))} | "
             f"{r.iterations} ({r.stopped}) | {r.iters_to_target or '-'} | {r.seconds:.0f} |"
         )
-    curve = main[0] if main else None
-    if curve is not None and curve.history:
-        region, residual = dict(curve.history_region), dict(curve.residuals)
-        lines += [
-            "",
-            f"## Curve ({OBJECTIVE_LABELS[curve.objective]}, K = {curve.k})",
-            "",
-            "| iteration | PSNR per image | PSNR per region | Step I residual |",
-            "|---|---|---|---|",
-        ]
-        for t, value in curve.history:
-            lines.append(f"| {t} | {value:.2f} | {_fmt(region.get(t))} | {residual.get(t, math.nan):.3g} |")
+    lines += _curve_lines(main[0] if main else None)
     lines += [
         "",
         "## Time",
@@ -548,10 +564,7 @@ def reproduce(
     ``resume`` continues the runs an earlier call left in ``out_dir`` (settings from
     ``out_dir/cafe_settings.json``: `vflnet reproduce cafe --resume DIR`)."""
     resolve_device(device)
-    if jobs < 1:
-        raise ValueError(f"jobs must be >= 1, got {jobs}")
-    if checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+    _check_sizes(n, (k, *sweep_k), jobs, checkpoint_every)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     total_start = time.perf_counter()
@@ -560,73 +573,21 @@ def reproduce(
         (out / SETTINGS_FILE).write_text(json.dumps(arguments, indent=2))
     grid = grid_for(m)
     regions(IMAGE_SIDE["mnist"], m)  # the grid must divide the image
-    for kk in (k, *sweep_k):
-        if not 0 < kk <= n:
-            raise ValueError(f"every batch size K must be in [1, N = {n}], got {kk}")
     log(f"CAFE reproduce: MNIST N={n} K={k} M={m} conv={conv_channels} fc1={fc1_out} T={iterations}")
-    run = RunSettings(
-        n,
-        m,
-        iterations,
-        worker_model(conv_channels, fc1_out, victim_init),
-        eval_every,
-        seed,
-        loop,
-        lr_step3,
-        train_lr,
-        optimizer,
-        threads,
-        device,
-        attack_options=dict(attack_options or {}),
-        top=top_model(victim_init, double_softmax),
-        party_device=party_device,
-        stops=Stops(
-            checkpoint_every,
-            until_psnr,
-            until_residual,
-            None if max_seconds is None else time.time() + max_seconds,
-        ),
-    )
+    run = _run_settings(arguments, max_seconds)
     timing: dict[str, float | int | str | None] = {"threads": threads, "device": device, "jobs": jobs}
     if time_paper:
-        per_it = time_paper_setting(out, seed, threads, device)
-        timing.update(
-            paper_setting_s=per_it,
-            paper_run_8000_h=per_it * 8000 / 3600,
-            paper_run_20000_h=per_it * 20000 / 3600,
-        )
-        log(f"one step at the paper setting: {per_it:.3f} s -> {per_it * 20000 / 3600:.1f} h for 20000")
+        timing.update(_paper_timing(out, seed, threads, device, log))
 
     table2 = [(k, objective) for objective in ("cafe", *baselines)]
     sweep_only = [(kk, "cafe") for kk in sweep_k if kk != k]
     records = run_attacks(table2 + sweep_only, run, out, log, jobs, resume)
     main, by_k = records[: len(table2)], {r.k: r for r in records[len(table2) :]}
-    for record in main:
-        picture = Path(record.run_dir) / "attacks" / "cafe-real-vs-recovered.png"
-        if picture.exists():
-            shutil.copy(picture, out / f"cafe_{record.objective}_k{k}.png")
+    _copy_pictures(main, k, out)
     timing["this_setting_s"] = main[0].step_s
     sweep = [main[0] if kk == k else by_k[kk] for kk in sweep_k]
     timing["total_s"] = time.perf_counter() - total_start
-    settings = {
-        "n": n,
-        "held_out": held_out(n),
-        "k": k,
-        "m": m,
-        "grid": grid,
-        "c1": conv_channels[0],
-        "c2": conv_channels[1],
-        "fc1": fc1_out,
-        "iterations": iterations,
-        "loop": loop,
-        "seed": seed,
-        "lr_step3": lr_step3,
-        "train_lr": train_lr,
-        "optimizer": optimizer,
-        "lr_step1": (attack_options or {}).get("lr_step1", table9_params("mnist").lr_step1),
-        "attack_options": {k: v for k, v in (attack_options or {}).items() if k != "lr_step1"},
-        "victim": f"init {victim_init}" + (", softmax output (double softmax)" if double_softmax else ""),
-    }
+    settings = _report_settings(arguments, grid)
     text = write_report(out / "cafe_report.md", main, sweep, settings, timing)
     record = {
         "settings": settings,
@@ -637,6 +598,79 @@ def reproduce(
     (out / "cafe_report.json").write_text(json.dumps(record, indent=2))
     log(text)
     return record
+
+
+def _run_settings(a: dict[str, Any], max_seconds: float | None) -> RunSettings:
+    """Every run's settings, from :func:`reproduce`'s arguments (``SETTINGS``)."""
+    return RunSettings(
+        a["n"],
+        a["m"],
+        a["iterations"],
+        worker_model(a["conv_channels"], a["fc1_out"], a["victim_init"]),
+        a["eval_every"],
+        a["seed"],
+        a["loop"],
+        a["lr_step3"],
+        a["train_lr"],
+        a["optimizer"],
+        a["threads"],
+        a["device"],
+        attack_options=dict(a["attack_options"] or {}),
+        top=top_model(a["victim_init"], a["double_softmax"]),
+        party_device=a["party_device"],
+        stops=Stops(
+            a["checkpoint_every"],
+            a["until_psnr"],
+            a["until_residual"],
+            None if max_seconds is None else time.time() + max_seconds,
+        ),
+    )
+
+
+def _paper_timing(
+    out: Path, seed: int, threads: int, device: str, log: Callable[[str], None]
+) -> dict[str, float | int | str | None]:
+    """One training step with the attack at the paper's setting, and what a whole run would take."""
+    per_it = time_paper_setting(out, seed, threads, device)
+    log(f"one step at the paper setting: {per_it:.3f} s -> {per_it * 20000 / 3600:.1f} h for 20000")
+    return {
+        "paper_setting_s": per_it,
+        "paper_run_8000_h": per_it * 8000 / 3600,
+        "paper_run_20000_h": per_it * 20000 / 3600,
+    }
+
+
+def _copy_pictures(main: list[RunRecord], k: int, out: Path) -> None:
+    """Table 2's runs' real-vs-recovered pictures, next to the report."""
+    for record in main:
+        picture = Path(record.run_dir) / "attacks" / "cafe-real-vs-recovered.png"
+        if picture.exists():
+            shutil.copy(picture, out / f"cafe_{record.objective}_k{k}.png")
+
+
+def _report_settings(a: dict[str, Any], grid: tuple[int, int]) -> dict[str, Any]:
+    """The settings the report states, from :func:`reproduce`'s arguments (``SETTINGS``)."""
+    attack_options = a["attack_options"] or {}
+    return {
+        "n": a["n"],
+        "held_out": held_out(a["n"]),
+        "k": a["k"],
+        "m": a["m"],
+        "grid": grid,
+        "c1": a["conv_channels"][0],
+        "c2": a["conv_channels"][1],
+        "fc1": a["fc1_out"],
+        "iterations": a["iterations"],
+        "loop": a["loop"],
+        "seed": a["seed"],
+        "lr_step3": a["lr_step3"],
+        "train_lr": a["train_lr"],
+        "optimizer": a["optimizer"],
+        "lr_step1": attack_options.get("lr_step1", table9_params("mnist").lr_step1),
+        "attack_options": {k: v for k, v in attack_options.items() if k != "lr_step1"},
+        "victim": f"init {a['victim_init']}"
+        + (", softmax output (double softmax)" if a["double_softmax"] else ""),
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -702,6 +736,12 @@ def build_parser() -> argparse.ArgumentParser:
         smoke="N 16, K 4, conv 2/4, fc1 8, 20 iterations, CAFE only (no baselines, no sweep)",
     )
     ap.add_argument("--out-dir", default="runs/cafe")
+    _add_authors_code(ap)
+    _add_stops(ap)
+    return ap
+
+
+def _add_authors_code(ap: argparse.ArgumentParser) -> None:
     authors = ap.add_argument_group(
         "the authors' code (DeRafael/CAFE) where it differs from the paper's text; defaults: the paper"
     )
@@ -738,6 +778,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     authors.add_argument("--label-grad-scale", type=float, default=None, help="dummy labels' gradient factor")
     authors.add_argument("--lr-step1", type=float, default=None, help="Step I lr (Table 9: 1e-2; code: 5e-3)")
+
+
+def _add_stops(ap: argparse.ArgumentParser) -> None:
     stops = ap.add_argument_group("pieces, stops and resuming")
     stops.add_argument(
         "--checkpoint-every",
@@ -767,7 +810,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue the report in DIR (an earlier --out-dir) with its own settings; "
         "only --max-seconds applies anew",
     )
-    return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:

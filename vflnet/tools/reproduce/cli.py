@@ -9,7 +9,6 @@ command appends the paper, the size, the exact command, the dataset substitutes 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import shlex
 import sys
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vflnet import progress
+from vflnet.subcommands import Command
 
 PAPERS = {
     "000": "Ye et al., Feature Reconstruction Attacks and Countermeasures of DNN training in VFL",
@@ -35,6 +35,10 @@ class Experiment:
     module: str  # its main(argv) takes its own flags plus --out-dir, --quick and --smoke
     substitute: str  # the data sets standing in for the paper's
     report: str = "report.md"  # what the module writes under --out-dir
+
+    @property
+    def command(self) -> Command:
+        return Command(self.module, self.summary)
 
 
 EXPERIMENTS = {
@@ -140,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     names = [a for a in argv if a in EXPERIMENTS]
     if names and {"-h", "--help"} & set(argv):  # the experiment's own parser documents its flags
-        return int(importlib.import_module(EXPERIMENTS[names[0]].module).main(["--help"]) or 0)
+        return EXPERIMENTS[names[0]].command.run(["--help"])
     args, rest = build_parser().parse_known_args(argv)
     exp = EXPERIMENTS[args.name]
     out_dir = args.out_dir or Path("runs") / f"reproduce-{args.name}"
@@ -148,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = {"smoke": ["--smoke"], "quick": ["--quick"], "full": []}[mode]
     start = time.perf_counter()
     with progress.runs(f"reproduce {args.name}"):
-        rc = int(importlib.import_module(exp.module).main([*rest, "--out-dir", str(out_dir), *flags]) or 0)
+        rc = exp.command.run([*rest, "--out-dir", str(out_dir), *flags])
     if rc != 0:
         return rc
     text = footer(args.name, mode, shlex.join(["vflnet", "reproduce", *argv]), time.perf_counter() - start)

@@ -117,24 +117,10 @@ def substitute(dataset: str) -> str:
     return MNIST_DATA[OPTIONS["mnist_data"]][2] if dataset == "mnist" else SUBSTITUTE[dataset]
 
 
-def run_config(
-    dataset: str,
-    bits: int,
-    variant: str | None,
-    epochs: int,
-    seed: int = 0,
-    dp_epsilon: float = 0,
-    attacks: list[dict[str, Any]] | None = None,
-    releases: list[dict[str, Any]] | None = None,
-    predict: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """One run: ``variant`` None is the no-defense baseline (plain split, real-valued d-wide embeddings);
-    MNIST runs take the bottom `main` was given (OPTIONS)."""
+def _passive_parties(dataset: str, bits: int) -> list[dict[str, Any]]:
+    """The two passive parties of a run on ``dataset``: each one's features and a ``bits``-wide bottom."""
     spec = DATASETS[dataset]
-    parties: list[dict[str, Any]] = [
-        {"name": "coordinator", "role": "coordinator"},
-        {"name": "active", "role": "active"},
-    ]
+    parties: list[dict[str, Any]] = []
     for i in range(2):
         features = (
             {"region": spec["regions"][i]}
@@ -152,6 +138,28 @@ def run_config(
         parties.append(
             {"name": f"passive-{i + 1}", "role": "passive", "features": features, "bottom": bottom}
         )
+    return parties
+
+
+def run_config(
+    dataset: str,
+    bits: int,
+    variant: str | None,
+    epochs: int,
+    seed: int = 0,
+    dp_epsilon: float = 0,
+    attacks: list[dict[str, Any]] | None = None,
+    releases: list[dict[str, Any]] | None = None,
+    predict: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One run: ``variant`` None is the no-defense baseline (plain split, real-valued d-wide embeddings);
+    MNIST runs take the bottom `main` was given (OPTIONS)."""
+    spec = DATASETS[dataset]
+    parties: list[dict[str, Any]] = [
+        {"name": "coordinator", "role": "coordinator"},
+        {"name": "active", "role": "active"},
+        *_passive_parties(dataset, bits),
+    ]
     protocol: dict[str, Any] = {"kind": "split", "aggregation": "concat"}
     if variant is not None:
         protocol = {
@@ -617,7 +625,7 @@ def gradient_leak(run: Runner, epochs: int) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vflnet reproduce hashvfl", description=__doc__)
     parser.add_argument("--out-dir", type=Path, default=Path("runs/reproduce-hashvfl"))
     add_size_flags(
@@ -685,7 +693,11 @@ def main(argv: list[str] | None = None) -> int:
         default="ii,iii,iv,v,vi,vii,leak",
         help="comma-separated subset of ii,iii,iv,v,vi,vii,leak",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     torch.set_num_threads(1)
     if args.smoke:
         args.tables = "ii"
