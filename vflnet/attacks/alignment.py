@@ -18,7 +18,6 @@ dataset (the attacker knows the whole population, the strongest dictionary).
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -47,15 +46,6 @@ def _need_candidates(cfg: Config, params: dict[str, Any]) -> list[tuple[str, str
             ("attacks", "the parties read their own files: give params.candidates (a file of candidate IDs)")
         ]
     return []
-
-
-def candidate_ids(cfg: Config, path: str | None) -> list[str]:
-    """The attacker's list of candidate IDs, as text: its file, else every ID of the dataset."""
-    if path:
-        return [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
-    from vflnet.data.datasets import load_dataset
-
-    return [str(i) for i in load_dataset(cfg.data.dataset, cfg.data.params).ids.tolist()]
 
 
 def score_recovery(recovered: set[str], truth: dict[str, Any]) -> dict[str, float]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -207,8 +208,6 @@ def threat_model_knowledge(cfg: Config, name: str, attack: Any) -> dict[str, Any
             )
         out["aux_labels"] = known
     if "candidate_ids" in attack.knowledge:
-        from vflnet.attacks.alignment import candidate_ids
-
         out["candidate_ids"] = candidate_ids(cfg, attack.p.get("candidates"))
     return out
 
@@ -241,3 +240,11 @@ def deliver_server_knowledge(
             n_classes=int(top.shape[0]),
             top_softmax=cfg.model.top.output_activation == "softmax",
         )
+
+
+def candidate_ids(cfg: Config, path: str | None) -> list[str]:
+    """An alignment attacker's list of candidate IDs, as text (its threat model's dictionary, e.g. the
+    e-mails of a town): its file, else every ID of the dataset."""
+    if path:
+        return [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    return [str(i) for i in load_dataset(cfg.data.dataset, cfg.data.params).ids.tolist()]
