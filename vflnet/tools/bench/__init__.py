@@ -27,6 +27,10 @@ BENCHMARKS = {
         "vflnet.tools.bench.secureboost",
         "seconds and bytes per SecureBoost tree: engine vs phe objects vs plaintext",
     ),
+    "secureboost-anchors": (
+        "vflnet.tools.bench.secureboost_anchors",
+        "seconds per SecureBoost tree at FATE 2.0's and SecretFlow SGB's settings, beside xgboost and their figures, per core",
+    ),
     "cafe": (
         "vflnet.tools.bench.cafe",
         "ms per CAFE iteration at the paper's setting: the attack alone and a training step with it, CPU and GPU",
@@ -41,7 +45,7 @@ BENCHMARKS = {
     ),
     "scaling": (
         "vflnet.tools.bench.scaling",
-        "step time, CPU seconds and peak memory of every role against the number of passive parties",
+        "step time, CPU per step and memory (PSS) of every role against the number of passive parties (1..256)",
     ),
     "goals": (
         "vflnet.tools.bench.goals",
