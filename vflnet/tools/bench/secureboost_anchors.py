@@ -16,10 +16,12 @@ columns, at the anchor's own rows (`--xgboost-rows`: it takes seconds). Seconds 
 coordinator's step time (xgboost: the wall time of `DMatrix` and `xgb.train`, binning included); bytes
 per tree are every party's messages of that step.
 
-The anchors' full row counts take tens of minutes per HE tree here, so by default every run uses
-`--rows` rows (10,000) and the per-tree seconds are also given scaled to the anchor's rows (linear in
-rows: the encryption of gh and the histogram additions are per row; the per-node decryptions are not,
-so the scaling overstates). `--full` runs at the anchor's rows. Core-seconds per tree: seconds x the
+The anchors' full row counts take tens of minutes per HE tree here, so by default the protocol runs
+on `--rows` rows (10,000) and on half as many, and its seconds per tree are also given at the
+anchor's rows along the line through both (the encryption of gh and the histogram additions grow with
+rows; the key, the crypto workers' start and the per-node decryptions do not); xgboost's tree, which
+takes seconds, runs on the anchor's rows (`--xgboost-rows`: fewer, scaled in proportion). `--full`
+runs the protocol at the anchor's rows. Core-seconds per tree: seconds x the
 cores that ran them (this machine: 2; the anchors: as published, every party's machines together).
 """
 
@@ -123,16 +125,39 @@ def xgboost_tree(data: dict[str, Any], depth: int, threads: int) -> float:
     return time.perf_counter() - start
 
 
+def at_anchor_rows(anchor: Anchor, rows: int, run: Any) -> tuple[float, float | None]:
+    """(seconds on ``rows`` rows, seconds at the anchor's rows) of ``run(rows)``: below the anchor's
+    rows, a second run on half the rows gives the cost per row (the line through both: what does not
+    grow with rows, the key, the crypto workers' start, the per-node decryptions, is counted once);
+    None if the second run was not slower (noise above the per-row cost: no figure rather than a
+    wrong one)."""
+    full = run(rows)
+    if rows >= anchor.rows:
+        return full, full
+    half = run(rows // 2)
+    per_row = (full - half) / (rows - rows // 2)
+    return full, (full + per_row * (anchor.rows - rows)) if per_row > 0 else None
+
+
 def measure(anchor: Anchor, rows: int, xgboost_rows: int, bits: int, depth: int, workers: int) -> list[Row]:
     """The anchor's rows of the table: vflnet HE, vflnet plain, xgboost, and the published figure."""
-    runs: list[tuple[str, int, float, int | None]] = []
-    s, b, _ = run_tree(anchor_config(anchor, "he", rows, bits, depth, workers))
-    runs.append((f"vflnet secureboost, {bits}-bit Paillier, {workers} crypto workers", rows, s, b))
-    print(f"{anchor.name}: HE tree {s:.2f} s on {rows} rows", flush=True)
-    s, b, _ = run_tree(anchor_config(anchor, "plain", rows, bits, depth, 1))
-    runs.append(("vflnet secureboost, plain mode", rows, s, b))
+    sent: dict[tuple[str, int], int] = {}
+
+    def tree(mode: str, n: int) -> float:
+        s, b, _ = run_tree(anchor_config(anchor, mode, n, bits, depth, workers if mode == "he" else 1))
+        sent[mode, n] = b
+        print(f"{anchor.name}: {mode} tree {s:.2f} s on {n} rows", flush=True)
+        return s
+
+    runs: list[tuple[str, int, float, float | None, int | None]] = []
+    for mode, name in (
+        ("he", f"vflnet secureboost, {bits}-bit Paillier, {workers} crypto workers"),
+        ("plain", "vflnet secureboost, plain mode"),
+    ):
+        s, at_anchor = at_anchor_rows(anchor, rows, lambda n, mode=mode: tree(mode, n))
+        runs.append((name, rows, s, at_anchor, sent[mode, rows]))
     s = xgboost_tree(anchor_config(anchor, "plain", xgboost_rows, bits, depth, 1), depth, workers)
-    runs.append((f"xgboost hist, {workers} threads", xgboost_rows, s, None))
+    runs.append((f"xgboost hist, {workers} threads", xgboost_rows, s, s * anchor.rows / xgboost_rows, None))
     shutdown_pools()
     shape = f"{anchor.active_columns} + {anchor.passive_columns} columns"
     out: list[Row] = [
@@ -142,12 +167,12 @@ def measure(anchor: Anchor, rows: int, xgboost_rows: int, bits: int, depth: int,
             "rows": n,
             "shape": shape,
             "seconds_per_tree": s,
-            "s_per_tree_at_anchor_rows": s * anchor.rows / n,
+            "s_per_tree_at_anchor_rows": at_anchor,
             "bytes_per_tree": b,
             "cores": CORES,
-            "core_s_per_tree_at_anchor_rows": s * anchor.rows / n * CORES,
+            "core_s_per_tree_at_anchor_rows": None if at_anchor is None else at_anchor * CORES,
         }
-        for name, n, s, b in runs
+        for name, n, s, at_anchor, b in runs
     ]
     published = anchor.published_s_per_tree
     out.append(
@@ -199,9 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(markdown_table(rows_out))
     print(
-        f"\nseconds_per_tree: measured on `rows` rows; s_per_tree_at_anchor_rows: scaled linearly to the "
-        f"anchor's rows (the published row: as published); core_s: x the cores that ran it (here {CORES}). "
-        f"Load average at the end: {load:.2f}"
+        "\nseconds_per_tree: measured on `rows` rows; s_per_tree_at_anchor_rows: at the anchor's rows, "
+        "along the line through the runs on `rows` and `rows` / 2 (xgboost: in proportion; published: as "
+        f"published); core_s: x the cores that ran it (here {CORES}). Load average at the end: {load:.2f}"
     )
     write_json(args.json, rows_out, sources={n: a.source for n, a in ANCHORS.items()})
     return 0
