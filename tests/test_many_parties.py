@@ -1,7 +1,8 @@
 """Many passive parties: a roster the servers cannot hold is refused, a roster past 32 parties trains
 (a server once had 32 threads, and the coordinator's joins or the active party's embeddings, each
-held until the others arrive, took them all), and `vflnet bench scaling` reports every role's CPU
-and memory at a K that does not divide 8."""
+held until the others arrive, took them all), `vflnet bench scaling` reports every role's CPU and
+memory at a K that does not divide 8, and `vflnet bench secureboost-anchors` puts each anchor's
+published figure beside ours."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.conftest import DEADLINES, REPO
 from vflnet.config import ConfigError, calls_at_once
 from vflnet.runner.loopback import run_loopback
 from vflnet.tools.bench.scaling import scaling_config
+from vflnet.tools.bench.secureboost_anchors import ANCHORS
 from vflnet.validation import config_from_dict
 
 
@@ -72,3 +74,32 @@ def test_bench_scaling_smoke_reports_every_role_at_nine_parties(tmp_path: Path) 
     assert 0 < nine["active"]["cluster_pss_mib"] < nine["active"]["cluster_rss_mib"]
     assert nine["active"]["fork_server_pss_mib"] > 0
     assert "CPU ms per step per added passive party" in result.stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_bench_secureboost_anchors_smoke_puts_each_anchor_beside_ours(tmp_path: Path) -> None:
+    out = tmp_path / "anchors.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VFLNET_QUIET": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "vflnet", "bench", "secureboost-anchors", "--smoke", "--json", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    for name, anchor in ANCHORS.items():
+        mine = [r for r in rows if r["anchor"] == name]
+        he, plain, xgb, published = mine  # in this order, one each
+        assert "Paillier" in he["run"] and "plain" in plain["run"] and "xgboost" in xgb["run"]
+        assert he["bytes_per_tree"] > plain["bytes_per_tree"] > 0  # ciphertexts are wider than floats
+        assert he["rows"] == plain["rows"] == xgb["rows"] == 400  # --smoke's sizes
+        assert "as published" in published["run"] and published["rows"] == anchor.rows
+        assert published["seconds_per_tree"] == anchor.published_s_per_tree
+        assert (
+            published["core_s_per_tree_at_anchor_rows"]
+            == anchor.published_s_per_tree * anchor.published_cores
+        )
+        assert all(r["seconds_per_tree"] > 0 for r in mine)
