@@ -171,7 +171,7 @@ def test_scaling_reads_cpu_and_peak_memory_of_a_process() -> None:
 
 
 def test_scaling_configs_give_each_passive_party_a_block_of_columns() -> None:
-    for k in (1, 2, 4, 8, 9, 32):  # any K, not only those dividing 8
+    for k in (1, 2, 4, 8, 9, 32, COLUMNS):  # any K, not only those dividing 8
         cfg = config_from_dict(scaling_config(k, steps=3, batch=16))
         passive = [p for p in cfg.parties if p.role == "passive"]
         assert len(passive) == k and cfg.train.max_steps == 3

@@ -37,6 +37,7 @@ import numpy as np
 import yaml
 
 from vflnet import progress
+from vflnet.config import TransportConfig, calls_at_once
 from vflnet.tools.bench.common import Row, markdown_table, parse_args, run_cluster, scratch, write_json
 from vflnet.tools.bench.he_step import step_times
 
@@ -80,8 +81,13 @@ def scaling_config(k: int, steps: int, batch: int) -> dict[str, Any]:
             "eval_every": 0,  # a benchmark that only trains
             "optimizer": {"kind": "adam", "lr": 0.003},
         },
-        # K + 2 processes on a shared machine can take minutes to join
-        "transport": {"join_timeout_s": 600, "rpc_timeout_s": 300},
+        # K + 2 processes on a shared machine can take minutes to join; past ~60 parties the default
+        # max_concurrent_rpcs no longer covers the roster (vflnet.config.calls_at_once)
+        "transport": {
+            "join_timeout_s": 600,
+            "rpc_timeout_s": 300,
+            "max_concurrent_rpcs": max(TransportConfig().max_concurrent_rpcs, calls_at_once(k + 2)),
+        },
     }
 
 
