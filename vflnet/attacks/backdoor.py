@@ -166,6 +166,14 @@ class LabelReplacementBackdoor(Attack):
             "plaintext_rewrites": 0,
         }
 
+    def required_effects(self) -> dict[str, str]:
+        out = super().required_effects()
+        if self.p["poison_training"]:
+            out["rewritten"] = "poisoned 0 steps: no training batch held a sample of D_backdoor"
+        else:  # the clean baseline: it only triggers the test poison set
+            del out["rewritten"]
+        return out
+
     # ------------------------------------------------------------------ choosing the samples
     def observe(self, event: WireEvent) -> None:
         """The JoinReply: the run's train and test IDs, from which it picks D_backdoor and the test poison set."""

@@ -10,6 +10,7 @@ through ``attach``: the one place that picks a party's defenses for a hook point
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -58,11 +59,18 @@ class Defense(ABC):
 def attach(cfg: Config, party: str, hook: str, num_classes: int = 0) -> list[Any]:
     """The defenses of ``party`` that act at ``hook``, built (``Defense.build``) under the party's seed,
     in config order. One at a hook point the run's protocol does not declare would have no effect and
-    is refused (config validation refuses such a run before it starts)."""
+    is refused (config validation refuses such a run before it starts).
+
+    The one way a defense enters a party, so the host counts here (vflnet/threat/effects.py): that the
+    protocol reached ``hook``, and each use of what every defense built (``count_uses``). A configured
+    defense that acted zero times fails the run."""
     from vflnet.data.partition import party_seed
     from vflnet.registry import DEFENSES, PROTOCOLS
+    from vflnet.threat import effects
 
-    entries = [e for e in cfg.defenses if e.party == party and DEFENSES.get(e.name).acts_on == hook]
+    mine = [e for e in cfg.defenses if e.party == party]
+    at = [i for i, e in enumerate(mine) if DEFENSES.get(e.name).acts_on == hook]
+    entries = [mine[i] for i in at]
     offered = PROTOCOLS.get(cfg.protocol.kind).defense_hooks
     if entries and hook not in offered:
         raise ValueError(
@@ -70,4 +78,12 @@ def attach(cfg: Config, party: str, hook: str, num_classes: int = 0) -> list[Any
             f"{[e.name for e in entries]} would have no effect"
         )
     seed = party_seed(cfg, cfg.party(party))
-    return [DEFENSES.get(e.name)(**e.params).build(num_classes, seed) for e in entries]
+    counts = effects.of(cfg, party)
+    keys = counts.built(hook, at)
+    return [
+        effects.count_uses(
+            DEFENSES.get(e.name)(**e.params).build(num_classes, seed),
+            functools.partial(counts.acted, key),
+        )
+        for e, key in zip(entries, keys, strict=True)
+    ]

@@ -31,6 +31,7 @@ from vflnet.sdk import deadlines
 from vflnet.sdk.bridge import Bridge, add_handlers, allow_step_deadline
 from vflnet.sdk.contract import PROTOCOLS, CoordinatorSide, RunFailed
 from vflnet.shared_config import config_mismatch
+from vflnet.threat.effects import merge_effects
 from vflnet.threat.interception import party_interception
 from vflnet.threat.knowledge import deliver_server_knowledge
 from vflnet.threat.release import accept_release
@@ -553,8 +554,15 @@ class Schedule:
 
 
 def shutdown_all(
-    cfg: Config, stubs: dict[str, services_pb2_grpc.PartyStub], reason: str, save: bool, timeout: float = 30
+    cfg: Config,
+    stubs: dict[str, services_pb2_grpc.PartyStub],
+    reason: str,
+    save: bool,
+    timeout: float = 30,
+    effects: dict[str, Any] | None = None,
 ) -> dict[str, str]:
+    """Tell every party to stop; its checkpoint's path by name (and, into ``effects``, what its
+    attacks and defenses did)."""
     paths = {}
     for name, stub in stubs.items():
         try:
@@ -565,6 +573,8 @@ def shutdown_all(
                 timeout=timeout,
             )
             paths[name] = reply.checkpoint
+            if effects is not None and reply.effects:
+                effects[name] = json.loads(reply.effects)
         except grpc.RpcError as exc:
             log.warning("shutdown of %s failed: %s", name, describe_rpc_error(exc))
     return paths
@@ -641,6 +651,26 @@ def resume_point(cfg: Config, run_dir: Path, name: str) -> tuple[checkpoints.Man
     return manifest, state
 
 
+def _effects_into(
+    summary: dict[str, Any], host: CoordinatorHost, run_dir: Path, reports: dict[str, Any], check: bool
+) -> int:
+    """Every role's counts of what its attacks and defenses did into ``summary["effects"]``; with
+    ``check``, a run in which one acted zero times fails (exit code 1) naming each."""
+    host.interception.finish(run_dir)  # its own attacks' outputs: their samples count
+    effects = merge_effects({host.name: host.interception.effects_report(), **reports})
+    for entry in [*host.cfg.attacks, *host.cfg.defenses]:
+        if entry.party != host.name and entry.party not in reports:
+            key = f"{entry.name}@{entry.party}"
+            effects["never_acted"].setdefault(key, f"{key}: {entry.party} sent no counts at Shutdown")
+    summary["effects"] = effects
+    if not check or not effects["never_acted"]:
+        return 0
+    error = "never acted: " + "; ".join(effects["never_acted"].values())
+    log.error("run failed: %s", error)
+    summary.update(status="failed", error=error)
+    return 1
+
+
 def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool = False) -> int:
     summary: dict[str, Any] = {"run_id": cfg.run.id, "status": "failed", "started": time.time()}
     try:
@@ -710,12 +740,16 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
             result = schedule.run()
         summary.update(result, status="completed")
         summary.update(host.side.finish())
-        summary["checkpoints"] = shutdown_all(cfg, stubs, "run completed", save=True)
-        return 0
+        reports: dict[str, Any] = {}
+        summary["checkpoints"] = shutdown_all(cfg, stubs, "run completed", save=True, effects=reports)
+        return _effects_into(summary, host, run_dir, reports, check=True)
     except RunFailed as exc:
         log.error("run failed: %s", exc)
         summary["error"] = str(exc)
-        summary["checkpoints"] = shutdown_all(cfg, watch.alive(stubs), f"run failed: {exc}", save=True)
+        reports = {}
+        alive = watch.alive(stubs)
+        summary["checkpoints"] = shutdown_all(cfg, alive, f"run failed: {exc}", save=True, effects=reports)
+        _effects_into(summary, host, run_dir, reports, check=False)
         return 1
     except Interrupted as exc:
         log.error("run interrupted: %s", exc)

@@ -376,7 +376,9 @@ class PartyHost:
             for written in self.interception.finish(self.run_dir):
                 log.info("%s: attack output %s", self.name, written)
         self.liveness.shutdown.set()
-        return messages_pb2.ShutdownReply(checkpoint=path)
+        # what its attacks and defenses did travels to the coordinator (summary.json) in the reply
+        effects = json.dumps(self.interception.effects_report())
+        return messages_pb2.ShutdownReply(checkpoint=path, effects=effects)
 
 
 def serve(host: PartyHost, listen: str, coordinator: str, advertise: str) -> int:

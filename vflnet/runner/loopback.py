@@ -8,6 +8,7 @@ add nothing; a loopback run ends bit-identical to the same run over gRPC.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -107,4 +108,14 @@ def _run_roles(cfg: Config, run_dir: Path, on_tick: Callable[[], None] | None, r
         details = "; ".join(
             f"{n}: {c if not isinstance(c, int) else f'exit code {c}'}" for n, c in failed.items()
         )
+        if isinstance(failed.get(cfg.coordinator.name), int):  # it failed the run: summary.json says why
+            details += f" ({_summary_error(run_dir)})"
         raise LoopbackFailure(f"{details} (log: {run_dir / 'logs' / 'loopback.log'})")
+
+
+def _summary_error(run_dir: Path) -> str:
+    """The error the coordinator wrote into summary.json when it failed the run."""
+    try:
+        return str(json.loads((run_dir / "summary.json").read_text()).get("error") or "no error given")
+    except (OSError, ValueError):
+        return "no summary.json"

@@ -63,6 +63,7 @@ def summary_rows(run_dir: Path) -> list[tuple[str, str]]:
             rows.append(
                 (f"attack {attack}", text or f"output in attacks/{attack}.npz (no ground-truth score)")
             )
+    rows += effects_rows(summary.get("effects") or {})
     if summary.get("decryptions"):
         total = sum(summary["decryptions"]["values"].values())
         rows.append(
@@ -73,6 +74,34 @@ def summary_rows(run_dir: Path) -> list[tuple[str, str]]:
         )
     rows.append(("wall time", f"{summary.get('wall_time_s', 0):.1f} s"))
     rows.append(("run directory", str(run_dir)))
+    return rows
+
+
+# the host's counts of each attack (vflnet/threat/effects.py), as the table words them
+_COUNT_WORDS = {
+    "tapped": "tapped",
+    "rewritten": "rewrote",
+    "own_views": "own steps",
+    "prediction_views": "prediction steps",
+    "own_rows": "own rows changed",
+    "samples": "samples in output",
+}
+
+
+def effects_rows(effects: dict[str, Any]) -> list[tuple[str, str]]:
+    """What every attack, defense and hook point did (summary.json's ``effects``); zero counts of what
+    an entry does not do are left out."""
+    rows = []
+    for key, counts in effects.get("attacks", {}).items():
+        text = ", ".join(f"{w} {counts[k]}" for k, w in _COUNT_WORDS.items() if counts.get(k))
+        rows.append((f"acted {key}", text or "nothing"))
+    for key, d in effects.get("defenses", {}).items():
+        rows.append((f"acted {key}", f"{d['acted']} times at hook {d['hook']}"))
+    for key, h in effects.get("hooks", {}).items():
+        if h["defenses"]:  # a hook point with no defense of the party's applies nothing
+            rows.append((f"hook {key}", f"{h['defenses']} defense(s), applied {h['applied']} times"))
+    for key, why in effects.get("never_acted", {}).items():
+        rows.append((f"never acted {key}", why))
     return rows
 
 

@@ -126,6 +126,24 @@ class Attack(ABC):
         (``vflnet config check`` reports the first); none by default."""
         return []
 
+    def required_effects(self) -> dict[str, str]:
+        """What this attack must have done at least once in a run, as the host counts it
+        (``vflnet.threat.effects.ATTACK_COUNTS``) -> what zero of it means: by default everything it
+        declares (its taps, its rewrites, the own view, the prediction phase, its own data). A run in
+        which one stays zero fails, naming the attack and this reason."""
+        out = {}
+        if self.taps:
+            out["tapped"] = f"observed 0 messages: none matched its taps ({_taps(self.taps)})"
+        if self.rewrites:
+            out["rewritten"] = f"rewrote 0 messages of {_taps(self.rewrites)}"
+        if self.wants_own_view:
+            out["own_views"] = "received 0 views of its party's own training steps"
+        if "predictions" in self.knowledge:
+            out["prediction_views"] = "received the confidence vectors of 0 prediction steps"
+        if self.changes_own_data:
+            out["own_rows"] = "changed 0 rows of its party's own data"
+        return out
+
     @abstractmethod
     def observe(self, event: WireEvent) -> None:
         """Online hook: one tapped message."""
@@ -173,6 +191,10 @@ class Attack(ABC):
     # what the runner loads for `score`: "labels", "images" / "features" (each passive party's raw
     # region or columns), "normalized-features" (as its model takes them), "labels+predictions", ""
     truth_needed: ClassVar[str] = ""
+
+
+def _taps(taps: tuple[Tap, ...]) -> str:
+    return ", ".join(f"{t.method} {t.direction} at the {t.side}" for t in taps)
 
 
 def label_confusion_picture(

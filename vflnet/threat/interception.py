@@ -19,10 +19,11 @@ from google.protobuf.message import Message
 
 from vflnet.config import Config, ConfigError, PluginConfig
 from vflnet.interceptors.chain import Chain, Recorder
-from vflnet.interceptors.events import header_of
+from vflnet.interceptors.events import WireEvent, header_of
 from vflnet.interceptors.trace import TraceWriter, entries_after, record_to_event, trace_path
 from vflnet.registry import ATTACKS, load_plugin_modules
 from vflnet.threat.attack import Attack, AttackContext, OwnStepView, PredictionView
+from vflnet.threat.effects import Effects, entry_key, register
 from vflnet.threat.knowledge import threat_model_knowledge
 from vflnet.v1 import messages_pb2
 
@@ -40,27 +41,36 @@ class PartyInterception:
     attacks: list[tuple[PluginConfig, Attack]] = field(default_factory=list)
     trace: TraceWriter | None = None
     knowledge: dict[str, Any] = field(default_factory=dict)  # filled by the protocol, e.g. the public key
+    effects: Effects | None = None  # what its attacks and defenses did (vflnet/threat/effects.py)
+    finished: list[Path] | None = None  # the outputs ``finish`` wrote (it runs once)
+
+    def _count(self, entry: PluginConfig, what: str, n: int = 1) -> None:
+        if self.effects is not None:
+            self.effects.count(entry_key(entry.name, entry.party), what, n)
 
     @property
     def wants_own_view(self) -> bool:
         return any(a.wants_own_view for _, a in self.attacks)
 
     def deliver_own_view(self, view: OwnStepView) -> None:
-        for _, attack in self.attacks:
+        for entry, attack in self.attacks:
             if attack.wants_own_view:
                 attack.observe_own(view)
+                self._count(entry, "own_views")
 
     def deliver_predictions(self, view: PredictionView) -> None:
         """A prediction step's released confidence vectors, to every attack granted ``predictions``."""
-        for _, attack in self.attacks:
+        for entry, attack in self.attacks:
             if "predictions" in attack.knowledge:
                 attack.observe_predictions(view)
+                self._count(entry, "prediction_views")
 
     def own_data(self, ids: np.ndarray, x: np.ndarray) -> np.ndarray:
         """The party's feature rows after every attack that rewrites its own data (backdoor trigger)."""
-        for _, attack in self.attacks:
+        for entry, attack in self.attacks:
             if attack.changes_own_data:
-                x = attack.own_data(ids, x)
+                before, x = x, attack.own_data(ids, x)
+                self._count(entry, "own_rows", changed_rows(before, x))
         return x
 
     def state(self) -> dict[str, Any]:
@@ -70,6 +80,7 @@ class PartyInterception:
             "attacks": [_picklable_state(entry.name, attack) for entry, attack in self.attacks],
             "released_model": self.knowledge.get("released_model"),
             "trace": self.trace.extent(sync=True) if self.trace is not None else None,
+            "effects": self.effects.state() if self.effects is not None else None,
         }
 
     def load_state(self, state: dict[str, Any], step: int) -> None:
@@ -82,6 +93,8 @@ class PartyInterception:
                 attack.load_state(saved)
         if state["released_model"] is not None:
             self.knowledge["released_model"] = state["released_model"]
+        if self.effects is not None:
+            self.effects.load_state(state.get("effects"))  # checkpoints written before it have none
         if self.trace is not None and state["trace"] is not None:
             self.trace.cut(*_with_the_step_end(self.trace, *state["trace"], step))
 
@@ -92,13 +105,51 @@ class PartyInterception:
             self.trace.cut(0, 0)
 
     def finish(self, run_dir: Path) -> list[Path]:
-        """Write every attack's output (and close the trace): called when the party shuts down."""
+        """Write every attack's output (and close the trace): called when the party shuts down (once;
+        a second call returns what the first wrote)."""
+        if self.finished is not None:
+            return self.finished
         written = []
         for entry, attack in self.attacks:
-            written.append(save_attack_output(run_dir, entry, attack.output(), sorted(self.knowledge)))
+            output = attack.output()
+            if self.effects is not None:
+                self.effects.output_samples(entry_key(entry.name, entry.party), output)
+            written.append(save_attack_output(run_dir, entry, output, sorted(self.knowledge)))
         if self.trace is not None:
             self.trace.close()
+        self.finished = written
         return written
+
+    def effects_report(self) -> dict[str, Any]:
+        """What this party's attacks and defenses did (after ``finish``: with their outputs' samples)."""
+        return self.effects.report() if self.effects is not None else {}
+
+
+def changed_rows(before: np.ndarray, after: np.ndarray) -> int:
+    """How many rows of a party's own data an attack changed."""
+    if before.shape != after.shape:
+        return int(len(after))
+    differ = before != after
+    return int(differ.reshape(len(differ), -1).any(axis=1).sum()) if differ.ndim > 1 else int(differ.sum())
+
+
+class CountedAttack:
+    """An attack as a mod of its party's chain, counted by the host: each message it taps, each
+    message it rewrites (the attack returned a message to send instead)."""
+
+    def __init__(self, attack: Attack, key: str, effects: Effects) -> None:
+        self.attack, self.key, self.effects = attack, key, effects
+
+    def __call__(self, event: WireEvent) -> Message | None:
+        out = self.attack(event)
+        if any(t.matches(event) for t in self.attack.taps):
+            self.effects.count(self.key, "tapped")
+        if out is not None:
+            self.effects.count(self.key, "rewritten")
+        return out
+
+    def __repr__(self) -> str:
+        return repr(self.attack)
 
 
 def _with_the_step_end(trace: TraceWriter, size: int, records: int, step: int) -> tuple[int, int]:
@@ -211,19 +262,22 @@ def party_interception(cfg: Config, name: str, run_dir: Path) -> PartyIntercepti
         )
         mods.append(RunTrace(trace, cfg))
     attacks = []
+    effects = register(cfg, name)
     for entry in cfg.attacks:
         if entry.party == name:
             attack = ATTACKS.get(entry.name)(AttackContext(name, role, cfg.run.id, knowledge), **entry.params)
             knowledge.update(threat_model_knowledge(cfg, name, attack))
             attacks.append((entry, attack))
-            mods.append(attack)
+            key = entry_key(entry.name, name)
+            effects.add_attack(key, attack)
+            mods.append(CountedAttack(attack, key, effects))
             log.info(
                 "%s hosts attack %s (%s)",
                 name,
                 entry.name,
                 ", ".join(f"{k}={v}" for k, v in attack.p.items()),
             )
-    return PartyInterception(name, Chain(mods, step_blocks=blocks), attacks, trace, knowledge)
+    return PartyInterception(name, Chain(mods, step_blocks=blocks), attacks, trace, knowledge, effects)
 
 
 def bench_tap_blocks() -> int:

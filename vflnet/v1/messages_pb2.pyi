@@ -173,10 +173,12 @@ class ShutdownRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., save_checkpoint: _Optional[bool] = ..., reason: _Optional[str] = ..., sender: _Optional[str] = ...) -> None: ...
 
 class ShutdownReply(_message.Message):
-    __slots__ = ("checkpoint",)
+    __slots__ = ("checkpoint", "effects")
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    EFFECTS_FIELD_NUMBER: _ClassVar[int]
     checkpoint: str
-    def __init__(self, checkpoint: _Optional[str] = ...) -> None: ...
+    effects: str
+    def __init__(self, checkpoint: _Optional[str] = ..., effects: _Optional[str] = ...) -> None: ...
 
 class ReleaseCommand(_message.Message):
     __slots__ = ("header", "recipient", "modules")

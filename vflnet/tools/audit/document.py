@@ -17,7 +17,7 @@ from typing import Any
 
 from vflnet.config import Config
 from vflnet.registry import ATTACKS
-from vflnet.tools.audit.execute import PlannedRun, Setting
+from vflnet.tools.audit.execute import NEVER_ACTED, PlannedRun, Setting
 from vflnet.tools.audit.selection import Candidate
 from vflnet.tools.experiments import capability
 from vflnet.tools.experiments.document import Block, Code, Heading, Table, Text, write
@@ -78,7 +78,9 @@ DCS_METRICS = ("label_accuracy", "asr", "auc", "cbr", "column_accuracy")
 
 
 def short(verdict: str) -> str:
-    """A verdict without its explanation: leaks, at baseline, inconclusive, failed, ..."""
+    """A verdict without its explanation: leaks, at baseline, inconclusive, failed, failed: never acted, ..."""
+    if verdict.startswith(NEVER_ACTED):
+        return NEVER_ACTED
     return verdict.split(" (")[0].split(":")[0]
 
 

@@ -44,6 +44,9 @@ from vflnet.tools.audit.selection import Candidate, with_entries
 from vflnet.tools.experiments.results import PARTIAL, complete, is_completed, read_json, write_atomic
 from vflnet.validation import config_from_dict
 
+# the verdict of a row whose attack (or a defense of its run) acted zero times, as the host counted it
+# (summary.json's effects, vflnet/threat/effects.py): never a score, whatever its output says
+NEVER_ACTED = "failed: never acted"
 # metrics scored a second time against the run without the attack (``attack_scores``)
 PAIRED = ("asr",)
 
@@ -329,16 +332,34 @@ def execute(runs: list[PlannedRun], out: Path, start: str = "warm") -> dict[str,
             rc = 0
         if rc == 130:  # Ctrl-C or SIGTERM stopped the run: the audit stops with it (a rerun resumes)
             raise KeyboardInterrupt
+        summary = read_json(partial / "summary.json") if (partial / "summary.json").exists() else {}
+        idle = _never_acted(summary)
         if rc == 0 and is_completed(partial):
             complete(partial, dest)
             print(f"{tag}: completed in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
             status[run.name] = {"status": "completed", "dir": str(dest)}
+        elif idle:  # it trained to the end; the rows of what never acted say so, the others are scored
+            print(f"{tag}: {summary['error']}", file=sys.stderr, flush=True)
+            status[run.name] = {"status": "completed", "dir": str(partial), "never_acted": idle}
         else:
-            summary = read_json(partial / "summary.json") if (partial / "summary.json").exists() else {}
             error = summary.get("error") or raised or f"exit code {rc}"
             print(f"{tag}: FAILED: {error}", file=sys.stderr, flush=True)
             status[run.name] = {"status": "failed", "error": error, "dir": str(partial)}
     return status
+
+
+def _never_acted(summary: dict[str, Any]) -> dict[str, Any]:
+    """A run that trained to the end and failed only because configured entries acted zero times:
+    {"attacks": {key: reason}, "defenses": [reasons]}; else empty."""
+    effects = summary.get("effects") or {}
+    idle = effects.get("never_acted") or {}
+    if not idle or "final" not in summary or summary.get("error", "").split(":")[0] != "never acted":
+        return {}
+    defenses = effects.get("defenses") or {}
+    return {
+        "attacks": {k: v for k, v in idle.items() if k not in defenses},
+        "defenses": [v for k, v in idle.items() if k in defenses],
+    }
 
 
 def attack_scores(cand: Candidate, cfg: Config, run_dir: Path, clean: Path | None = None) -> dict[str, Any]:
@@ -389,7 +410,9 @@ def mitm_scores(run: PlannedRun, cand: Candidate, cfg: Config, run_dir: Path) ->
         AttackContext(cand.party, cfg.party(cand.party).role, cfg.run.id, {}), **cand.params
     )
     try:
-        events = read_trace(trace_path(run_dir, cand.party))
+        events = list(read_trace(trace_path(run_dir, cand.party)))
+        if not any(t.matches(e) for e in events for t in attack.taps):
+            return {"never_acted": f"no message of {cand.party}'s trace matches the taps of {cand.attack}"}
         scores = score_output(cfg, cand.attack, attack.run(events), run_dir)
     except Exception as exc:  # noqa: BLE001 - reported in the attack's row
         scores = {"error": f"offline over the trace: {type(exc).__name__}: {exc}"}
@@ -432,11 +455,21 @@ def collect(
                 row["errors"].append(st.get("error", "not run"))
                 continue
             assert cfg is not None
+            idle = st.get("never_acted") or {}
+            why = list(idle.get("defenses", []))  # a defense of its run that never acted fails every row
+            if not cand.mitm and cand.entry_key in idle.get("attacks", {}):
+                why.append(idle["attacks"][cand.entry_key])
+            if why:
+                row.setdefault("never_acted", []).append("; ".join(why))
+                continue
             if cand.mitm:
                 s = mitm_scores(run, cand, cfg, run_dir)
             else:
                 without = clean.get((run.setting, run.seed)) if run.group != "taps" else None
                 s = attack_scores(cand, cfg, run_dir, without)
+            if isinstance(s.get("never_acted"), str):
+                row.setdefault("never_acted", []).append(s["never_acted"])
+                continue
             if isinstance(s.get("error"), str):
                 row["errors"].append(s["error"])
                 continue
@@ -454,6 +487,9 @@ def collect(
                     "verdict": "no leakage metric: its score compares nothing with ground truth (not run)",
                 }
     for row in per.values():
+        if row.get("never_acted"):  # in any seed: what it scored elsewhere is not its leak
+            row["verdict"] = f"{NEVER_ACTED} ({row['never_acted'][0]})"
+            continue
         if not row.get("scores") and "verdict" in row:
             continue
         measured = [(primary(s, n_classes), s) for s in row["scores"]]

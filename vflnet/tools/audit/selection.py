@@ -66,6 +66,11 @@ class Candidate:
     def key(self) -> str:
         return f"{self.attack}@{'mitm:' if self.mitm else ''}{self.party}"
 
+    @property
+    def entry_key(self) -> str:
+        """Its entry's name in the run's summary.json (``effects``): ``name@party``."""
+        return f"{self.attack}@{self.party}"
+
     def entry(self) -> dict[str, Any]:
         return {"name": self.attack, "party": self.party, "params": dict(self.params)}
 
