@@ -32,6 +32,7 @@ def test_max_concurrent_rpcs_must_cover_the_roster() -> None:
     data["transport"]["bridge"] = "loopback"  # no gRPC server: the key is not read, nothing to cover
     data["transport"].pop("max_concurrent_rpcs")
     config_from_dict(data)
+    assert config_from_dict(scaling_config(200, steps=2, batch=16)).transport.max_concurrent_rpcs == 412
 
 
 def test_forty_passive_parties_train_over_the_loopback_bridge(tmp_path: Path) -> None:

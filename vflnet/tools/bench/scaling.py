@@ -45,6 +45,7 @@ TICKS = os.sysconf("SC_CLK_TCK")
 SAMPLE_S = 0.02
 PSS_EVERY = 50  # samples: PSS once a second
 COLUMNS = 256
+DEFAULT_CALLS = TransportConfig().max_concurrent_rpcs
 ROWS = 2000
 
 
@@ -83,11 +84,8 @@ def scaling_config(k: int, steps: int, batch: int) -> dict[str, Any]:
         },
         # K + 2 processes on a shared machine can take minutes to join; past ~60 parties the default
         # max_concurrent_rpcs no longer covers the roster (vflnet.config.calls_at_once)
-        "transport": {
-            "join_timeout_s": 600,
-            "rpc_timeout_s": 300,
-            "max_concurrent_rpcs": max(TransportConfig().max_concurrent_rpcs, calls_at_once(k + 2)),
-        },
+        "transport": {"join_timeout_s": 600, "rpc_timeout_s": 300}
+        | ({"max_concurrent_rpcs": calls} if (calls := calls_at_once(k + 2)) > DEFAULT_CALLS else {}),
     }
 
 
