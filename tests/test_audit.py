@@ -231,7 +231,8 @@ def test_split_he_audit_direct_at_chance(tmp_path: Path) -> None:
     ]
     result = audit(tmp_path / "he", *SUM, *FAST, *he, "train.max_steps=3", "train.batch_size=32")
     direct = row(result, "direct-label-inference", "passive party passive-1")
-    assert direct["verdict"] == "at baseline" and direct["mean"] < 0.3
+    # encrypted per-sample gradients: it could only guess, and the row says so (issue 56: never a verdict)
+    assert direct["verdict"].startswith("blind: no informed sample") and direct["mean"] < 0.3
     assert all(s["informed_fraction"] == 0.0 for s in direct["scores"])
     analytic = row(result, "analytic-label-recovery", "passive party passive-1")
     assert analytic["metric"] == "label_accuracy" and len(analytic["values"]) == 2  # scored

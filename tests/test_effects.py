@@ -72,6 +72,8 @@ def _predictions(attacks: list[dict[str, Any]], protocol: dict[str, Any] | None 
         for p in data["parties"][1:]:
             p["bottom"] = {"kind": "splits", "out": 10}
         data["train"]["batch_size"] = 100000
+        for unread in ("optimizer", "lr_schedule"):  # trees: config check refuses them
+            data["train"].pop(unread, None)
     data.update(over)
     return _tiny(data, steps=1 if protocol else 3)
 
@@ -276,7 +278,7 @@ def test_an_audit_row_whose_attack_never_acted_reads_failed_never_acted(tmp_path
     out = tmp_path / "audit"
     overrides = [
         "protocol.aggregation=sum",
-        "model.top.kind=none",
+        "model.top={kind: none}",
         "parties[2].bottom.out=10",
         "parties[3].bottom.out=10",
         "transport.bridge=loopback",

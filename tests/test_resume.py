@@ -87,6 +87,10 @@ def _config(
         optimizer={"kind": "adam", "lr": 0.01},
         lr_schedule={"kind": "step", "step_size": 1, "gamma": 0.5},
     )
+    if (
+        protocol == "secureboost"
+    ):  # it grows trees: no optimizer or LR schedule to set (config check refuses them)
+        del data["train"]["optimizer"], data["train"]["lr_schedule"]
     data["transport"] = {"bridge": bridge}
     data["trace"] = {"parties": ["all"]}
     return write_config(tmp_path, data, f"{bridge}.yaml")

@@ -347,6 +347,19 @@ class DataConfig:
         "each party uses statistics of its own training rows only",
         reads="every party's data loader",
     )
+    permute_labels: int | None = setting(
+        None,
+        "an empirical null: the labels permuted among the samples with this seed as the active party loads "
+        "them (the secret removed; attacks are still scored against the true labels; `vflnet audit --null`)",
+        reads="the active party's data loader",
+    )
+    resample_features: int | None = setting(
+        None,
+        "an empirical null: each passive party's feature columns (pixels) permuted among the samples, each "
+        "on its own, with this seed (draws from their marginals) as the party loads them (the secret removed; "
+        "attacks are still scored against the true features; `vflnet audit --null`)",
+        reads="every passive party's data loader",
+    )
     allow_overlap: bool = setting(
         False,
         "let parties hold some of the same feature columns or pixels (refused by default: vertical "

@@ -48,6 +48,7 @@ from vflnet.registry import (
 )
 from vflnet.threat.attack import Tap
 from vflnet.threat.knowledge import missing_knowledge
+from vflnet.threat.model_needs import model_problems
 
 
 def load_config(
@@ -259,6 +260,8 @@ def _check_plugins(cfg: Config) -> None:
                     raise ConfigError(
                         src, f"{key}.name", f"attack {entry.name!r} at {entry.party!r} {problem}"
                     )
+                for bad_key, problem in model_problems(cls.model_needs, cfg, entry.party):
+                    raise ConfigError(src, bad_key, f"attack {entry.name!r}: {problem}")
             for bad_key, problem in cls.check_config(cfg, entry.party):
                 raise ConfigError(src, bad_key, f"{registry.kind} {entry.name!r}: {problem}")
 

@@ -22,13 +22,16 @@ from vflnet.attacks.label_inference import (
 )
 from vflnet.interceptors.events import WireEvent
 from vflnet.registry import ATTACKS, Param
-from vflnet.threat.attack import LabelAttack, OwnStepView
+from vflnet.threat.attack import LabelAttack, OwnStepView, label_scores
 
 
 class _BatchLabelAttack(LabelAttack):
     roles = frozenset({"passive"})
     taps = ()
     wants_own_view = True
+    # Theorem 1 and Algorithm 2 read the class logits' gradient off the last layer of the party's own
+    # bottom: behind a top model that layer's units are embedding units, not classes
+    model_needs = ("summed-logits",)
 
     def __init__(self, context, **params: Any) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context, **params)
@@ -67,11 +70,8 @@ class _BatchLabelAttack(LabelAttack):
 
     @classmethod
     def score(cls, output: dict[str, np.ndarray], truth: dict[int, int]) -> dict[str, float]:
-        ids = output["sample_ids"]
-        true = np.array([truth[int(i)] for i in ids])
         return {
-            "label_accuracy": float((output["labels"] == true).mean()) if len(ids) else float("nan"),
-            "samples": int(len(ids)),
+            **label_scores(output["sample_ids"], output["labels"], truth),
             "batches": int(output["batches"]),
         }
 

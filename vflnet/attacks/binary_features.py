@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from vflnet.attacks import feature_reconstruction as fr
-from vflnet.config import Config
 from vflnet.interceptors.events import WireEvent
 from vflnet.registry import ATTACKS, Param, read_when
 from vflnet.threat.attack import Attack, Tap
@@ -65,23 +64,9 @@ class FeatureReconstruction(Attack):
     roles = frozenset({"active"})
     taps = (Tap("ExchangeEmbeddings", "request", "server"),)
     truth_needed = "features"
-
-    @classmethod
-    def check_config(cls, cfg: Config, party: str) -> list[tuple[str, str]]:
-        """Paper 000's setting: an input-layer cut, so each passive embedding is W_k x_k (+ b_k, which
-        ``bias_trick`` removes) and col(Z_k) holds the binary feature columns; behind a hidden layer
-        the search has nothing to find."""
-        for i, p in enumerate(cfg.parties):
-            if p.role == "passive" and (p.bottom is None or p.bottom.kind != "linear"):
-                kind = "none" if p.bottom is None else repr(p.bottom.kind)
-                return [
-                    (
-                        f"parties[{i}].bottom.kind",
-                        "needs an input-layer cut (paper 000): every passive bottom one linear layer "
-                        f"({{kind: linear}}), but {p.name}'s bottom is {kind}",
-                    )
-                ]
-        return []
+    # each passive embedding is W_k x_k (+ b_k, which ``bias_trick`` removes), so col(Z_k) holds the binary
+    # feature columns; behind a hidden layer the search has nothing to find
+    model_needs = ("input-layer-cut",)
 
     params = {
         "phase": _choice(

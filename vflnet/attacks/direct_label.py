@@ -11,7 +11,6 @@ import numpy as np
 import torch
 
 from vflnet.attacks.label_inference import DirectLabelInference, SampleGradientView
-from vflnet.config import Config
 from vflnet.interceptors.events import WireEvent
 from vflnet.registry import ATTACKS, Param
 from vflnet.threat.attack import PerSampleGradientAttack
@@ -22,6 +21,7 @@ class DirectLabelAttack(PerSampleGradientAttack):
     name = "direct-label-inference"
     description = "paper 004 Lemma 1: label = argmin of the per-sample gradient a passive party receives"
     algorithm = DirectLabelInference
+    model_needs = ("summed-logits",)  # Lemma 1 reads the label off the gradient of summed logits
     params = {
         "seed": Param(
             0,
@@ -30,21 +30,6 @@ class DirectLabelAttack(PerSampleGradientAttack):
             "an integer",
         )
     }
-
-    @classmethod
-    def check_config(cls, cfg: Config, party: str) -> list[tuple[str, str]]:
-        """Lemma 1 reads the label off the gradient of summed logits: with a top model (or concatenated
-        embeddings) the gradient a passive party receives is not over the classes."""
-        if cfg.protocol.aggregation != "sum" or cfg.model.top.kind != "none":
-            return [
-                (
-                    "protocol.aggregation",
-                    "needs passive parties that send logits summed at the active party (paper 004, Lemma 1): "
-                    f"protocol.aggregation 'sum' and model.top.kind 'none', got "
-                    f"{cfg.protocol.aggregation!r} and {cfg.model.top.kind!r}",
-                )
-            ]
-        return []
 
     def __init__(self, context, **params) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context, **params)

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from vflnet.attacks.prediction_base import PredictionAttack, target_truth
-from vflnet.config import Config
 from vflnet.metrics.features import esa_upper_bound
 from vflnet.registry import ATTACKS
 
@@ -53,27 +52,7 @@ def equality_solving(
 class EqualitySolving(PredictionAttack):
     name = "esa"
     description = "paper 003 equality solving attack: the passive parties' features from LR confidence scores"
-
-    @classmethod
-    def check_config(cls, cfg: Config, party: str) -> list[tuple[str, str]]:
-        """Logistic regression: the logits are the sum of every party's linear bottom (no top model)."""
-        if cfg.model.top.kind != "none" or cfg.protocol.aggregation != "sum":
-            return [
-                (
-                    "model.top.kind",
-                    "needs logistic regression: the sum of linear bottoms as the logits (protocol.aggregation "
-                    f"'sum', model.top.kind 'none'), got {cfg.protocol.aggregation!r} and {cfg.model.top.kind!r}",
-                )
-            ]
-        for i, p in enumerate(cfg.parties):
-            if p.bottom is not None and p.bottom.kind != "linear":
-                return [
-                    (
-                        f"parties[{i}].bottom.kind",
-                        f"needs logistic regression: every bottom 'linear', {p.name}'s is {p.bottom.kind!r}",
-                    )
-                ]
-        return []
+    model_needs = ("summed-logits", "linear-model")  # logistic regression: the sum of linear bottoms
 
     def output(self) -> dict[str, np.ndarray]:
         ids, v, x_adv, own = self.gathered()

@@ -260,6 +260,11 @@ class GenerativeRegression(PredictionAttack):
             guess = random_guess(x.shape, "uniform")
             out["cbr"] = float(((output["x_target"][:, f] <= t) == side).mean())
             out["cbr_uniform"] = float(((guess[:, f] <= t) == side).mean())
+            # trivial attackers on the data's own scale: each split's majority side, and draws from each
+            # feature's marginal (its column, shuffled)
+            out["cbr_constant"] = float(np.maximum(side.mean(0), 1 - side.mean(0)).mean())
+            marginal = x[np.random.default_rng(0).permutation(len(x))]
+            out["cbr_marginal"] = float(((marginal[:, f] <= t) == side).mean())
         return out
 
     def _network(

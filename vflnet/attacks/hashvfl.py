@@ -93,6 +93,7 @@ class ModelInversion(Attack):
     roles = frozenset({"active"})
     taps = (Tap("ExchangeEmbeddings", "request", "server"),)
     knowledge = ("released_model",)
+    model_needs = ("plaintext-embeddings",)  # it inverts the target's codes or embeddings as sent
     truth_needed = "images"
     params = {
         "target": Param(
@@ -122,13 +123,6 @@ class ModelInversion(Attack):
         for i, entry in enumerate(cfg.attacks):
             if entry.name != cls.name or entry.party != party:
                 continue
-            if cfg.protocol.kind == "split-he":
-                return [
-                    (
-                        "protocol.kind",
-                        "under split-he the target's embeddings arrive encrypted: nothing to invert",
-                    )
-                ]
             target = entry.params.get("target", cls.params["target"].default)
             owner = next((p for p in cfg.passives if p.name == target), None)
             if owner is None:

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from vflnet.attacks.prediction_base import PredictionAttack, target_truth
-from vflnet.config import Config
 from vflnet.registry import ATTACKS, Param
 
 
@@ -208,23 +207,12 @@ class PathRestriction(PredictionAttack):
     description = (
         "paper 003 path restriction attack on a secureboost decision tree (CBR against a random path)"
     )
+    model_needs = ("tree",)
     params = {
         "seed": Param(
             0, "seed of the uniform choice among candidate paths", lambda v: isinstance(v, int), "an integer"
         )
     }
-
-    @classmethod
-    def check_config(cls, cfg: Config, party: str) -> list[tuple[str, str]]:
-        """Paper 003's PRA restricts the prediction paths of a decision tree: a secureboost run."""
-        if cfg.protocol.kind != "secureboost":
-            return [
-                (
-                    "protocol.kind",
-                    f"needs a decision tree (protocol 'secureboost'), got {cfg.protocol.kind!r}",
-                )
-            ]
-        return []
 
     def output(self) -> dict[str, np.ndarray]:
         ids, v, x_adv, own = self.gathered()

@@ -63,9 +63,19 @@ class PredictionAttack(Attack):
             "mse": mse_per_feature(est, x),
             "mse_uniform": mse_per_feature(random_guess(x.shape, "uniform"), x),
             "mse_gaussian": mse_per_feature(random_guess(x.shape, "gaussian"), x),
+            # the best constant guess, each feature's mean over these samples: no access beyond the marginal
+            "mse_constant": mse_per_feature(np.broadcast_to(x.mean(0), x.shape), x),
             "n": float(len(x)),
             "d_target": float(x.shape[1]),
         }
+
+    @classmethod
+    def sample_errors(cls, output: dict[str, np.ndarray], truth: Any) -> np.ndarray | None:
+        """Each sample's squared error, averaged over the target features (Eq. 10 before its mean)."""
+        x = target_truth(truth, output["sample_ids"])
+        if "x_target" not in output or len(x) == 0:
+            return None
+        return np.mean((np.asarray(output["x_target"], np.float64) - x) ** 2, axis=1)
 
 
 def target_truth(truth: dict[str, tuple[np.ndarray, np.ndarray]], ids: np.ndarray) -> np.ndarray:

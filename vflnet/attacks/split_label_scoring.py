@@ -35,7 +35,7 @@ from vflnet.attacks.label_inference import (
 from vflnet.interceptors.events import WireEvent
 from vflnet.metrics.labels import mean_batch_auc
 from vflnet.registry import ATTACKS, Param
-from vflnet.threat.attack import LabelAttack, OwnStepView, PerSampleGradientAttack
+from vflnet.threat.attack import LabelAttack, OwnStepView, PerSampleGradientAttack, label_scores
 
 _SEED = Param(
     0, "seed of the guesses made when gradients are encrypted", lambda v: isinstance(v, int), "an integer"
@@ -293,11 +293,5 @@ class PassiveModelCompletionAttack(LabelAttack):
 
     @classmethod
     def score(cls, output: dict[str, np.ndarray], truth: dict[int, int]) -> dict[str, float]:
-        ids = output["sample_ids"]
-        true = np.array([truth[int(i)] for i in ids])
-        return {
-            "label_accuracy": float((output["labels"] == true).mean()) if len(ids) else float("nan"),
-            "samples": int(len(ids)),
-            "aux_samples": int(len(output["aux_ids"])),
-            "chance": 1.0 / len(set(truth.values())),
-        }
+        scores = label_scores(output["sample_ids"], output["labels"], truth)
+        return {**scores, "aux_samples": int(len(output["aux_ids"]))}

@@ -97,16 +97,39 @@ def held_rows(cfg: Config, party: PartyConfig, data: Dataset) -> np.ndarray:
     return keep[np.argsort(data.ids[keep], kind="stable")]
 
 
-def party_view(cfg: Config, party_name: str, dataset: Dataset | None = None) -> PartyData:
+def party_view(
+    cfg: Config, party_name: str, dataset: Dataset | None = None, as_trained: bool = True
+) -> PartyData:
+    """The rows a party holds. ``as_trained``: with the config's empirical null applied, as the party
+    loads them (``data.permute_labels``, ``data.resample_features``: the same in every process); False:
+    the data set's own (ground truth, for scoring)."""
     party = cfg.party(party_name)
     data = dataset if dataset is not None else load_dataset(cfg.data.dataset, cfg.data.params)
     order = held_rows(cfg, party, data)
     x = None
     if party.features is not None:
         assert party.bottom is not None
-        x = select_features(data, party.features, as_image=takes_image(party.bottom))[order]
-    y = data.labels[order] if party.role == "active" else None
+        x = select_features(data, party.features, as_image=takes_image(party.bottom))
+        if as_trained and party.role == "passive" and cfg.data.resample_features is not None:
+            x = _marginal_draws(x, cfg.data.resample_features)
+        x = x[order]
+    y = None
+    if party.role == "active":
+        labels = data.labels
+        if as_trained and cfg.data.permute_labels is not None:
+            labels = labels[np.random.default_rng(cfg.data.permute_labels).permutation(len(labels))]
+        y = labels[order]
     return PartyData(ids=data.ids[order], x=x, y=y, n_classes=data.n_classes)
+
+
+def _marginal_draws(x: np.ndarray, seed: int) -> np.ndarray:
+    """Each feature column (pixel) permuted among the samples on its own: every value is a draw from that
+    column's marginal, and what the columns say about each other and about the label is gone."""
+    rng = np.random.default_rng(seed)
+    flat = x.reshape(len(x), -1).copy()
+    for j in range(flat.shape[1]):
+        flat[:, j] = flat[rng.permutation(len(flat)), j]
+    return flat.reshape(x.shape)
 
 
 def normalize(x: np.ndarray, train_rows: np.ndarray, mode: str, is_image: bool) -> np.ndarray:

@@ -31,6 +31,7 @@ from typing import BinaryIO
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
 
+from vflnet.durable import WriteFailed
 from vflnet.interceptors.events import WireEvent, short_name
 from vflnet.v1 import trace_pb2
 
@@ -364,9 +365,9 @@ class TraceWriter:
         self.size += framed
         self._end += framed
 
-    def _not_written(self, exc: OSError) -> OSError:
+    def _not_written(self, exc: OSError) -> WriteFailed:
         """A failed ``writev`` wrote nothing (the file is as it was): its error, naming the file."""
-        return OSError(exc.errno, f"trace not written: {exc.strerror}", str(self.path))
+        return WriteFailed("the trace", self.path, exc)
 
     def _note_cut_short(self) -> None:
         """Holding the lock, after a short write (a full disk): part of an entry is in the file.
@@ -376,10 +377,9 @@ class TraceWriter:
             self.cut_short = True
             log.error("%s: an entry was cut short; later messages are not traced", self.path)
 
-    def _short_write(self, written: int, framed: int) -> OSError:
-        return OSError(
-            errno.ENOSPC, f"trace entry cut short: {written} of {framed} bytes written", str(self.path)
-        )
+    def _short_write(self, written: int, framed: int) -> WriteFailed:
+        why = f"{os.strerror(errno.ENOSPC)} (an entry cut short: {written} of {framed} bytes written)"
+        return WriteFailed("the trace", self.path, OSError(errno.ENOSPC, why))
 
     def _drain(self) -> None:
         """Holding the lock: return once no append is under way (new ones wait meanwhile). The fd may

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from vflnet.config import LRScheduleConfig, OptimizerConfig
+from vflnet.durable import write_durable
 from vflnet.models.optim import build_optimizer, build_schedule
 
 
@@ -140,7 +141,6 @@ class LocalModel:
 
     def save(self, path: Path) -> None:
         """Atomic: a crash mid-write never leaves a truncated checkpoint."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        torch.save(self.state(), tmp)
-        os.replace(tmp, path)
+        buf = io.BytesIO()
+        torch.save(self.state(), buf)
+        write_durable(path, buf.getvalue(), "the final model")

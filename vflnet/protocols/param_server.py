@@ -9,7 +9,7 @@ gradients are thus the honest-but-curious server's legitimate view.
 
 from __future__ import annotations
 
-import os
+import io
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import torch
 
 from vflnet.config import Config
 from vflnet.defenses.base import attach
+from vflnet.durable import write_durable
 from vflnet.models.local import LocalModel
 from vflnet.models.optim import build_optimizer, build_schedule
 from vflnet.protocols.split import SPLIT_HOOKS, SplitActive, SplitPassive
@@ -100,10 +101,9 @@ class ParamServer:
         self.epoch, self.updates = int(state["epoch"]), int(state["updates"])
 
     def save(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(self.state_dict()["params"], tmp)
-        os.replace(tmp, path)
+        buf = io.BytesIO()
+        torch.save(self.state_dict()["params"], buf)
+        write_durable(path, buf.getvalue(), "the final model")
 
 
 class ParamServerCoordinator(CoordinatorSide):

@@ -6,11 +6,13 @@ model: the adversary receives the confidence vectors); it keeps them all and wri
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import numpy as np
 
 from vflnet.defenses.base import attach
+from vflnet.durable import write_durable
 from vflnet.threat.attack import PredictionView
 from vflnet.v1 import messages_pb2
 
@@ -48,11 +50,12 @@ class PredictionsKeeper:
     def write(self) -> None:
         out = self.host.run_dir / "predictions"
         for (phase, epoch), parts in self.parts.items():
-            out.mkdir(parents=True, exist_ok=True)
             kind = "test" if phase == messages_pb2.EVAL else "predict"
+            buf = io.BytesIO()
             np.savez(
-                out / f"{kind}-epoch-{epoch:03d}.npz",
+                buf,
                 sample_ids=np.concatenate([p[0] for p in parts]),
                 predicted=np.concatenate([p[1] for p in parts]),
                 confidence=np.concatenate([p[2] for p in parts]),
             )
+            write_durable(out / f"{kind}-epoch-{epoch:03d}.npz", buf.getvalue(), "the predictions")

@@ -27,9 +27,9 @@ coordinator stops the run.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -43,6 +43,7 @@ import numpy as np
 from vflnet.config import TRAIN_KEYS, Config
 from vflnet.crypto import PaillierOverflowError, PublicKey, encoding, generate_keypair
 from vflnet.crypto.wire import cipher_from_proto, cipher_to_proto
+from vflnet.durable import write_durable
 from vflnet.models.secureboost import (
     FRAC_BITS,
     Ensemble,
@@ -482,9 +483,9 @@ class SecureBoostActive(PartySide):
         arrays = {
             f"tree{i:04d}_{k}": v for i, t in enumerate(self.ensemble.trees) for k, v in t.to_dict().items()
         }
-        tmp = path.with_suffix(".trees.tmp.npz")
-        np.savez(tmp, owners=np.array(self.owner_names), **arrays)
-        os.replace(tmp, path.with_suffix(".trees.npz"))
+        buf = io.BytesIO()
+        np.savez(buf, owners=np.array(self.owner_names), **arrays)
+        write_durable(path.with_suffix(".trees.npz"), buf.getvalue(), "the trees")
 
     def finish(self) -> None:
         self.keeper.write()

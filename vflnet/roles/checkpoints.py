@@ -20,7 +20,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import random
 import shutil
 from dataclasses import asdict, dataclass
@@ -29,6 +28,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from vflnet.durable import write_durable
 
 log = logging.getLogger("vflnet.checkpoints")
 
@@ -52,32 +53,12 @@ def step_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step-{step:08d}"
 
 
-def write_durable(path: Path, data: bytes) -> None:
-    """Atomic and durable: a crash at any point leaves either the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def save_state(path: Path, state: dict[str, Any]) -> str:
+def save_state(path: Path, state: dict[str, Any], what: str = "a checkpoint") -> str:
     """torch.save ``state`` durably to ``path``; returns the file's SHA-256."""
     buf = io.BytesIO()
     torch.save(state, buf)
     data = buf.getvalue()
-    write_durable(path, data)
+    write_durable(path, data, what)
     return hashlib.sha256(data).hexdigest()
 
 
@@ -102,7 +83,8 @@ def load_state(path: Path, sha256: str) -> dict[str, Any]:
 
 def write_manifest(run_dir: Path, manifest: Manifest) -> Path:
     path = step_dir(run_dir, manifest.step) / MANIFEST
-    write_durable(path, json.dumps(asdict(manifest), indent=2, sort_keys=True).encode())
+    data = json.dumps(asdict(manifest), indent=2, sort_keys=True).encode()
+    write_durable(path, data, f"the manifest of the checkpoint of step {manifest.step}")
     return path
 
 

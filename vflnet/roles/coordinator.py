@@ -23,6 +23,7 @@ import numpy as np
 from vflnet.config import Config
 from vflnet.data.alignment import epoch_batches, eval_batches
 from vflnet.data.plan import aligned_split, plan_facts, refusal, training_steps
+from vflnet.durable import WriteFailed, write_durable
 from vflnet.roles import checkpoints
 from vflnet.roles.common import wait_for
 from vflnet.roles.heartbeat import Abort, PartyWatch
@@ -138,13 +139,17 @@ class MetricsLog:
     """metrics.jsonl: one JSON object per line, flushed as written so a crash loses nothing."""
 
     def __init__(self, path: Path, keep_bytes: int | None = None) -> None:
+        self.path = path
         if keep_bytes is not None and path.exists():  # a resumed run: drop what came after its checkpoint
             os.truncate(path, keep_bytes)
         self._fh = path.open("ab")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._fh.write((json.dumps(record) + "\n").encode())
-        self._fh.flush()
+        try:
+            self._fh.write((json.dumps(record) + "\n").encode())
+            self._fh.flush()
+        except OSError as exc:  # a resumed run cuts a partial line back to its checkpoint's length
+            raise WriteFailed("the metrics", self.path, exc) from exc
 
     def offset(self) -> int:
         return self._fh.tell()
@@ -382,7 +387,8 @@ class Schedule:
             "interception": self.side.host.interception.state(),
             "rng": checkpoints.global_rng_state(),
         }
-        files[name] = checkpoints.save_state(checkpoints.step_dir(self.run_dir, c.step) / f"{name}.pt", state)
+        path = checkpoints.step_dir(self.run_dir, c.step) / f"{name}.pt"
+        files[name] = checkpoints.save_state(path, state, f"the checkpoint of step {c.step}")
         checkpoints.write_manifest(
             self.run_dir, checkpoints.Manifest(self.cfg.run.id, c.step, c.epoch, files)
         )
@@ -561,17 +567,19 @@ def shutdown_all(
     timeout: float = 30,
     effects: dict[str, Any] | None = None,
 ) -> dict[str, str]:
-    """Tell every party to stop; its checkpoint's path by name (and, into ``effects``, what its
-    attacks and defenses did)."""
+    """Tell every party to stop, all at once, each within ``timeout``: one whose step waits on a dead
+    peer abandons it (PartyHost.abandon), so no party's Shutdown waits on another's and when the run
+    ends does not depend on the order the parties joined. Returns each party's checkpoint path by
+    name (and, into ``effects``, what its attacks and defenses did)."""
+    request = messages_pb2.ShutdownRequest(
+        run_id=cfg.run.id, save_checkpoint=save, reason=reason, sender=cfg.coordinator.name
+    )
+    log.info("sending Shutdown to %s at once (each within %g s)", ", ".join(stubs) or "no party", timeout)
+    calls = {name: stub.Shutdown.future(request, timeout=timeout) for name, stub in stubs.items()}
     paths = {}
-    for name, stub in stubs.items():
+    for name, call in calls.items():
         try:
-            reply = stub.Shutdown(
-                messages_pb2.ShutdownRequest(
-                    run_id=cfg.run.id, save_checkpoint=save, reason=reason, sender=cfg.coordinator.name
-                ),
-                timeout=timeout,
-            )
+            reply = call.result()
             paths[name] = reply.checkpoint
             if effects is not None and reply.effects:
                 effects[name] = json.loads(reply.effects)
@@ -580,8 +588,8 @@ def shutdown_all(
     return paths
 
 
-def write_atomic(path: Path, text: str) -> None:
-    checkpoints.write_durable(path, text.encode())
+def write_atomic(path: Path, text: str, what: str) -> None:
+    write_durable(path, text.encode(), what)
 
 
 class CoordinatorHost:
@@ -672,13 +680,23 @@ def _effects_into(
 
 
 def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool = False) -> int:
+    """The coordinator's process; a file it cannot write (summary.json on a full disk, or its address
+    before the run starts) ends it with that one line, naming the file."""
+    try:
+        return _main(cfg, run_dir, listen, bridge, resume)
+    except (RunFailed, WriteFailed) as exc:
+        log.error("run failed: %s", exc)
+        return 1
+
+
+def _main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool) -> int:
     summary: dict[str, Any] = {"run_id": cfg.run.id, "status": "failed", "started": time.time()}
     try:
         restored = resume_point(cfg, run_dir, cfg.coordinator.name) if resume else None
     except (RunFailed, checkpoints.CheckpointInvalid) as exc:
         log.error("cannot resume: %s", exc)
         summary["error"] = f"cannot resume: {exc}"
-        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2), "the summary")
         return 2
     host = CoordinatorHost(cfg, run_dir, bridge)
     admission, name = host.admission, host.name
@@ -689,7 +707,7 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
     host.add_services(server)
     address = bridge.bind(server, name, listen)
     server.start()
-    write_atomic(run_dir / "coordinator.addr", address)
+    write_atomic(run_dir / "coordinator.addr", address, "the coordinator's address")
     log.info(
         "coordinator of run %s serving on %s; waiting for %d parties",
         cfg.run.id,
@@ -735,7 +753,7 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
             host.interception.load_state(restored[1]["interception"], cursor.step)
             checkpoints.restore_global_rng(restored[1]["rng"])
         schedule = Schedule(cfg, stubs, metrics, admission.reply, host.side, run_dir, cursor)
-        write_atomic(run_dir / "plan.json", json.dumps(schedule.plan()))
+        write_atomic(run_dir / "plan.json", json.dumps(schedule.plan()), "the plan")
         with watch.watching(admission.reply.roster, schedule.abort):
             result = schedule.run()
         summary.update(result, status="completed")
@@ -743,7 +761,7 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
         reports: dict[str, Any] = {}
         summary["checkpoints"] = shutdown_all(cfg, stubs, "run completed", save=True, effects=reports)
         return _effects_into(summary, host, run_dir, reports, check=True)
-    except RunFailed as exc:
+    except (RunFailed, WriteFailed) as exc:  # WriteFailed: its metrics or checkpoint on a full disk
         log.error("run failed: %s", exc)
         summary["error"] = str(exc)
         reports = {}
@@ -754,7 +772,8 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
     except Interrupted as exc:
         log.error("run interrupted: %s", exc)
         summary.update(status="interrupted", error=str(exc))
-        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))  # before anything can hang
+        # before anything can hang
+        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2), "the summary")
         # brief: parties being stopped beside it (vflnet run, docker stop) must not hold it up
         shutdown_all(cfg, stubs, f"run interrupted: {exc}", save=False, timeout=2)
         return 143
@@ -762,7 +781,12 @@ def main(cfg: Config, run_dir: Path, listen: str, bridge: Bridge, resume: bool =
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         summary["wall_time_s"] = time.perf_counter() - start
-        host.interception.finish(run_dir)
-        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
-        metrics.close()
-        stop_server(server, grace=2)
+        try:
+            host.interception.finish(run_dir)
+            write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2), "the summary")
+        except WriteFailed as exc:  # the run's own cause first: the launcher shows this one line
+            cause = summary.get("error")
+            raise RunFailed(f"{cause}; and {exc}" if cause else str(exc)) from exc
+        finally:
+            metrics.close()
+            stop_server(server, grace=2)

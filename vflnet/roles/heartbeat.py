@@ -211,7 +211,10 @@ class PartyWatch:
     def _on_dead(self, party: str, abort: Abort) -> Callable[[float, str], None]:
         def dead(silent_s: float, error: str) -> None:
             self.dead.add(party)
-            why = f"party {party!r} has not answered heartbeats for {silent_s:.0f} s (last error: {error})"
+            why = (
+                f"party {party!r} has not answered heartbeats for {silent_s:.0f} s "
+                f"(transport.dead_after_s: {self.transport.dead_after_s:g}; last error: {error})"
+            )
             log.error("%s", why)
             abort.fire(why)
 

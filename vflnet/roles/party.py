@@ -76,6 +76,8 @@ class PartyHost:
         self.current: messages_pb2.Header = messages_pb2.Header()
         self.interception = party_interception(cfg, name, run_dir)
         self.coordinator_channel: grpc.Channel | None = None
+        self.channels: list[grpc.Channel] = []  # every channel it opened: closed when it stops (abandon)
+        self.stopping: str | None = None  # why the party is stopping, once it is
         self.side: PartySide = PROTOCOLS.get(cfg.protocol.kind).side(self.role)(self)
         input_shape = tuple(self.data.x.shape[1:]) if self.data.x is not None else None
         bottom, top = build_party_modules(cfg, self.me, input_shape, self.data.n_classes)
@@ -88,7 +90,9 @@ class PartyHost:
     def channel(self, address: str, peer: str) -> grpc.Channel:
         """A client channel to roster party ``peer`` at ``address``, with this party's interceptor chain
         on it (under TLS the server must hold ``peer``'s certificate)."""
-        return self.bridge.open_channel(address, self.name, self.interception.chain, peer)
+        channel = self.bridge.open_channel(address, self.name, self.interception.chain, peer)
+        self.channels.append(channel)
+        return channel
 
     @property
     def step_deadline_s(self) -> float:
@@ -236,8 +240,12 @@ class PartyHost:
             rows = self.begin_step(cmd)
             try:
                 metrics = self.side.step(cmd, rows)
-            except BaseException:
+            except BaseException as exc:
                 self.turns.fail()
+                if self.stopping is not None:
+                    log.warning(
+                        "%s: step %d abandoned: %s (%s)", self.name, cmd.header.step, self.stopping, exc
+                    )
                 raise
             report = messages_pb2.StepReport(header=self.header(cmd.header), metrics=metrics)
             if cmd.checkpoint_after:
@@ -328,7 +336,8 @@ class PartyHost:
             "rng": checkpoints.global_rng_state(),
             "interception": self.interception.state(),
         }
-        digest = checkpoints.save_state(checkpoints.step_dir(self.run_dir, h.step) / f"{self.name}.pt", state)
+        path = checkpoints.step_dir(self.run_dir, h.step) / f"{self.name}.pt"
+        digest = checkpoints.save_state(path, state, f"the checkpoint of step {h.step}")
         self.saved_steps.append(h.step)
         checkpoints.prune_after_party_save(self.run_dir, self.saved_steps)
         return digest
@@ -368,17 +377,30 @@ class PartyHost:
         check_run(self.cfg, req.run_id)
         check_sender(self.cfg, req.sender, {"coordinator"}, context)
         log.info("%s: shutdown requested (%s)", self.name, req.reason)
-        self.turns.stop(req.reason)
-        self.side.stop(req.reason)
-        with self.step_lock:  # never save a half-applied update
-            self.side.finish()
-            path = self.save_checkpoint() if req.save_checkpoint else ""
-            for written in self.interception.finish(self.run_dir):
-                log.info("%s: attack output %s", self.name, written)
-        self.liveness.shutdown.set()
+        self.abandon(req.reason)
+        try:
+            with self.step_lock:  # never save a half-applied update
+                self.side.finish()
+                path = self.save_checkpoint() if req.save_checkpoint else ""
+                for written in self.interception.finish(self.run_dir):
+                    log.info("%s: attack output %s", self.name, written)
+        finally:  # a file it cannot write (a full disk) fails the reply, naming the file; it exits all the same
+            self.liveness.shutdown.set()
         # what its attacks and defenses did travels to the coordinator (summary.json) in the reply
         effects = json.dumps(self.interception.effects_report())
+        log.info("%s: shut down%s", self.name, f"; final model {path}" if path else "")
         return messages_pb2.ShutdownReply(checkpoint=path, effects=effects)
+
+    def abandon(self, reason: str) -> None:
+        """The run is ending: nothing this party waits on may hold it up. Steps queued behind the
+        current one stop waiting, the side releases its own waits, and closing every channel this
+        party opened ends any call still out to a peer (one that waits on a dead party, or is dead),
+        so the current step fails at once, before its update, and the step lock comes free."""
+        self.stopping = reason
+        self.turns.stop(reason)
+        self.side.stop(reason)
+        for channel in self.channels:
+            channel.close()
 
 
 def serve(host: PartyHost, listen: str, coordinator: str, advertise: str) -> int:
@@ -402,7 +424,6 @@ def serve(host: PartyHost, listen: str, coordinator: str, advertise: str) -> int
         heartbeat.stop()
     if why != "shutdown":
         log.error("%s: stopping: %s", host.name, why)
-        host.turns.stop(why)
-        host.side.stop(why)  # a step waiting on a peer must not hold the process up
+        host.abandon(why)  # a step waiting on a peer must not hold the process up
     stop_server(server, grace=2)
     return 0 if why == "shutdown" else LOST_COORDINATOR

@@ -597,20 +597,20 @@ def _run(
         if ended is not None:
             _summary_if_missing(cfg, run_dir, *ended)
             if party_cause:  # after the teardown: the coordinator writes summary.json until it exits
-                _name_the_cause(run_dir, ended[1])
+                _name_the_cause(cfg, run_dir, ended[1])
 
 
-def _name_the_cause(run_dir: Path, cause: str) -> None:
+def _name_the_cause(cfg: Config, run_dir: Path, cause: str) -> None:
     """A party's death failed the run: summary.json's error is that, first; what the coordinator saw
     next (often another party failing to reach the dead one) is kept as ``coordinator_error``."""
-    from vflnet.roles.checkpoints import write_durable
-
     path = run_dir / "summary.json"
+    if not path.exists():  # not even the launcher could write it (_summary_if_missing said so)
+        return
     summary = json.loads(path.read_text())
     if summary.get("error") != cause:
         summary["coordinator_error"] = summary.get("error")
         summary.update(status="failed", error=cause)
-        write_durable(path, json.dumps(summary, indent=2).encode())
+        _write_summary(cfg, run_dir, summary)
 
 
 def _summary_if_missing(cfg: Config, run_dir: Path, status: str, error: str) -> None:
@@ -619,7 +619,7 @@ def _summary_if_missing(cfg: Config, run_dir: Path, status: str, error: str) -> 
     path = run_dir / "summary.json"
     if path.exists():
         return
-    from vflnet.roles.checkpoints import latest_manifest, write_durable
+    from vflnet.roles.checkpoints import latest_manifest
 
     manifest = latest_manifest(run_dir, cfg.run.id, cfg.coordinator.name)
     summary = {
@@ -629,7 +629,30 @@ def _summary_if_missing(cfg: Config, run_dir: Path, status: str, error: str) -> 
         "resumable_after_step": manifest.step if manifest else 0,
         "resume": f"vflnet run --resume {run_dir}",
     }
-    write_durable(path, json.dumps(summary, indent=2).encode())
+    _write_summary(cfg, run_dir, summary)
+
+
+def _write_summary(cfg: Config, run_dir: Path, summary: dict[str, Any]) -> None:
+    """summary.json by the launcher; if the disk refuses it too, the console says why and where the
+    run's state is instead."""
+    from vflnet.durable import WriteFailed, write_durable
+    from vflnet.roles.checkpoints import latest_manifest
+
+    try:
+        write_durable(run_dir / "summary.json", json.dumps(summary, indent=2).encode(), "the summary")
+    except WriteFailed as exc:
+        manifest = latest_manifest(run_dir, cfg.run.id, cfg.coordinator.name)
+        print(
+            f"run {cfg.run.id}: no summary.json: {exc}. The run's state is in {run_dir} "
+            f"(its logs in {run_dir / 'logs'}); "
+            + (
+                f"its newest checkpoint is step {manifest.step}: `vflnet run --resume {run_dir}` continues "
+                "from it once the disk has room"
+                if manifest
+                else f"it has no checkpoint: `vflnet run --resume {run_dir}` starts it again"
+            ),
+            file=sys.stderr,
+        )
 
 
 def _run_in_process(cfg: Config, run_dir: Path, progress: bool, deadline: Deadline) -> int:

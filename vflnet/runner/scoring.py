@@ -42,7 +42,7 @@ def ground_truth(cfg: Config, what: str, run_dir: Path | None = None) -> Any:
         # each passive party's own columns or image region, raw, as that party holds it: {party: (ids, x)}
         truth: dict[str, Any] = {"labels": labels}
         for party in cfg.passives:
-            view = party_view(cfg, party.name, data)
+            view = party_view(cfg, party.name, data, as_trained=False)
             truth[party.name] = (view.ids, view.x)
         return truth
     if what == "normalized-features":  # each passive party's features as its model takes them
@@ -54,7 +54,7 @@ def ground_truth(cfg: Config, what: str, run_dir: Path | None = None) -> Any:
         train, _ = run_split(cfg, data)
         truth = {}
         for party in cfg.passives:
-            view = party_view(cfg, party.name, data)
+            view = party_view(cfg, party.name, data, as_trained=False)
             truth[party.name] = (
                 view.ids,
                 normalize(view.x, view.rows(train), cfg.data.normalize, data.is_image),

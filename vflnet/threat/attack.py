@@ -22,6 +22,7 @@ from google.protobuf.message import Message
 
 from vflnet.interceptors.events import WireEvent
 from vflnet.registry import Param, validate_params
+from vflnet.threat.model_needs import check_declared
 from vflnet.v1 import messages_pb2
 
 if TYPE_CHECKING:
@@ -91,6 +92,9 @@ class Attack(ABC):
     taps: ClassVar[tuple[Tap, ...]]
     rewrites: ClassVar[tuple[Tap, ...]] = ()
     knowledge: ClassVar[tuple[str, ...]] = ()  # names of what the threat model delivers
+    # names of what its algorithm needs of the model (vflnet.threat.model_needs: summed-logits,
+    # input-layer-cut, linear-model, plaintext-embeddings, tree): config check and the audit refuse the rest
+    model_needs: ClassVar[tuple[str, ...]] = ()
     wants_own_view: ClassVar[bool] = (
         False  # receive an OwnStepView of the host party after each training step
     )
@@ -98,6 +102,10 @@ class Attack(ABC):
     params: ClassVar[dict[str, Param]] = {}
     # the view-level algorithm this attack runs, if it is one of vflnet.attacks.label_inference's
     algorithm: ClassVar[type | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        check_declared(f"attack class {cls.__name__}", cls.model_needs)
 
     def __init__(self, context: AttackContext, **params: Any) -> None:
         if context.role not in self.roles:
@@ -123,7 +131,7 @@ class Attack(ABC):
     @classmethod
     def check_config(cls, cfg: Config, party: str) -> list[tuple[str, str]]:
         """(config key, problem) pairs that make this attack at ``party`` impossible in the run
-        (``vflnet config check`` reports the first); none by default."""
+        (``vflnet config check`` reports the first), beyond its ``model_needs``; none by default."""
         return []
 
     def required_effects(self) -> dict[str, str]:
@@ -188,6 +196,12 @@ class Attack(ABC):
         """Metrics of an output against ground truth; called by the runner, never by the attack."""
         return {}
 
+    @classmethod
+    def sample_errors(cls, output: dict[str, np.ndarray], truth: Any) -> np.ndarray | None:
+        """Per-sample values of its error metric (lower: closer to the truth; the audit tests them pooled
+        against its null runs'), or None where its metric is no mean over samples."""
+        return None
+
     # what the runner loads for `score`: "labels", "images" / "features" (each passive party's raw
     # region or columns), "normalized-features" (as its model takes them), "labels+predictions", ""
     truth_needed: ClassVar[str] = ""
@@ -215,6 +229,31 @@ def label_confusion_picture(
     return [plot_confusion_matrix(counts, path, name)]
 
 
+def label_scores(ids: np.ndarray, labels: np.ndarray, truth: dict[int, int]) -> dict[str, float]:
+    """Accuracy of inferred labels against the truth, how many, and the baselines of an attacker with no
+    access: ``chance`` (one over the classes) and ``majority_baseline``, the accuracy on the same samples of
+    always guessing the task's majority class (``majority_class``, the most frequent label of the data set):
+    the stronger of the two on an imbalanced task. Labels outside the task's classes are no labels of it
+    (behind a top model the batch-level attacks return embedding units): a ValueError, never a score."""
+    if len(ids) == 0:
+        return {"label_accuracy": float("nan"), "samples": 0}
+    classes = np.bincount(np.fromiter(truth.values(), dtype=np.int64))
+    if labels.min() < 0 or labels.max() >= len(classes):
+        raise ValueError(
+            f"inferred labels span {int(labels.min())}..{int(labels.max())}, outside the task's classes "
+            f"0..{len(classes) - 1}: the attack's output is no label of this task"
+        )
+    true = np.array([truth[int(i)] for i in ids])
+    majority = int(classes.argmax())
+    return {
+        "label_accuracy": float((labels == true).mean()),
+        "samples": int(len(ids)),
+        "chance": 1.0 / int((classes > 0).sum()),
+        "majority_class": majority,
+        "majority_baseline": float((true == majority).mean()),
+    }
+
+
 class LabelAttack(Attack):
     """An attack whose output is inferred labels (``sample_ids``, ``labels``): the runner scores it
     against the true labels and saves the confusion matrix of its output."""
@@ -223,16 +262,8 @@ class LabelAttack(Attack):
 
     @classmethod
     def score(cls, output: dict[str, np.ndarray], truth: dict[int, int]) -> dict[str, float]:
-        """Accuracy of the inferred labels, how many, and chance (one over the number of classes)."""
-        ids = output["sample_ids"]
-        if len(ids) == 0:
-            return {"label_accuracy": float("nan"), "samples": 0}
-        true = np.array([truth[int(i)] for i in ids])
-        return {
-            "label_accuracy": float((output["labels"] == true).mean()),
-            "samples": int(len(ids)),
-            "chance": 1.0 / len(set(truth.values())),
-        }
+        """``label_scores`` of its output."""
+        return label_scores(output["sample_ids"], output["labels"], truth)
 
     @classmethod
     def pictures(cls, output: dict[str, np.ndarray], truth: dict[int, int], out_dir: Any) -> list[Any]:

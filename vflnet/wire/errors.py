@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 
+from vflnet.durable import WriteFailed
 from vflnet.wire.channels import MessageTooLarge
 from vflnet.wire.decoding import Undecodable
 from vflnet.wire.tensors import PayloadError
@@ -110,6 +111,9 @@ def handle_errors(
         except TimeoutError as exc:
             log.warning("%s timed out: %s", name, exc)
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+        except WriteFailed as exc:  # a full disk: the caller is told which file, in one line
+            log.error("%s: %s", name, exc)
+            context.abort(grpc.StatusCode.ABORTED, str(exc))
 
     return wrapper
 

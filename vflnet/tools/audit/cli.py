@@ -4,6 +4,7 @@ against its baseline, and (``--defenses``) what each defense buys and costs (doc
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,21 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="comma list of defense names, or a YAML file of defense settings: each setting reruns the "
         "attacks and measures the main task (utility-leakage trade-off, defense capability score)",
+    )
+    p.add_argument(
+        "--null",
+        action="store_true",
+        help="also run each group again per seed with its attacks' secret removed (data.permute_labels: the "
+        "labels permuted among the samples; data.resample_features: each passive feature column drawn from "
+        "its marginal): the empirical null the verdicts are tested against",
+    )
+    p.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="audit the config again at each value of KEY (a config key, the values as YAML; repeat for "
+        "more axes, each varied alone) and plot every attack's metric and the main task's accuracy along it",
     )
     p.add_argument("--select-only", action="store_true", help="print the selection and exit (no runs)")
     p.add_argument("--start", choices=("warm", "cold"), default="warm", help="how role processes start")
@@ -85,12 +101,65 @@ def prepare(
     return base, cfg, select(base, cfg, budget)
 
 
+def parse_vary(items: list[str]) -> list[tuple[str, list[str]]]:
+    """``--vary KEY=V1,V2,...``: (key, values as written), commas inside brackets or braces kept."""
+    axes = []
+    for text in items:
+        key, sep, raw = text.partition("=")
+        values, depth, current = [], 0, ""
+        for ch in raw:
+            depth += (ch in "[{") - (ch in "]}")
+            if ch == "," and depth == 0:
+                values.append(current.strip())
+                current = ""
+            else:
+                current += ch
+        values.append(current.strip())
+        values = [v for v in values if v]
+        if not sep or not key or len(values) < 2:
+            raise ConfigError("--vary", key, f"{text!r} is not KEY=V1,V2,... with at least two values")
+        if key in [k for k, _ in axes]:
+            raise ConfigError("--vary", key, "each axis once")
+        axes.append((key.strip(), values))
+    return axes
+
+
 def _main(args: argparse.Namespace) -> int:
+    axes = parse_vary(args.vary)
+    out = args.out or Path("audits") / args.config.stem
+    if args.select_only:
+        return run_audit(args, args.overrides, out, [])
+    varied = []
+    for key, values in axes:  # each axis alone, the others at the config's values
+        points = []
+        for value in values:
+            name = f"{key.replace('[', '.').replace(']', '')}={value}"
+            where = out / "vary" / re.sub(r"[^A-Za-z0-9_.=-]+", "-", name).strip("-")
+            kept = [o for o in args.overrides if o.partition("=")[0].strip() != key]
+            print(f"--vary {key}={value}: auditing into {where}", file=sys.stderr, flush=True)
+            try:
+                result = run_audit(args, kept + [f"{key}={value}"], where)
+            except ConfigError as exc:  # this value's audit is refused by name; the others run
+                result = {"refused": f"config error: {exc}"}
+                print(f"--vary {key}={value}: refused: {exc}", file=sys.stderr, flush=True)
+            points.append((value, result))
+        varied.append((key, points))
+    return run_audit(args, args.overrides, out, varied)
+
+
+def run_audit(
+    args: argparse.Namespace,
+    overrides: list[str],
+    out: Path,
+    varied: list[tuple[str, list[tuple[str, dict[str, Any]]]]] | None = None,
+) -> Any:
+    """One audit of the config with these overrides into ``out``: its result (audit.json's content), or
+    with ``--select-only`` the selection printed (0). ``varied``: the ``--vary`` audits its report plots."""
     from vflnet.tools.audit import document, execute
 
     budget = "quick" if args.quick else "default"
     source = str(args.config)
-    base, cfg, cands = prepare(args.config, args.overrides, budget)
+    base, cfg, cands = prepare(args.config, overrides, budget)
     if args.select_only:
         for c in cands:
             print(
@@ -106,9 +175,8 @@ def _main(args: argparse.Namespace) -> int:
 
     n_classes = load_dataset(cfg.data.dataset, cfg.data.params).n_classes
     settings = [execute.Setting("none")] + execute.defense_settings(args.defenses, cfg, base, n_classes)
-    out = args.out or Path("audits") / args.config.stem
     out.mkdir(parents=True, exist_ok=True)
-    runs = execute.plan_runs(base, cands, settings, seeds, budget)
+    runs = execute.plan_runs(base, cands, settings, seeds, budget, null=args.null)
     notes = []
     if budget == "quick":
         notes.append(
@@ -134,7 +202,9 @@ def _main(args: argparse.Namespace) -> int:
             config["run"]["id"] = ""
             write_atomic(rows / name, yaml.safe_dump(config, sort_keys=False))
             row["row_config"] = name
-    result = document.build(out, source, cfg, budget, seeds, cands, settings, runs, per, utility, notes)
+    result = document.build(
+        out, source, cfg, budget, seeds, cands, settings, runs, per, utility, notes, varied or []
+    )
     for r in result["applicable"]:
         v = r["by_setting"]["none"]
         value = (
@@ -152,4 +222,4 @@ def _main(args: argparse.Namespace) -> int:
             f"{len(failed)} of {len(status)} runs failed (the rows say why): {', '.join(failed)}",
             file=sys.stderr,
         )
-    return 0
+    return result if varied is None else 0

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from vflnet.config import Config
-from vflnet.registry import ATTACKS
-from vflnet.tools.audit.execute import NEVER_ACTED, PlannedRun, Setting
+from vflnet.registry import ATTACKS, DEFENSES
+from vflnet.tools.audit.execute import NEVER_ACTED, NULL, PlannedRun, Setting
 from vflnet.tools.audit.selection import Candidate
 from vflnet.tools.experiments import capability
-from vflnet.tools.experiments.document import Block, Code, Heading, Table, Text, write
+from vflnet.tools.experiments.document import Block, Code, Figure, Heading, Table, Text, write
 
 # The papers vflnet implements (docs/architecture.md, "The papers"), by the number attacks cite them with.
 PAPERS = {
@@ -92,6 +92,206 @@ def fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
+def null_cell(row: dict[str, Any]) -> str:
+    """The null runs' mean of the row's metric (or why there is none)."""
+    if row.get("null_error"):
+        return f"failed: {row['null_error']}"
+    return fmt(row.get("null_mean")) if row.get("null_mean") is not None else "-"
+
+
+def p_cell(row: dict[str, Any]) -> str:
+    """The row's one-sided p-value and, in parentheses, Holm's over the audit's tested rows."""
+    if row.get("p_value") is None:
+        return "-"
+    return f"{row['p_value']:.2g} ({row.get('p_holm', row['p_value']):.2g})"
+
+
+def _ci(f: dict[str, float]) -> str:
+    return f"{fmt(f['tpr'])} [{fmt(f['low'])}, {fmt(f['high'])}]"
+
+
+def low_fpr_blocks(
+    applicable: list[Candidate], settings: list[Setting], per: dict[tuple[str, str], dict[str, Any]]
+) -> list[Block]:
+    """The privacy-auditing figures of the rows that have them: per row and setting the pooled ROC's
+    AUC, TPR at 1%, 0.1% and 0% FPR with bootstrap intervals, the epsilon lower bound; one ROC plot per row."""
+    from vflnet.tools.experiments import figures
+
+    lines: list[list[str]] = []
+    plots: list[Block] = []
+    for c in applicable:
+        if c.mitm:
+            continue  # the figures of the same attack at its party (audit.json has them in its row too)
+        curves = {}
+        for s in settings:
+            r = per.get((c.key, s.name), {})
+            if "roc" not in r and "epsilon_lower_bound" not in r:
+                continue
+            roc, at, eps = r.get("roc"), r.get("tpr_at_fpr", {}), r.get("epsilon_lower_bound")
+            lines.append(
+                [
+                    f"{c.attack} @ {c.position}",
+                    s.name,
+                    fmt(roc["auc"]) if roc else "-",
+                    _ci(at["0.01"]) if "0.01" in at else "-",
+                    _ci(at["0.001"]) if "0.001" in at else "-",
+                    _ci(at["0"]) if "0" in at else "-",
+                    f"{roc['positives']} / {roc['negatives']}" if roc else "-",
+                    f"{eps['epsilon']:.2f} ({eps['false_positives']}/{eps['negatives']} FP, "
+                    f"{eps['false_negatives']}/{eps['positives']} FN)"
+                    if eps
+                    else "-",
+                ]
+            )
+            if roc:
+                curves[s.name] = (roc["fpr"], roc["tpr"])
+        if curves:
+            plots.append(
+                Figure(
+                    f"roc-{c.key}", figures.roc_curves(curves, f"{c.attack} @ {c.position}"), f"ROC: {c.key}"
+                )
+            )
+    if not lines:
+        return []
+    return [
+        Heading("Low-FPR and epsilon figures"),
+        Text(
+            "For the label attacks with per-sample scores: the ROC of the seeds' samples pooled (each sample "
+            "once, its informed scores), TPR at 1%, 0.1% and 0% FPR with 95% bootstrap intervals (with fewer than "
+            "1,000 negatives TPR at 0.1% FPR is TPR at no false positive). On a binary task, from the attack's "
+            "own labels: the empirical epsilon lower bound of label differential privacy (Clopper-Pearson at "
+            "95%, delta 0; its assumptions in docs/audit.md)."
+        ),
+        Table(
+            [
+                "attack",
+                "setting",
+                "AUC (pooled)",
+                "TPR at 1% FPR [95%]",
+                "TPR at 0.1% FPR [95%]",
+                "TPR at 0% FPR [95%]",
+                "positives / negatives",
+                "epsilon lower bound",
+            ],
+            lines,
+        ),
+        *plots,
+    ]
+
+
+def along(points: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One ``--vary`` axis: per value its audit's folder (or why it was refused), the main task's accuracy,
+    and per attack position its metric's mean and verdict (None where it was not applicable)."""
+    keys: dict[str, str] = {}
+    for _, result in points:
+        for r in result.get("applicable", []):
+            keys.setdefault(f"{r['attack']} @ {r['position']}", r["by_setting"]["none"].get("metric", ""))
+    rows: dict[str, dict[str, Any]] = {}
+    for name, metric in keys.items():
+        if not metric:
+            continue  # no leakage metric at any value: nothing to plot
+        means, verdicts = [], []
+        for _, result in points:
+            found = next(
+                (
+                    r["by_setting"]["none"]
+                    for r in result.get("applicable", [])
+                    if f"{r['attack']} @ {r['position']}" == name
+                ),
+                None,
+            )
+            means.append(found.get("mean") if found and found.get("metric") == metric else None)
+            verdicts.append(found.get("verdict", "not run") if found else "not applicable")
+        rows[name] = {"metric": metric, "means": means, "verdicts": verdicts}
+    return {
+        "values": [v for v, _ in points],
+        "audits": [str(Path(r["report"]["html"]).parent) if "report" in r else None for _, r in points],
+        "refused": [r.get("refused") for _, r in points],
+        "test_accuracy": [
+            (r.get("utility", {}).get("none") or {}).get("mean_test_accuracy") for _, r in points
+        ],
+        "rows": rows,
+    }
+
+
+def vary_blocks(vary: dict[str, Any]) -> list[Block]:
+    """Per ``--vary`` axis: a table of every attack's metric and verdict and the main task's accuracy at
+    each value, and the plot of the metrics along the axis beside the accuracy."""
+    from vflnet.tools.experiments import figures
+
+    blocks: list[Block] = []
+    for key, axis in vary.items():
+        values = axis["values"]
+        table = [["main-task accuracy", *(fmt(a) for a in axis["test_accuracy"])]]
+        table += [
+            [
+                f"{name}: {r['metric']}",
+                *(
+                    f"{fmt(m)}: {short(v)}" if m is not None else short(v)
+                    for m, v in zip(r["means"], r["verdicts"], strict=True)
+                ),
+            ]
+            for name, r in axis["rows"].items()
+        ]
+        if any(axis["refused"]):
+            table.append(["refused", *(r or "-" for r in axis["refused"])])
+        table.append(["audit", *(a or "-" for a in axis["audits"])])
+        series = {name: r["means"] for name, r in axis["rows"].items()}
+        blocks += [
+            Heading(f"Along {key}"),
+            Text(
+                f"The same audit at each value of `{key}` (the other keys as configured): every attack's "
+                "metric (its mean over the seeds) and verdict, and the main task's test accuracy."
+            ),
+            Table([key, *values], table),
+            Figure(
+                f"vary-{re.sub(r'[^A-Za-z0-9_.-]+', '-', key)}",
+                figures.along_axis(key, values, series, axis["test_accuracy"]),
+                f"leakage along {key}",
+            ),
+        ]
+    return blocks
+
+
+def tradeoff_figure(
+    applicable: list[Candidate],
+    settings: list[Setting],
+    per: dict[tuple[str, str], dict[str, Any]],
+    mtas: list[float | None],
+) -> list[Block]:
+    """The trade-off plot: per attack position with a metric under two or more settings, each setting's
+    (metric, main-task accuracy)."""
+    from vflnet.tools.experiments import figures
+
+    points: dict[str, list[tuple[str, float, float]]] = {}
+    for c in applicable:
+        if c.mitm:
+            continue  # the same figures as the attack at its party
+        got = [
+            (s.name, per[(c.key, s.name)]["mean"], mp)
+            for s, mp in zip(settings, mtas, strict=True)
+            if mp is not None and "mean" in per.get((c.key, s.name), {})
+        ]
+        if len(got) > 1:
+            points[f"{c.attack}@{c.party} ({per[(c.key, got[0][0])]['metric']})"] = got
+    if not points:
+        return []
+    return [Figure("defense-tradeoff", figures.defense_tradeoff(points), "defenses: utility against leakage")]
+
+
+def noise_line(s: Setting) -> str:
+    """A defense setting's configured parameters (its noise), and the epsilon it claims where it has one."""
+    parts = []
+    for d in s.defenses:
+        params = {**{k: p.default for k, p in DEFENSES.get(d["name"]).params.items()}, **d["params"]}
+        shown = ", ".join(f"{k}={v}" for k, v in params.items())
+        claimed = [f"{k}={v}" for k, v in params.items() if "epsilon" in k]
+        parts.append(
+            f"{d['name']}({shown})" + (f"; its accountant's epsilon: {', '.join(claimed)}" if claimed else "")
+        )
+    return "; ".join(dict.fromkeys(parts)) or "-"
+
+
 def reproduce_command(cand: Candidate, row: dict[str, Any], out: Path) -> str:
     """The command that reproduces the row alone (its first seed)."""
     if not row.get("configs"):
@@ -118,6 +318,7 @@ def build(
     per: dict[tuple[str, str], dict[str, Any]],
     utility: dict[str, dict[str, Any]],
     notes: list[str],
+    varied: list[tuple[str, list[tuple[str, dict[str, Any]]]]] = (),  # type: ignore[assignment]
 ) -> dict[str, Any]:
     applicable = [c for c in cands if c.applies]
     skipped = [c for c in cands if not c.applies]
@@ -136,6 +337,8 @@ def build(
                 row.get("metric_what", "-"),
                 interval,
                 f"{fmt(row.get('baseline'))} ({row['baseline_what']})" if "baseline_what" in row else "-",
+                null_cell(row),
+                p_cell(row),
                 verdict,
                 paper(cand.attack),
                 command,
@@ -177,7 +380,10 @@ def build(
             "the baseline of an attacker without the leak. The value is the mean over the seeds with a 95% "
             "interval: for a rate over samples (label accuracy, ASR) the Wilson interval of every seed's "
             "samples pooled, otherwise the t-interval over the seeds. 'leaks': the whole interval lies beyond "
-            "the baseline, and the mean by more than a practical margin."
+            "the baseline (or the null), the mean by more than a practical margin, and the p-value after "
+            "Holm's correction over every tested row of this audit is below 0.05. The null is the same runs "
+            "with the labels permuted among the samples (`--null`); p is one-sided (the test is named in "
+            "audit.json). Every verdict is defined in docs/audit.md."
         ),
         Table(
             [
@@ -187,12 +393,15 @@ def build(
                 "metric",
                 "value [95% interval]",
                 "baseline",
+                "null (labels permuted)",
+                "p (Holm)",
                 "verdict",
                 "paper",
                 "reproduce",
             ],
             verdict_rows,
         ),
+        *low_fpr_blocks(applicable, settings, per),
         Heading("Not applicable"),
         Table(["attack", "position", "verdict"], skipped_rows),
     ]
@@ -212,6 +421,7 @@ def build(
                 "defense",
                 *(", ".join(f"{d['name']}@{d['party']}" for d in s.defenses) or "-" for s in settings),
             ],
+            ["configured parameters", *(noise_line(s) for s in settings)],
             [
                 "main-task accuracy",
                 *(fmt(m) if not s.reason else "-" for s, m in zip(settings, mtas, strict=True)),
@@ -234,6 +444,8 @@ def build(
                     line.append("-" if s.reason else short(r.get("verdict", "-")))
                     continue
                 cell = f"{r['metric']} {fmt(ap)}: {short(r['verdict'])}"
+                if "epsilon_lower_bound" in r:
+                    cell += f"; epsilon >= {r['epsilon_lower_bound']['epsilon']:.2f}"
                 if mp is not None and r.get("metric") in DCS_METRICS:
                     dcs = capability.defense_capability_score(min(max(ap, 0.0), 1.0), mp)
                     dcs_json.setdefault(s.name, {})[c.key] = dcs
@@ -249,7 +461,10 @@ def build(
                 "rate in [0, 1]."
             ),
             Table(header, table),
+            *tradeoff_figure(applicable, settings, per, mtas),
         ]
+    vary_json = {key: along(points) for key, points in varied}
+    blocks += vary_blocks(vary_json)
     blocks += [
         Heading("Runs"),
         Table(
@@ -282,6 +497,18 @@ def build(
             for c in skipped
         ],
         "defense_capability_score": dcs_json,
+        "vary": vary_json,
+        "runs": [
+            {
+                "name": r.name,
+                "setting": r.setting,
+                "seed": r.seed,
+                "group": r.group,
+                "null": r.group.startswith(NULL),
+                "attacks": [c.key for c in r.candidates],
+            }
+            for r in runs
+        ],
         "report": {"markdown": str(md), "html": str(html)},
     }
     (out / "audit.json").write_text(json.dumps(result, indent=2, default=str))

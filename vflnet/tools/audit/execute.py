@@ -16,7 +16,11 @@ works in ``<name>.partial`` and is renamed once its summary says completed; a fi
 run again.
 
 Every attack is scored with its own ``score`` against ground truth, and its leakage metric against
-the metric's baseline (``METRICS``): the mean over seeds with a 95% t-interval.
+the metric's baseline (``METRICS``: the strongest trivial attacker) and, with ``--null``, against the
+same runs with the labels permuted (``data.permute_labels``): the mean over seeds with a 95% interval, a
+one-sided p-value, Holm's correction over the audit's rows (``correct``), and for label attacks the
+low-FPR and epsilon figures of their per-sample output (``auditing_figures``). docs/audit.md defines
+every verdict.
 """
 
 from __future__ import annotations
@@ -78,10 +82,25 @@ METRICS = (
         count="triggered_test",
     ),
     Metric("auc", "leak AUC", "0.5 (random scores)"),
-    Metric("label_accuracy", "label accuracy", "chance, 1 / classes", count="samples"),
-    Metric("cbr", "correct branching rate", "a U(0, 1) guess"),
     Metric(
-        "mse", "feature MSE per feature", "a U(0, 1) guess", higher_leaks=False, margin=0.1, bounded=False
+        "label_accuracy",
+        "label accuracy",
+        "the better of always the majority class, on the same samples, and a uniform guess (1 / classes)",
+        count="samples",
+    ),
+    Metric(
+        "cbr",
+        "correct branching rate",
+        "the best of a U(0, 1) guess, a random path, each split's majority side and draws from each feature's "
+        "marginal",
+    ),
+    Metric(
+        "mse",
+        "feature MSE per feature",
+        "the better of a U(0, 1) guess and the best constant (each feature's mean)",
+        higher_leaks=False,
+        margin=0.1,
+        bounded=False,
     ),
     Metric("column_accuracy", "binary feature column accuracy", "the majority value of each column"),
 )
@@ -105,17 +124,31 @@ def primary(scores: dict[str, Any], n_classes: int) -> tuple[Metric, float, floa
         elif m.key == "asr":
             baseline = float(s.get("asr_without_attack", 1.0 / n_classes))
         elif m.key == "label_accuracy":
-            baseline = float(s.get("chance", 1.0 / n_classes))
+            # the stronger trivial attacker: always the majority class, or a uniform guess
+            baseline = max(float(s.get("majority_baseline", 0.0)), float(s.get("chance", 1.0 / n_classes)))
         elif m.key == "auc":
             baseline = float(s.get("chance_auc", 0.5))
         elif m.key == "cbr":
-            baseline = s.get("cbr_uniform", s.get("cbr_random"))
+            found = [s[k] for k in ("cbr_uniform", "cbr_random", "cbr_constant", "cbr_marginal") if k in s]
+            baseline = max(found) if found else None  # the strongest trivial attacker
         elif m.key == "mse":
-            baseline = s.get("mse_uniform")
+            found = [s[k] for k in ("mse_uniform", "mse_constant") if k in s]
+            baseline = min(found) if found else None  # the strongest trivial attacker (lower leaks)
         else:
             baseline = 0.0
         return m, value, None if baseline is None else float(baseline)
     return None
+
+
+def _baseline_what(metric: Metric, scores: list[dict[str, Any]]) -> str:
+    """The baseline in words, as the scores found it (the label attacks' majority class, by name)."""
+    majority = {s.get("majority_class") for s in scores} - {None}
+    if metric.key == "label_accuracy" and len(majority) == 1:
+        return (
+            f"the better of always the majority class ({majority.pop()}) on the same samples and a uniform "
+            "guess (1 / classes)"
+        )
+    return metric.baseline
 
 
 def interval(values: list[float]) -> tuple[float, float, float]:
@@ -136,10 +169,30 @@ def pooled_interval(values: list[float], counts: list[float]) -> tuple[float, fl
     return p, centre - half, centre + half
 
 
-def verdict(metric: Metric, low: float, high: float, mean: float, baseline: float | None) -> str:
-    """``leaks`` when the whole interval lies beyond the baseline and the mean beyond it by more than the
-    metric's margin, in the leaking direction; ``inconclusive`` when the mean does but a wide interval
-    (few seeds) still reaches the baseline; ``at baseline`` otherwise."""
+BLIND = "blind: no informed sample"
+UNTESTED = "inconclusive"  # a figure with neither an interval nor a test (one seed of a mean)
+
+
+def blind(scores: list[dict[str, Any]]) -> bool:
+    """Every seed's attack could only guess (``informed_fraction`` 0: e.g. per-sample gradients that arrive
+    encrypted under split-he): its figure is a coin's, whatever it reads."""
+    return bool(scores) and all(s.get("informed_fraction") == 0 for s in scores)
+
+
+def verdict(
+    metric: Metric,
+    low: float,
+    high: float,
+    mean: float,
+    baseline: float | None,
+    p: float | None = None,
+    family: int = 1,
+) -> str:
+    """``leaks`` when the whole interval lies beyond the reference (the null's mean, else the baseline),
+    the mean beyond it by more than the metric's margin in the leaking direction, and the p-value (Holm's,
+    over the ``family`` rows of the audit) below ``ALPHA``; ``inconclusive`` when the mean is beyond but a
+    wide interval (few seeds) still reaches the reference, or the corrected p-value is not small enough;
+    ``at baseline`` otherwise. (A blind row never gets here.)"""
     if baseline is None:
         return "measured (no baseline)"
     margin = metric.margin if metric.higher_leaks else metric.margin * abs(baseline)
@@ -147,8 +200,11 @@ def verdict(metric: Metric, low: float, high: float, mean: float, baseline: floa
         beyond, clear = mean - baseline > margin, low > baseline
     else:
         beyond, clear = baseline - mean > margin, high < baseline
-    if beyond and clear:
+    if beyond and clear and (p is None or p < ALPHA):
         return "leaks"
+    if beyond and clear:
+        over = f" over the audit's {family} tested rows" if family > 1 else ""
+        return f"inconclusive (beyond its reference, but p = {p:.3g} after Holm's correction{over})"
     if beyond and (high - low) / 2 > 5 * margin:
         return "inconclusive (a wide interval reaches the baseline: more seeds decide)"
     return "at baseline"
@@ -275,9 +331,35 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
 
 
+NULL = "null:"  # the group name's prefix of a null run: "null:FAMILY:GROUP"
+# how a null run removes each family's secret at the data level: the config key it sets to the run's seed
+NULLS = {"labels": "permute_labels", "features": "resample_features"}
+# the secret an attack infers, by what its score is compared with (``Attack.truth_needed``)
+FAMILIES = {
+    "labels": "labels",
+    "images": "features",
+    "features": "features",
+    "normalized-features": "features",
+}
+
+
+def null_family(cand: Candidate) -> str | None:
+    """The secret a null run removes for this attack ("labels", "features"), or None (the backdoor's)."""
+    return FAMILIES.get(ATTACKS.get(cand.attack).truth_needed)
+
+
 def plan_runs(
-    base: dict[str, Any], cands: list[Candidate], settings: list[Setting], seeds: list[int], budget: str
+    base: dict[str, Any],
+    cands: list[Candidate],
+    settings: list[Setting],
+    seeds: list[int],
+    budget: str,
+    null: bool = False,
 ) -> list[PlannedRun]:
+    """The runs of the audit; with ``null``, each group runs again per seed and per family of the secrets
+    its attacks infer, with that secret removed as the parties load their data (``NULLS``: the labels
+    permuted among the samples; each passive feature column permuted among the samples, i.e. drawn from
+    its marginal; seeded with the run's seed), and is scored against the true data."""
     # an attack whose class scores nothing against ground truth is listed, not run
     run = [c for c in cands if c.applies and c.scored]
     observing = [c for c in run if not c.rewrites and not c.mitm]
@@ -289,8 +371,18 @@ def plan_runs(
             continue
         for seed in seeds:
             groups = [("taps", observing, trace)] + [(c.key, [c], []) for c in rewriting]
+            if null:
+                mitm = [c for c in run if c.mitm]
+                groups += [
+                    (f"{NULL}{family}:{g}", m, t)
+                    for g, m, t in groups
+                    for family in NULLS
+                    if any(null_family(c) == family for c in m + mitm * (g == "taps"))
+                ]
             for group, members, traced in groups:
                 config = run_config(base, members, setting, seed, budget, traced)
+                if group.startswith(NULL):
+                    config.setdefault("data", {})[NULLS[group.split(":")[1]]] = seed
                 digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[
                     :8
                 ]
@@ -360,6 +452,124 @@ def _never_acted(summary: dict[str, Any]) -> dict[str, Any]:
         "attacks": {k: v for k, v in idle.items() if k not in defenses},
         "defenses": [v for k, v in idle.items() if k in defenses],
     }
+
+
+def per_sample(cand: Candidate, cfg: Config, run_dir: Path) -> dict[str, Any]:
+    """What the auditing figures need of a label attack's output, one entry per sample (its first
+    observation): an attack with per-sample scores, its informed ``scores`` and whether each sample is
+    ``positive``; on a binary task, the ``confusion`` counts [FP, negatives, FN, positives] of its labels.
+    A feature attack's per-sample ``errors`` (``Attack.sample_errors``)."""
+    import numpy as np
+
+    from vflnet.config import PluginConfig
+    from vflnet.runner.scoring import ground_truth
+    from vflnet.threat.interception import attack_output_path
+
+    path = attack_output_path(
+        run_dir, PluginConfig(name=cand.attack, party=cand.party, params=dict(cand.params))
+    )
+    if null_family(cand) is None or not path.exists():
+        return {}
+    with np.load(path) as f:
+        output = {k: f[k] for k in f.files}
+    cls = ATTACKS.get(cand.attack)
+    if null_family(cand) == "features":
+        errors = cls.sample_errors(output, ground_truth(cfg, cls.truth_needed, run_dir))
+        return {} if errors is None else {"errors": np.asarray(errors, dtype=float).tolist()}
+    if "sample_ids" not in output or "labels" not in output or len(output["sample_ids"]) == 0:
+        return {}
+    truth = ground_truth(cfg, "labels")
+    _, first = np.unique(output["sample_ids"], return_index=True)
+    ids = output["sample_ids"][first]
+    true = np.array([truth[int(i)] for i in ids])
+    labels = output["labels"][first]
+    positive_label = int(output["positive_label"]) if "positive_label" in output else 1
+    out: dict[str, Any] = {}
+    if "scores" in output:
+        informed = output["informed"][first] if "informed" in output else np.ones(len(ids), dtype=bool)
+        out["scores"] = output["scores"][first][informed].astype(float).tolist()
+        out["positive"] = (true == positive_label)[informed].tolist()
+    if len(set(truth.values())) == 2:
+        said, pos = labels == positive_label, true == positive_label
+        out["confusion"] = [
+            int((said & ~pos).sum()),
+            int((~pos).sum()),
+            int((~said & pos).sum()),
+            int(pos.sum()),
+        ]
+    return out
+
+
+LOW_FPR = (0.01, 0.001, 0.0)  # ML Privacy Meter's: TPR at 1%, 0.1% and no false positive
+
+
+def auditing_figures(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The low-FPR and epsilon figures of a row, its seeds' samples pooled: the ROC of its per-sample
+    scores, TPR at 1%, 0.1% and 0% FPR with 95% bootstrap intervals, and from its labels on a binary task
+    the empirical epsilon lower bound (Clopper-Pearson, 95%, delta 0) of label differential privacy."""
+    import numpy as np
+
+    from vflnet.metrics.auditing import auc, bootstrap, epsilon_lower_bound, roc, tpr_at_fpr
+
+    out: dict[str, Any] = {}
+    scores = [v for s in samples for v in s.get("scores", [])]
+    positive = np.array([v for s in samples for v in s.get("positive", [])], dtype=bool)
+    if scores and positive.any() and not positive.all():
+        x = np.array(scores)
+        fpr, tpr = roc(x, positive)
+        keep = np.unique(np.linspace(0, len(fpr) - 1, min(len(fpr), 200)).astype(int))
+        out["roc"] = {
+            "fpr": fpr[keep].tolist(),
+            "tpr": tpr[keep].tolist(),
+            "auc": auc(x, positive),
+            "positives": int(positive.sum()),
+            "negatives": int((~positive).sum()),
+        }
+        out["tpr_at_fpr"] = {}
+        for target in LOW_FPR:
+            low, high = bootstrap(lambda a, b, t=target: tpr_at_fpr(a, b, t), x, positive, resamples=300)
+            out["tpr_at_fpr"][f"{target:g}"] = {
+                "tpr": tpr_at_fpr(x, positive, target),
+                "low": low,
+                "high": high,
+            }
+    confusion = [s["confusion"] for s in samples if s.get("confusion")]
+    if confusion:
+        fp, neg, fn, pos = (sum(c[i] for c in confusion) for i in range(4))
+        if neg and pos:
+            out["epsilon_lower_bound"] = {
+                "epsilon": epsilon_lower_bound(fp, neg, fn, pos),
+                "false_positives": fp,
+                "negatives": neg,
+                "false_negatives": fn,
+                "positives": pos,
+                "level": 0.95,
+                "delta": 0.0,
+            }
+    return out
+
+
+def _collect_null(
+    run: PlannedRun, st: dict[str, Any], members: list[Candidate], per: dict[tuple[str, str], dict[str, Any]]
+) -> None:
+    """A null run's scores of the attacks whose secret it removed, as each row's ``null_scores`` (errors:
+    ``null_errors``)."""
+    cfg = config_from_dict(run.config, run.name) if st.get("status") == "completed" else None
+    run_dir = Path(st.get("dir", ""))
+    _, family, group = run.group.split(":", 2)
+    for cand in members:
+        if null_family(cand) != family or (cand.mitm and group != "taps"):
+            continue
+        row = per.setdefault((cand.key, run.setting), {"seeds": [], "scores": [], "errors": []})
+        if cfg is None:
+            row.setdefault("null_errors", []).append(st.get("error", "not run"))
+            continue
+        s = mitm_scores(run, cand, cfg, run_dir) if cand.mitm else attack_scores(cand, cfg, run_dir)
+        if isinstance(s.get("error"), str) or isinstance(s.get("never_acted"), str):
+            row.setdefault("null_errors", []).append(s.get("error") or s["never_acted"])
+        else:
+            row.setdefault("null_scores", []).append(s)
+            row.setdefault("null_per_sample", []).append(per_sample(cand, cfg, run_dir))
 
 
 def attack_scores(cand: Candidate, cfg: Config, run_dir: Path, clean: Path | None = None) -> dict[str, Any]:
@@ -437,6 +647,9 @@ def collect(
         st = status.get(run.name, {})
         run_dir = Path(st.get("dir", ""))
         members = list(run.candidates)
+        if run.group.startswith(NULL):
+            _collect_null(run, st, members + [c for c in cands if c.applies and c.scored and c.mitm], per)
+            continue
         if run.group == "taps":
             members += [c for c in cands if c.applies and c.scored and c.mitm]
             u = utility.setdefault(run.setting, {"test_accuracy": [], "wall_time_s": [], "errors": []})
@@ -475,6 +688,9 @@ def collect(
                 continue
             row["seeds"].append(run.seed)
             row["scores"].append(s)
+            # a man in the middle's samples: the same attack's output at the party whose channel it reads (the
+            # same traffic, run online in the same run)
+            row.setdefault("per_sample", []).append(per_sample(cand, cfg, run_dir))
             row.setdefault("run_dirs", []).append(str(run_dir))
             row.setdefault("configs", []).append(run.name)
     for cand in cands:
@@ -487,54 +703,194 @@ def collect(
                     "verdict": "no leakage metric: its score compares nothing with ground truth (not run)",
                 }
     for row in per.values():
-        if row.get("never_acted"):  # in any seed: what it scored elsewhere is not its leak
-            row["verdict"] = f"{NEVER_ACTED} ({row['never_acted'][0]})"
-            continue
-        if not row.get("scores") and "verdict" in row:
-            continue
-        measured = [(primary(s, n_classes), s) for s in row["scores"]]
-        found = [f for f, _ in measured if f is not None]
-        scored = [s for f, s in measured if f is not None]
-        if not found:
-            row["verdict"] = (
-                f"failed: {row['errors'][0]}"
-                if row["errors"] and not row["scores"]
-                else "no leakage metric in its scores: "
-                + ", ".join(
-                    f"{k}={v:g}" if isinstance(v, int | float) else k
-                    for k, v in list(row["scores"][0].items())[:4]
-                )
-            )
-            continue
-        metric = found[0][0]
-        values = [f[1] for f in found]
-        baselines = [f[2] for f in found if f[2] is not None]
-        counts = [s.get(metric.count) for s in scored] if metric.count else []
-        pooled = len(counts) == len(values) and all(isinstance(c, int | float) and c > 0 for c in counts)
-        mean, low, high = pooled_interval(values, counts) if pooled else interval(values)
-        baseline = statistics.fmean(baselines) if baselines else None
-        if pooled and len(baselines) == len(values):  # weighed like the values it is compared with
-            baseline = sum(b * c for b, c in zip(baselines, counts, strict=True)) / sum(counts)
-        if metric.bounded:  # a rate: the t-interval of few seeds can reach past [0, 1]
-            low, high = max(low, 0.0), min(high, 1.0)
-        row.update(
-            metric=metric.key,
-            metric_what=metric.what,
-            baseline_what=metric.baseline,
-            values=values,
-            interval="Wilson, the seeds' samples pooled" if pooled else "t over the seeds",
-            samples=sum(counts) if pooled else None,
-            mean=mean,
-            low=low,
-            high=high,
-            baseline=baseline,
-            verdict=verdict(metric, low, high, mean, baseline),
-        )
-        if row["errors"]:  # some seeds failed: the verdict stands on the others, and says so
-            row["verdict"] += (
-                f" ({len(row['errors'])} of {len(row['errors']) + len(values)} runs failed: {row['errors'][0]})"
-            )
+        judge(row, n_classes)
+    correct(list(per.values()))
     for u in utility.values():
         u["mean_test_accuracy"] = statistics.fmean(u["test_accuracy"]) if u["test_accuracy"] else None
         u["mean_wall_time_s"] = statistics.fmean(u["wall_time_s"]) if u["wall_time_s"] else None
     return per, utility
+
+
+def judge(row: dict[str, Any], n_classes: int) -> None:
+    """A row's metric, mean, interval, baseline and verdict, from its per-seed scores and errors (in place)."""
+    samples = row.pop("per_sample", [])  # for the figures and tests only: never in audit.json
+    null_samples = row.pop("null_per_sample", [])
+    if row.get("never_acted"):  # in any seed: what it scored elsewhere is not its leak
+        row["verdict"] = f"{NEVER_ACTED} ({row['never_acted'][0]})"
+        return
+    if not row.get("scores") and "verdict" in row:
+        return
+    if row["errors"]:  # a run or scoring failure in any seed: what the others scored is no verdict
+        runs = len(row["errors"]) + len(row["scores"])
+        row["verdict"] = f"failed: {row['errors'][0]}" + (
+            f" ({len(row['errors'])} of {runs} runs)" if runs > 1 else ""
+        )
+        return
+    measured = [(primary(s, n_classes), s) for s in row["scores"]]
+    found = [f for f, _ in measured if f is not None]
+    scored = [s for f, s in measured if f is not None]
+    if not found:
+        row["verdict"] = "no leakage metric in its scores: " + ", ".join(
+            f"{k}={v:g}" if isinstance(v, int | float) else k for k, v in list(row["scores"][0].items())[:4]
+        )
+        return
+    metric = found[0][0]
+    values = [f[1] for f in found]
+    baselines = [f[2] for f in found if f[2] is not None]
+    counts = [s.get(metric.count) for s in scored] if metric.count else []
+    pooled = len(counts) == len(values) and all(isinstance(c, int | float) and c > 0 for c in counts)
+    mean, low, high = pooled_interval(values, counts) if pooled else interval(values)
+    baseline = statistics.fmean(baselines) if baselines else None
+    if pooled and len(baselines) == len(values):  # weighed like the values it is compared with
+        baseline = sum(b * c for b, c in zip(baselines, counts, strict=True)) / sum(counts)
+    if metric.bounded:  # a rate: the t-interval of few seeds can reach past [0, 1]
+        low, high = max(low, 0.0), min(high, 1.0)
+    row.update(
+        metric=metric.key,
+        metric_what=metric.what,
+        baseline_what=_baseline_what(metric, scored),
+        values=values,
+        interval="Wilson, the seeds' samples pooled" if pooled else "t over the seeds",
+        samples=sum(counts) if pooled else None,
+        mean=mean,
+        low=low,
+        high=high,
+        baseline=baseline,
+    )
+    row.update(_null(metric, row, n_classes))
+    row.update(auditing_figures(samples))
+    row["p_value"], row["test"] = p_value(
+        metric, values, counts if pooled else [], row, samples, null_samples
+    )
+    if blind(scored):
+        row["verdict"] = f"{BLIND} (informed fraction 0 in every seed: it could only guess)"
+    elif row["p_value"] is None and len(values) < 2 and not pooled:
+        row["verdict"] = f"{UNTESTED} (one seed, and no test of its samples: more seeds decide)"
+    else:
+        row["verdict"] = verdict(metric, low, high, mean, _reference(row), row["p_value"])
+
+
+def _reference(row: dict[str, Any]) -> float | None:
+    """What the row is compared with: the null's mean where it has a null, else the baseline."""
+    return row["null_mean"] if row.get("null_mean") is not None else row.get("baseline")
+
+
+def _null(metric: Metric, row: dict[str, Any], n_classes: int) -> dict[str, Any]:
+    """The null runs' figures of the row's metric: per-seed values, their pooled mean and counts."""
+    if row.get("null_errors"):
+        return {"null_error": row["null_errors"][0]}
+    found = [(primary(s, n_classes), s) for s in row.get("null_scores", [])]
+    pairs = [(f[1], s.get(metric.count)) for f, s in found if f is not None and f[0] == metric]
+    if not pairs:
+        return {}
+    values = [v for v, _ in pairs]
+    counts = [c for _, c in pairs]
+    if metric.count and all(isinstance(c, int | float) and c > 0 for c in counts):
+        mean = sum(v * c for v, c in pairs) / sum(counts)
+        return {"null_values": values, "null_mean": mean, "null_samples": sum(counts)}
+    return {"null_values": values, "null_mean": statistics.fmean(values)}
+
+
+def p_value(
+    metric: Metric,
+    values: list[float],
+    counts: list[float],
+    row: dict[str, Any],
+    samples: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    null_samples: list[dict[str, Any]] = (),  # type: ignore[assignment]
+) -> tuple[float | None, str]:
+    """The one-sided p-value that the row leaks no more than its reference, and the test that gave it.
+    Against its null runs: Fisher's exact test of the pooled counts (a rate), a bootstrap of the pooled AUC
+    against the null's (a leak AUC with per-sample scores), the Mann-Whitney test of the per-sample errors
+    against the null's (a feature MSE), else the empirical p over the null's seeds.
+    Against the baseline: an exact binomial test of the pooled counts, the Mann-Whitney test that the
+    positives' per-sample scores exceed the negatives' (a leak AUC), else a one-sample t-test over the
+    seeds. None where there is nothing to test with."""
+    from scipy.stats import binomtest, fisher_exact, mannwhitneyu, ttest_1samp
+
+    from vflnet.metrics.auditing import empirical_p
+
+    side = "greater" if metric.higher_leaks else "less"
+    hits = round(sum(v * c for v, c in zip(values, counts, strict=True))) if counts else 0
+    scores, null_scores = _pooled_scores(samples), _pooled_scores(null_samples)
+    if row.get("null_values"):
+        if counts and row.get("null_samples"):
+            n0 = int(row["null_samples"])
+            k0 = round(row["null_mean"] * n0)
+            table = [[hits, int(sum(counts)) - hits], [k0, n0 - k0]]
+            found = float(fisher_exact(table, alternative=side).pvalue)
+            return found, "Fisher's exact test against the null runs"
+        if metric.key == "auc" and scores and null_scores:
+            return auc_difference_p(scores, null_scores), "bootstrap of the pooled AUC against the null runs'"
+        errors = [v for s in samples for v in s.get("errors", [])]
+        null_errors = [v for s in null_samples for v in s.get("errors", [])]
+        if metric.key == "mse" and errors and null_errors:
+            found = float(mannwhitneyu(errors, null_errors, alternative="less").pvalue)
+            return found, "Mann-Whitney U of the per-sample errors against the null runs'"
+        found = empirical_p(statistics.fmean(values), row["null_values"], metric.higher_leaks)
+        return found, "empirical, over the null runs' seeds"
+    baseline = row.get("baseline")
+    if baseline is None:
+        return None, ""
+    if metric.key == "auc" and baseline == 0.5 and scores:
+        pos = [v for v, p in scores if p]
+        neg = [v for v, p in scores if not p]
+        return float(
+            mannwhitneyu(pos, neg, alternative="greater").pvalue
+        ), "Mann-Whitney U, the samples pooled"
+    if counts:
+        n = int(sum(counts))
+        found = float(binomtest(hits, n, min(max(baseline, 0.0), 1.0), alternative=side).pvalue)
+        return found, "exact binomial test against the baseline"
+    if len(values) < 2:
+        return None, ""
+    if statistics.pstdev(values) == 0:  # the same value in every seed: a t-test has no variance to use
+        beyond = values[0] > baseline if metric.higher_leaks else values[0] < baseline
+        return (0.0 if beyond else 1.0), "every seed on the same side of the baseline (no variance)"
+    found = float(ttest_1samp(values, baseline, alternative=side).pvalue)
+    return found, "one-sample t-test against the baseline"
+
+
+def _pooled_scores(samples: list[dict[str, Any]]) -> list[tuple[float, bool]]:
+    """The seeds' per-sample (score, positive) pooled; empty unless both classes are there."""
+    pairs = [(v, p) for s in samples for v, p in zip(s.get("scores", []), s.get("positive", []), strict=True)]
+    return pairs if 0 < sum(p for _, p in pairs) < len(pairs) else []
+
+
+def auc_difference_p(
+    scores: list[tuple[float, bool]], null: list[tuple[float, bool]], resamples: int = 1000
+) -> float:
+    """One-sided bootstrap p-value that the pooled AUC of ``scores`` is no higher than that of ``null``:
+    (1 + resamples whose difference is <= 0) / (1 + resamples), both sets resampled (seeded)."""
+    import numpy as np
+
+    from vflnet.metrics.auditing import auc
+
+    rng = np.random.default_rng(0)
+    x, px = np.array([v for v, _ in scores]), np.array([p for _, p in scores])
+    y, py = np.array([v for v, _ in null]), np.array([p for _, p in null])
+    below = done = 0
+    while done < resamples:
+        i, j = rng.integers(0, len(x), len(x)), rng.integers(0, len(y), len(y))
+        if px[i].all() or not px[i].any() or py[j].all() or not py[j].any():
+            continue
+        below += int(auc(x[i], px[i]) - auc(y[j], py[j]) <= 0)
+        done += 1
+    return (1 + below) / (1 + resamples)
+
+
+ALPHA = 0.05  # the family-wise error rate of one audit's "leaks" verdicts (Holm)
+
+
+def correct(rows: list[dict[str, Any]]) -> None:
+    """Holm's correction over every row of one audit that has a p-value: ``p_holm``, and the verdicts
+    again with it (a row that leaks by its own test but not after the correction is inconclusive)."""
+    from vflnet.metrics.auditing import holm
+
+    tested = [r for r in rows if r.get("p_value") is not None and "metric" in r]
+    for r, adjusted in zip(tested, holm([r["p_value"] for r in tested]), strict=True):
+        r["p_holm"] = adjusted
+        if r["verdict"].startswith(BLIND):
+            continue
+        metric = next(m for m in METRICS if m.key == r["metric"])
+        r["verdict"] = verdict(metric, r["low"], r["high"], r["mean"], _reference(r), adjusted, len(tested))

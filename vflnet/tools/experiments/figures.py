@@ -191,3 +191,57 @@ def _curves(
 
 def _sd(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+@plot
+def roc_curves(curves: dict[str, tuple[list[float], list[float]]], title: str) -> bytes:
+    """ROC curves (FPR, TPR), on linear and on log-log axes (the low-FPR regime), with the diagonal."""
+    fig = _figure(figsize=(9, 3.8))
+    linear, low = fig.subplots(1, 2)
+    for label, (fpr, tpr) in curves.items():
+        linear.plot(fpr, tpr, label=label)
+        low.plot([max(f, 1e-4) for f in fpr], [max(t, 1e-4) for t in tpr], label=label)
+    for ax in (linear, low):
+        ax.plot([1e-4, 1], [1e-4, 1], color="grey", linestyle=":", linewidth=1)
+        ax.set(xlabel="false positive rate", ylabel="true positive rate")
+    low.set(xscale="log", yscale="log", xlim=(1e-4, 1), ylim=(1e-4, 1))
+    _legend(low, len(curves))
+    fig.suptitle(title, fontsize=9)
+    return _png(fig)
+
+
+@plot
+def along_axis(
+    axis: str, values: list[str], series: dict[str, list[float | None]], utility: list[float | None]
+) -> bytes:
+    """Each attack's leakage metric along one axis of settings, and the main task's accuracy beside it."""
+    fig = _figure(figsize=(10, 3.8))
+    leak, main = fig.subplots(1, 2)
+    xs = list(range(len(values)))
+    for label, ys in series.items():
+        leak.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=label)
+    main.plot(xs, [float("nan") if u is None else u for u in utility], marker="o", color="black")
+    for ax, ylabel in ((leak, "attack metric (mean over seeds)"), (main, "main-task test accuracy")):
+        ax.set(xlabel=axis, ylabel=ylabel, xticks=xs, xticklabels=values)
+    _legend(leak, len(series))
+    fig.suptitle(f"leakage along {axis}", fontsize=9)
+    return _png(fig)
+
+
+@plot
+def defense_tradeoff(points: dict[str, list[tuple[str, float, float]]]) -> bytes:
+    """Per attack, each defense setting as a point (attack metric, main-task accuracy), labelled by name."""
+    cols = min(3, len(points))
+    rows = -(-len(points) // cols)
+    fig = _figure(figsize=(5 * cols, 3.6 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False).flatten()
+    for ax in axes[len(points) :]:
+        ax.set_visible(False)
+    for ax, (attack, settings) in zip(axes, points.items(), strict=False):
+        ax.plot([p[1] for p in settings], [p[2] for p in settings], marker="o", linestyle="")
+        for name, x, y in settings:
+            ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_xlabel(f"leakage: {attack}", fontsize=8)
+        ax.set_ylabel("main-task test accuracy")
+    fig.suptitle("defenses: utility against leakage (one point per setting)", fontsize=9)
+    return _png(fig)
