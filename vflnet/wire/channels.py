@@ -88,12 +88,21 @@ def _tls_files(transport: TransportConfig, name: str) -> tuple[bytes, bytes, byt
     return paths[0].read_bytes(), paths[1].read_bytes(), paths[2].read_bytes()
 
 
+MAX_STREAMS = 8  # chunked calls one server reads at once, at most
+
+
 def make_server(
-    transport: TransportConfig, name: str, max_workers: int = 32, hook: ServerHook | None = None
+    transport: TransportConfig, name: str, max_workers: int | None = None, hook: ServerHook | None = None
 ) -> grpc.Server:
     """``hook`` (a party's mod chain) runs in the chunking layer on every vflnet call, after the role
     check: no interceptor layer of its own. The chunking layer resolves each method's handler once,
-    so no interceptor here may choose a handler by anything but the method's name."""
+    so no interceptor here may choose a handler by anything but the method's name.
+
+    ``max_workers`` threads (default: ``transport.max_concurrent_rpcs``, so every call the server admits
+    has a thread: a call that waits for others, a join for the roster or embeddings for the step, never
+    holds the last thread the calls it waits for need; threads start as calls come); a quarter of
+    them, at most ``MAX_STREAMS``, read chunked streams."""
+    threads = transport.max_concurrent_rpcs if max_workers is None else max_workers
     chain: list[grpc.ServerInterceptor] = []
     authorize = None
     if transport.tls.enabled:
@@ -104,11 +113,11 @@ def make_server(
         authorize = authorizer.check
     # outermost: the rest sees whole messages; it runs the role check itself before reading a stream
     chunking = ChunkingInterceptor(
-        Limits.of(transport), authorize, max_streams=max(1, max_workers // 4), hook=hook
+        Limits.of(transport), authorize, max_streams=max(1, min(threads // 4, MAX_STREAMS)), hook=hook
     )
     chain.insert(0, chunking)
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{name}-rpc"),
+        futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{name}-rpc"),
         interceptors=chain,
         maximum_concurrent_rpcs=transport.max_concurrent_rpcs,
         # no SO_REUSEPORT (gRPC's default): a second process binding a party's port would silently

@@ -180,8 +180,9 @@ class LoopbackHub:
     ``thread_init`` runs first on every thread that serves calls: per-thread runtime settings a party
     process would have set once (OpenMP's thread count is per thread, and it decides float reductions)."""
 
-    def __init__(self, thread_init: Callable[[], None] | None = None) -> None:
+    def __init__(self, thread_init: Callable[[], None] | None = None, server_threads: int = 32) -> None:
         self.thread_init = thread_init
+        self.server_threads = server_threads  # per server: calls_at_once of the roster (vflnet.config)
         self._servers: dict[str, LoopbackServer] = {}
         self._cond = threading.Condition()
         self._deadlines: list[tuple[float, int, weakref.ref[SettledCall]]] = []
@@ -211,10 +212,8 @@ class LoopbackHub:
                 self._cond.wait(left)
             return self._servers.get(address)
 
-    def server(
-        self, name: str, interceptors: Sequence[grpc.ServerInterceptor] = (), max_workers: int = 32
-    ) -> LoopbackServer:
-        return LoopbackServer(self, name, interceptors, max_workers)
+    def server(self, name: str, interceptors: Sequence[grpc.ServerInterceptor] = ()) -> LoopbackServer:
+        return LoopbackServer(self, name, interceptors, self.server_threads)
 
     def channel(self, address: str, caller: str) -> LoopbackChannel:
         return LoopbackChannel(self, address, caller)

@@ -29,6 +29,11 @@ BENCHMARKS: dict[str, Command] = {
         "vflnet.tools.bench.secureboost",
         "seconds and bytes per SecureBoost tree: engine vs phe objects vs plaintext",
     ),
+    "secureboost-anchors": Command(
+        "vflnet.tools.bench.secureboost_anchors",
+        "seconds per SecureBoost tree at FATE 2.0's and SecretFlow SGB's settings, beside xgboost and their "
+        "figures, per core",
+    ),
     "cafe": Command(
         "vflnet.tools.bench.cafe",
         "ms per CAFE iteration at the paper's setting: the attack alone and a training step with it, CPU and GPU",
@@ -43,7 +48,7 @@ BENCHMARKS: dict[str, Command] = {
     ),
     "scaling": Command(
         "vflnet.tools.bench.scaling",
-        "step time, CPU seconds and peak memory of every role against the number of passive parties",
+        "step time, CPU per step and memory (PSS) of every role against the number of passive parties (1..256)",
     ),
     "psi": Command(
         "vflnet.tools.bench.psi",
