@@ -195,7 +195,7 @@ def test_per_party_files_cluster_aligns_by_psi_and_no_passive_container_holds_a_
         for name in ("active", "passive-1", "passive-2"):
             files = cluster.files_in("/data", name)
             assert [f.rsplit("/", 1)[-1] for f, _ in files] == [f"{name}.csv"], files  # its own file only
-            header = files[0][1].split(b"\n", 1)[0].decode().split(",")
+            header = files[0][1].decode().splitlines()[0].split(",")
             assert ("label" in header) == (name == "active"), header
         aligned = json.loads(cluster.read("/runs/digits-compose-files/alignment.json"))
         assert aligned["method"] == "psi" and 0 < aligned["n_common"] < 1797, aligned  # 70% of digits common
