@@ -62,8 +62,17 @@ def score_recovery(recovered: set[str], truth: dict[str, Any]) -> dict[str, floa
     }
 
 
+class _DictionaryAttack(Attack):
+    """An alignment attack whose threat model hands it a list of candidate IDs (``candidates``)."""
+
+    @classmethod
+    def check_config(cls, cfg: Config, party: str) -> list[tuple[str, str]]:
+        entry = next(e for e in cfg.attacks if e.name == cls.name and e.party == party)
+        return _need_candidates(cfg, entry.params)
+
+
 @ATTACKS.register
-class AlignmentIdRecovery(Attack):
+class AlignmentIdRecovery(_DictionaryAttack):
     name = "alignment-id-recovery"
     description = (
         "the coordinator recovers the parties' IDs from the alignment messages: read under plain, a "
@@ -75,11 +84,6 @@ class AlignmentIdRecovery(Attack):
     on_row_indices: ClassVar[bool] = True
     truth_needed: ClassVar[str] = "ids"
     params = {"candidates": _candidates_param()}
-
-    @classmethod
-    def check_config(cls, cfg: Config, party: str) -> list[tuple[str, str]]:
-        entry = next(e for e in cfg.attacks if e.name == cls.name and e.party == party)
-        return _need_candidates(cfg, entry.params)
 
     def __init__(self, context: Any, **params: Any) -> None:
         super().__init__(context, **params)
@@ -126,7 +130,7 @@ class AlignmentIdRecovery(Attack):
 
 
 @ATTACKS.register
-class AlignmentMembershipProbe(Attack):
+class AlignmentMembershipProbe(_DictionaryAttack):
     name = "alignment-membership-probe"
     description = (
         "a passive party pads its ID set with candidate IDs and learns which of them every other party "
@@ -148,11 +152,6 @@ class AlignmentMembershipProbe(Attack):
         ),
         "seed": Param(0, "seed of the draw of the probes", lambda v: isinstance(v, int), "an integer"),
     }
-
-    @classmethod
-    def check_config(cls, cfg: Config, party: str) -> list[tuple[str, str]]:
-        entry = next(e for e in cfg.attacks if e.name == cls.name and e.party == party)
-        return _need_candidates(cfg, entry.params)
 
     def __init__(self, context: Any, **params: Any) -> None:
         super().__init__(context, **params)
