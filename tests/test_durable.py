@@ -44,3 +44,23 @@ def test_a_write_to_a_read_only_disk_names_the_file(disk: Path) -> None:
     with pytest.raises(WriteFailed, match=f"^cannot write the summary to {path}: Read-only file system$"):
         write_durable(path, b"{}", "the summary")
     assert not list(disk.iterdir())
+
+
+def test_metrics_written_after_the_run_directory_vanished_fail_naming_the_file(tmp_path: Path) -> None:
+    """A removed run directory must stop the run, not let it write its metrics into a deleted file."""
+    import shutil
+
+    from vflnet.roles.coordinator import MetricsLog
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    log = MetricsLog(run_dir / "metrics.jsonl")
+    log.write({"kind": "step", "step": 1})
+    shutil.rmtree(run_dir)
+    with pytest.raises(WriteFailed) as err:
+        log.write({"kind": "step", "step": 2})
+    assert str(err.value) == (
+        f"cannot write the metrics to {run_dir / 'metrics.jsonl'}: the file was removed (the run directory "
+        "vanished?)"
+    )
+    log.close()

@@ -5,6 +5,7 @@ is its ``CoordinatorSide`` (vflnet/protocols/)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -170,6 +171,8 @@ class MetricsLog:
         try:
             self._fh.write((json.dumps(record) + "\n").encode())
             self._fh.flush()
+            if os.fstat(self._fh.fileno()).st_nlink == 0:  # else the records would go to a file no one sees
+                raise FileNotFoundError(errno.ENOENT, "the file was removed (the run directory vanished?)")
         except OSError as exc:  # a resumed run cuts a partial line back to its checkpoint's length
             raise WriteFailed("the metrics", self.path, exc) from exc
 
