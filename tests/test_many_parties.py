@@ -51,20 +51,25 @@ def test_forty_passive_parties_train_over_the_loopback_bridge(tmp_path: Path) ->
     assert senders == {"active"} | {f"passive-{i}" for i in range(1, 41)}  # the parties that sent
 
 
-@pytest.mark.e2e
-@pytest.mark.slow
-def test_bench_scaling_smoke_reports_every_role_at_nine_parties(tmp_path: Path) -> None:
-    out = tmp_path / "scaling.json"
+def _bench_smoke(tmp_path: Path, bench: str) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
+    """`vflnet bench BENCH --smoke`, which must succeed: its run and the rows of its --json."""
+    out = tmp_path / f"{bench}.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "VFLNET_QUIET": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "vflnet", "bench", "scaling", "--smoke", "--json", str(out)],
+        [sys.executable, "-m", "vflnet", "bench", bench, "--smoke", "--json", str(out)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
+    return result, json.loads(out.read_text())["rows"]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_bench_scaling_smoke_reports_every_role_at_nine_parties(tmp_path: Path) -> None:
+    result, rows = _bench_smoke(tmp_path, "scaling")
     assert sorted({r["K"] for r in rows}) == [1, 2, 9]
     nine = {r["role"].split()[0]: r for r in rows if r["K"] == 9}
     assert nine.keys() == {"coordinator", "active", "passive"}
@@ -80,17 +85,7 @@ def test_bench_scaling_smoke_reports_every_role_at_nine_parties(tmp_path: Path) 
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_bench_secureboost_anchors_smoke_puts_each_anchor_beside_ours(tmp_path: Path) -> None:
-    out = tmp_path / "anchors.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "VFLNET_QUIET": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "vflnet", "bench", "secureboost-anchors", "--smoke", "--json", str(out)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
+    _, rows = _bench_smoke(tmp_path, "secureboost-anchors")
     for name, anchor in ANCHORS.items():
         mine = [r for r in rows if r["anchor"] == name]
         he, plain, xgb, published = mine  # in this order, one each
